@@ -1,0 +1,33 @@
+"""The narrow seam through which the runtime reports what it does.
+
+The runtime calls these methods and nothing else; the default keeps plain counters (enough for logs
+and tests). A Prometheus exporter is another implementation of the same methods."""
+
+from collections import Counter
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.counters: Counter[str] = Counter()
+        self.load_seconds: dict[int, float] = {}
+
+    def request(self, api_key: int) -> None:
+        self.counters[f"requests.{api_key}"] += 1
+
+    def offsets_committed(self, count: int) -> None:
+        self.counters["offset_commits"] += count
+
+    def batch_flushed(self, records: int, nbytes: int, seconds: float) -> None:
+        self.counters["batches"] += 1
+        self.counters["batch_records"] += records
+        self.counters["batch_bytes"] += nbytes
+
+    def partition_loaded(self, partition: int, records: int, seconds: float) -> None:
+        self.load_seconds[partition] = seconds
+        self.counters["loaded_records"] += records
+
+    def shard_failed(self, partition: int) -> None:
+        self.counters["shard_failures"] += 1
+
+    def connection_closed_on_error(self) -> None:
+        self.counters["bad_connections"] += 1

@@ -1,0 +1,133 @@
+"""OffsetCommit and OffsetFetch as pure functions of a shard's state: they return records and results,
+never mutate (reference sections 5.2 and 6.2). Version-specific response shapes live in ``apis/``.
+
+kcoord has no cluster metadata, so it cannot tell whether a topic exists: any topic name is accepted
+(Kafka would answer UNKNOWN_TOPIC_OR_PARTITION for an unknown topic); a negative partition index can
+never exist and is refused with UNKNOWN_TOPIC_OR_PARTITION.
+"""
+
+from dataclasses import dataclass
+
+from coordinator.state import ClassicGroup, GroupState, ShardData
+from protocol.errors import ErrorCode
+from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, Record
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCommit:
+    partition: int
+    offset: int
+    leader_epoch: int
+    commit_timestamp: int  # -1 unless the request (v1) set one
+    metadata: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRequest:
+    """The version-independent content of an OffsetCommit request."""
+
+    version: int
+    group_id: str
+    generation: int
+    member_id: str
+    group_instance_id: str | None
+    retention_ms: int
+    topics: list[tuple[str, list[PartitionCommit]]]
+
+
+TopicErrors = list[tuple[str, list[tuple[int, ErrorCode]]]]
+
+
+def utf16_length(s: str) -> int:
+    """Java ``String.length()``: UTF-16 code units, so a character outside the BMP counts twice."""
+    return len(s) + sum(1 for c in s if ord(c) > 0xFFFF)
+
+
+def validate_commit(group: ClassicGroup | None, req: CommitRequest) -> ErrorCode:
+    """The group-level checks, in Kafka's order; an error here applies to every partition."""
+    if group is None:
+        if req.generation < 0:
+            return ErrorCode.NONE  # a simple commit creates the group
+        return ErrorCode.GROUP_ID_NOT_FOUND if req.version >= 9 else ErrorCode.ILLEGAL_GENERATION
+    if group.state is GroupState.DEAD:
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if req.generation < 0 and group.state is GroupState.EMPTY:
+        return ErrorCode.NONE
+    if req.generation >= 0 or req.member_id or req.group_instance_id is not None:
+        if req.group_instance_id is not None:
+            owner = group.static_members.get(req.group_instance_id)
+            if owner is None:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            if owner != req.member_id:
+                return ErrorCode.FENCED_INSTANCE_ID
+        if req.member_id not in group.members:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if req.generation != group.generation:
+            return ErrorCode.ILLEGAL_GENERATION
+    elif group.state is not GroupState.EMPTY:
+        return ErrorCode.UNKNOWN_MEMBER_ID
+    if group.state is GroupState.COMPLETING_REBALANCE:
+        return ErrorCode.REBALANCE_IN_PROGRESS
+    return ErrorCode.NONE
+
+
+def commit_offsets(
+    data: ShardData, req: CommitRequest, now_ms: int, max_metadata: int
+) -> tuple[list[Record], TopicErrors]:
+    """One OffsetCommit record per accepted partition, and every partition's error in request order."""
+    error = validate_commit(data.groups.get(req.group_id), req)
+    if error is not ErrorCode.NONE:
+        return [], [(name, [(p.partition, error) for p in parts]) for name, parts in req.topics]
+    expire = now_ms + req.retention_ms if req.retention_ms != -1 else -1
+    records: list[Record] = []
+    results: TopicErrors = []
+    for name, parts in req.topics:
+        errors = []
+        for p in parts:
+            if p.partition < 0:
+                errors.append((p.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            if p.metadata is not None and utf16_length(p.metadata) > max_metadata:
+                errors.append((p.partition, ErrorCode.OFFSET_METADATA_TOO_LARGE))
+                continue
+            commit_ts = p.commit_timestamp if p.commit_timestamp != -1 else now_ms
+            value = OffsetAndMetadata(p.offset, p.leader_epoch, p.metadata or "", commit_ts, expire)
+            records.append(OffsetCommitRecord(OffsetKey(req.group_id, name, p.partition), value))
+            errors.append((p.partition, ErrorCode.NONE))
+        results.append((name, errors))
+    return records, results
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffset:
+    partition: int
+    value: OffsetAndMetadata | None  # None: never committed (answered -1, -1, "")
+    error: ErrorCode
+
+
+TopicOffsets = list[tuple[str, list[PartitionOffset]]]
+
+
+def fetch_offsets(
+    data: ShardData, group_id: str, topics: list[tuple[str, list[int]]] | None, require_stable: bool
+) -> TopicOffsets:
+    """Committed offsets of ``topics`` (None: every partition the group has an offset for). An unknown
+    group or partition is not an error: it reads as "no offset". With ``require_stable`` a partition
+    that an open transaction is writing answers UNSTABLE_OFFSET_COMMIT so the client retries."""
+    committed = data.offsets.get(group_id, {})
+    if topics is None:
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in committed:
+            by_topic.setdefault(topic, []).append(partition)
+        topics = [(t, sorted(ps)) for t, ps in sorted(by_topic.items())]
+    result: TopicOffsets = []
+    check_pending = require_stable and bool(data.pending_count)
+    for topic, partitions in topics:
+        entries = []
+        for p in partitions:
+            if check_pending and data.has_pending(OffsetKey(group_id, topic, p)):
+                entries.append(PartitionOffset(p, None, ErrorCode.UNSTABLE_OFFSET_COMMIT))
+            else:
+                entries.append(PartitionOffset(p, committed.get((topic, p)), ErrorCode.NONE))
+        result.append((topic, entries))
+    return result

@@ -1,0 +1,86 @@
+"""All shards of this node: creation, independent loading, routing by group id, and shutdown."""
+
+import asyncio
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from coordinator.config import Config
+from coordinator.metrics import Metrics
+from coordinator.shard import Shard, ShardState
+from protocol.partitioning import partition_for
+from storage.log import PartitionLog
+
+log = logging.getLogger(__name__)
+
+OFFSETS_TOPIC = "__consumer_offsets"
+META_FILE = "kcoord.meta.json"
+LOADER_THREADS = 2
+
+
+class ConfigMismatch(Exception):
+    """The data directory was written with another partition count: groups would re-hash and their
+    offsets would be stranded (Kafka forbids this too, KAFKA-14418)."""
+
+
+def check_data_dir(data_dir: Path, partitions: int) -> None:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    meta = data_dir / META_FILE
+    if meta.exists():
+        recorded = json.loads(meta.read_text())["offsets_partitions"]
+        if recorded != partitions:
+            raise ConfigMismatch(
+                f"{data_dir} holds an offsets topic of {recorded} partitions; "
+                f"--offsets-partitions {partitions} would re-map every group. Start with {recorded}."
+            )
+        return
+    existing = [p for p in data_dir.glob(f"{OFFSETS_TOPIC}-*") if p.is_dir()]
+    highest = max((int(p.name.rsplit("-", 1)[1]) for p in existing), default=-1)
+    if highest >= partitions:
+        raise ConfigMismatch(f"{data_dir} has partition {highest}, beyond --offsets-partitions {partitions}")
+    meta.write_text(json.dumps({"offsets_partitions": partitions}) + "\n")
+
+
+class Runtime:
+    """Owns the shards and the two thread pools: one writer (appends + fsyncs, in order) and a small
+    loader pool, so one huge partition loading does not hold up the others."""
+
+    def __init__(self, config: Config, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self.shards: list[Shard] = []
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-writer")
+        self._loader = ThreadPoolExecutor(max_workers=LOADER_THREADS, thread_name_prefix="kcoord-loader")
+        self._loads: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """Creates every shard in LOADING state and starts loading them; returns at once so the
+        server can listen (and answer COORDINATOR_LOAD_IN_PROGRESS) while they load."""
+        cfg = self.config
+        check_data_dir(cfg.data_dir, cfg.offsets_partitions)
+        for p in range(cfg.offsets_partitions):
+            plog = PartitionLog(cfg.data_dir / f"{OFFSETS_TOPIC}-{p}", cfg.segment_bytes)
+            self.shards.append(Shard(p, plog, self._writer, self._loader, self.metrics))
+        # Smallest logs first: many partitions become ACTIVE quickly while a big one is still loading.
+        order = sorted(self.shards, key=lambda s: s.log.size_bytes)
+        self._loads = [asyncio.get_running_loop().create_task(s.load()) for s in order]
+
+    def shard_for(self, group_id: str) -> Shard:
+        return self.shards[partition_for(group_id, self.config.offsets_partitions)]
+
+    async def wait_loaded(self) -> None:
+        await asyncio.gather(*self._loads)
+
+    def states(self) -> dict[ShardState, int]:
+        counts = {s: 0 for s in ShardState}
+        for shard in self.shards:
+            counts[shard.state] += 1
+        return counts
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(s.close() for s in self.shards))
+        for task in self._loads:
+            task.cancel()
+        self._writer.shutdown(wait=True)
+        self._loader.shutdown(wait=True, cancel_futures=True)

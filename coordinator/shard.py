@@ -1,0 +1,244 @@
+"""The runtime of one ``__consumer_offsets`` partition: its state machine, write path and loader.
+
+Write path (group commit): a handler's records get the next log offsets and are replayed into memory at
+once, so the next operation sees them; they join the *open* batch and the caller receives the open
+batch's future. A single writer thread encodes the batch, appends it and fsyncs; the future resolves
+only then. While one batch is being written the next one fills up, so many commits share one fsync.
+Reads that produce no records wait on ``barrier()``: everything they could have seen is durable first.
+
+Fail-stop: if an append or fsync fails, every parked request fails (answered NOT_COORDINATOR), the
+log is cut back to its last durable offset and the shard reloads from disk. No rollback logic: the
+in-memory state is rebuilt by the same ``replay`` the loader always uses.
+"""
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Executor
+from enum import Enum
+
+from coordinator.metrics import Metrics
+from coordinator.state import NO_PRODUCER, ShardData
+from protocol.errors import ErrorCode
+from protocol.records import Record, RecordError, UnknownRecord, decode_record, encode_record
+from storage.batch import COMMIT, BatchError, build_batch
+from storage.log import LogCorruptError, PartitionLog
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH_BYTES = 1024 * 1024  # Kafka's max.message.bytes for the offsets topic, about 1 MiB
+
+
+class ShardState(Enum):
+    """LOADING: the log is being replayed; requests get COORDINATOR_LOAD_IN_PROGRESS; -> ACTIVE or FAILED.
+    ACTIVE: serves reads and writes; -> FAILED on a write error, -> CLOSED on shutdown.
+    FAILED: requests get NOT_COORDINATOR; after a write error the shard reloads (-> LOADING), after
+    corruption found on load it stays FAILED until an operator repairs the log.
+    CLOSED: shut down; requests get NOT_COORDINATOR."""
+
+    LOADING = "loading"
+    ACTIVE = "active"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+_STATE_ERRORS = {
+    ShardState.LOADING: ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ShardState.FAILED: ErrorCode.NOT_COORDINATOR,
+    ShardState.CLOSED: ErrorCode.NOT_COORDINATOR,
+}
+
+
+class ShardFailed(Exception):
+    """The write a request was waiting for did not become durable."""
+
+
+class LoadCancelled(Exception):
+    pass
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Shard:
+    def __init__(
+        self,
+        partition: int,
+        partition_log: PartitionLog,
+        writer: Executor,
+        loader: Executor,
+        metrics: Metrics,
+    ) -> None:
+        self.partition = partition
+        self.log = partition_log
+        self.state = ShardState.LOADING
+        self.data = ShardData()
+        self._writer = writer
+        self._loader = loader
+        self._metrics = metrics
+        self._next_offset = 0
+        self._open: list[Record] = []
+        self._open_future: asyncio.Future[None] | None = None
+        self._inflight: asyncio.Future[None] | None = None
+        self._closing = False
+
+    @property
+    def error(self) -> ErrorCode | None:
+        """The error a request for this shard's groups gets now, or None when it is ACTIVE."""
+        return _STATE_ERRORS.get(self.state)
+
+    # -- write path ----------------------------------------------------------------------------
+
+    def append(self, records: list[Record]) -> "asyncio.Future[None]":
+        """Replays ``records`` at the next offsets and returns a future that resolves once they are
+        durable (or fails with ShardFailed). Only valid while ACTIVE."""
+        assert self.state is ShardState.ACTIVE, self.state
+        data = self.data
+        offset = self._next_offset
+        for record in records:
+            data.replay(offset, record)
+            offset += 1
+        self._next_offset = offset
+        self._open.extend(records)
+        fut = self._open_future
+        if fut is None:
+            loop = asyncio.get_running_loop()
+            fut = self._open_future = loop.create_future()
+            if self._inflight is None:
+                loop.call_soon(self._flush)
+        return fut
+
+    def barrier(self) -> "asyncio.Future[None] | None":
+        """The future of the newest write not yet durable, if any: a read waits for it."""
+        return self._open_future or self._inflight
+
+    def _flush(self) -> None:
+        if self._inflight is not None or self._open_future is None or self.state is not ShardState.ACTIVE:
+            return
+        records, fut = self._open, self._open_future
+        base = self._next_offset - len(records)
+        self._open, self._open_future = [], None
+        self._inflight = fut
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        done = loop.run_in_executor(self._writer, self._write, base, records, now_ms())
+        done.add_done_callback(lambda t: self._flushed(t, fut, len(records), started))
+
+    def _write(self, base: int, records: list[Record], timestamp: int) -> int:
+        """Writer thread: encode into batches of at most ~1 MiB, append them, one fsync."""
+        nbytes = 0
+        chunk: list[tuple[bytes, bytes | None]] = []
+        chunk_bytes = 0
+        for record in records:
+            entry = encode_record(record)
+            size = len(entry[0]) + (len(entry[1]) if entry[1] is not None else 0) + 24
+            if chunk and chunk_bytes + size > MAX_BATCH_BYTES:
+                nbytes += self._append_batch(base, chunk, timestamp)
+                base += len(chunk)
+                chunk, chunk_bytes = [], 0
+            chunk.append(entry)
+            chunk_bytes += size
+        nbytes += self._append_batch(base, chunk, timestamp)
+        self.log.sync()
+        return nbytes
+
+    def _append_batch(self, base: int, entries: list[tuple[bytes, bytes | None]], timestamp: int) -> int:
+        batch = build_batch(base, entries, timestamp)
+        self.log.append(batch, base + len(entries) - 1)
+        return len(batch)
+
+    def _flushed(self, task: "asyncio.Future[int]", fut: "asyncio.Future[None]", n: int, started: float) -> None:
+        self._inflight = None
+        exc = task.exception()
+        if exc is not None:
+            self._fail(exc, fut)
+            return
+        fut.set_result(None)
+        self._metrics.batch_flushed(n, task.result(), time.perf_counter() - started)
+        if self._open_future is not None:
+            self._flush()
+
+    def _fail(self, exc: BaseException, inflight: "asyncio.Future[None]") -> None:
+        log.error("partition %d: write failed, failing parked requests and reloading: %r", self.partition, exc)
+        self._metrics.shard_failed(self.partition)
+        self.state = ShardState.FAILED
+        for fut in (inflight, self._open_future):
+            if fut is not None and not fut.done():
+                fut.set_exception(ShardFailed(str(exc)))
+                fut.exception()  # parked requests handle it; do not warn about it
+        self._open, self._open_future = [], None
+        if not self._closing:
+            asyncio.get_running_loop().create_task(self._reload_after_failure())
+
+    async def _reload_after_failure(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._writer, self.log.truncate_to_durable)
+        except OSError as exc:
+            log.error("partition %d: cannot cut the log back to its durable offset: %r", self.partition, exc)
+            return
+        await self.load()
+
+    # -- loading -------------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Replays the whole log (in the loader pool) into fresh state, then serves it."""
+        self.state = ShardState.LOADING
+        data = ShardData()
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        try:
+            records = await loop.run_in_executor(self._loader, self._replay_log, data)
+        except LoadCancelled:
+            return
+        except (LogCorruptError, RecordError, BatchError, OSError) as exc:
+            log.error("partition %d: FAILED to load, not serving its groups: %s", self.partition, exc)
+            self.state = ShardState.FAILED
+            self._metrics.shard_failed(self.partition)
+            return
+        if self._closing:
+            return
+        elapsed = time.perf_counter() - started
+        self.data = data
+        self._next_offset = self.log.next_offset
+        self.state = ShardState.ACTIVE
+        self._metrics.partition_loaded(self.partition, records, elapsed)
+        log.log(
+            logging.INFO if records else logging.DEBUG,
+            "partition %d: loaded %d records (%d offsets, %d groups) in %d ms",
+            self.partition, records, data.num_offsets, len(data.groups), elapsed * 1000,
+        )
+
+    def _replay_log(self, data: ShardData) -> int:
+        """Loader thread: the same ``replay`` as the live path, for every record read back."""
+        records = unknown = 0
+        for batch in self.log.recover():
+            if self._closing:
+                raise LoadCancelled()
+            if batch.control_type is not None:
+                data.replay_end_transaction(batch.producer_id, batch.control_type == COMMIT)
+                continue
+            producer = batch.producer_id if batch.is_transactional else NO_PRODUCER
+            for rec in batch.records:
+                record = decode_record(rec.key, rec.value)
+                if isinstance(record, UnknownRecord):
+                    unknown += 1
+                    continue
+                data.replay(rec.offset, record, producer)
+                records += 1
+        if unknown:
+            log.warning("partition %d: skipped %d records of types kcoord does not model", self.partition, unknown)
+        return records
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Lets parked writes finish (they are acknowledged if they become durable), then closes."""
+        self._closing = True
+        while self.state is ShardState.ACTIVE and (self._inflight or self._open_future):
+            pending = self._inflight or self._open_future
+            assert pending is not None
+            await asyncio.wait([pending])
+        self.state = ShardState.CLOSED
+        await asyncio.get_running_loop().run_in_executor(self._writer, self.log.close)

@@ -1,0 +1,162 @@
+"""The in-memory state of one shard (one ``__consumer_offsets`` partition) and its only mutator.
+
+``replay`` is called for every record the live write path appends *and* for every record the loader
+reads back, so loading can never drift from live behaviour (Kafka's records + replay design).
+Handlers only read this state; they return records, and the runtime replays them.
+"""
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from protocol.records import (
+    GroupMetadata,
+    GroupMetadataRecord,
+    MemberMetadata,
+    OffsetAndMetadata,
+    OffsetCommitRecord,
+    OffsetKey,
+    Record,
+)
+
+NO_PRODUCER = -1
+
+
+class GroupState(Enum):
+    """Classic group states (``ClassicGroupState``).
+
+    EMPTY: no members; offsets may be committed by anyone with generation -1 ("simple" commits).
+    PREPARING_REBALANCE / COMPLETING_REBALANCE / STABLE: a membership protocol is running; commits must
+    name a member and its generation (COMPLETING_REBALANCE refuses them with REBALANCE_IN_PROGRESS).
+    DEAD: the group is being removed; nothing is accepted.
+    A loaded group is EMPTY without members, else STABLE (reference 7.5).
+    """
+
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+@dataclass(slots=True)
+class ClassicGroup:
+    group_id: str
+    state: GroupState = GroupState.EMPTY
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol: str | None = None
+    leader: str | None = None
+    current_state_timestamp: int = -1
+    members: dict[str, MemberMetadata] = field(default_factory=dict)
+    static_members: dict[str, str] = field(default_factory=dict)  # group instance id -> member id
+
+
+TopicPartition = tuple[str, int]
+
+
+class ShardData:
+    """Groups, committed offsets and pending transactional offsets of one shard."""
+
+    __slots__ = ("groups", "offsets", "pending", "pending_count", "contested", "num_offsets")
+
+    def __init__(self) -> None:
+        self.groups: dict[str, ClassicGroup] = {}
+        self.offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
+        # producer id -> offsets written in its open transaction (made visible by a COMMIT marker)
+        self.pending: dict[int, dict[OffsetKey, tuple[int, OffsetAndMetadata]]] = {}
+        # (group, topic, partition) -> number of producers with a pending offset for it
+        self.pending_count: dict[OffsetKey, int] = {}
+        # log offset of a plain commit made while a transaction had that partition pending: a later
+        # COMMIT marker only installs the transactional offset if it was written after this one
+        self.contested: dict[OffsetKey, int] = {}
+        self.num_offsets = 0
+
+    def replay(self, offset: int, record: Record, producer_id: int = NO_PRODUCER) -> None:
+        """Applies one record appended at log ``offset``; ``producer_id`` is set for records of a
+        transactional batch, which stay pending until their COMMIT or ABORT marker."""
+        if isinstance(record, OffsetCommitRecord):
+            key, value = record
+            if value is None:
+                self._delete_offset(key)
+            elif producer_id != NO_PRODUCER:
+                self._add_pending(producer_id, key, offset, value)
+            else:
+                if key in self.pending_count:
+                    self.contested[key] = offset
+                self._put_offset(key, value)
+        elif isinstance(record, GroupMetadataRecord):
+            if record.value is None:
+                self.groups.pop(record.group, None)
+            else:
+                self.groups[record.group] = _group_from_record(record.group, record.value)
+
+    def replay_end_transaction(self, producer_id: int, commit: bool) -> None:
+        """Applies a COMMIT (pending offsets become committed) or ABORT (they are dropped) marker."""
+        pending = self.pending.pop(producer_id, None)
+        if not pending:
+            return
+        for key, (log_offset, value) in sorted(pending.items(), key=lambda kv: kv[1][0]):
+            newer_plain_commit = self.contested.get(key, -1) > log_offset
+            self._release_pending(key)
+            if commit and not newer_plain_commit:
+                self._put_offset(key, value)
+
+    def committed(self, group_id: str, topic: str, partition: int) -> OffsetAndMetadata | None:
+        group = self.offsets.get(group_id)
+        return None if group is None else group.get((topic, partition))
+
+    def has_pending(self, key: OffsetKey) -> bool:
+        return key in self.pending_count
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _put_offset(self, key: OffsetKey, value: OffsetAndMetadata) -> None:
+        group = self.offsets.get(key.group)
+        if group is None:
+            group = self.offsets[key.group] = {}
+            if key.group not in self.groups:
+                # A commit to an unknown group creates a "simple" group: Empty, no protocol type.
+                self.groups[key.group] = ClassicGroup(key.group)
+        tp = (key.topic, key.partition)
+        if tp not in group:
+            self.num_offsets += 1
+        group[tp] = value
+
+    def _delete_offset(self, key: OffsetKey) -> None:
+        group = self.offsets.get(key.group)
+        if group is not None and group.pop((key.topic, key.partition), None) is not None:
+            self.num_offsets -= 1
+            if not group:
+                del self.offsets[key.group]
+        for pid in [p for p, offs in self.pending.items() if key in offs]:
+            del self.pending[pid][key]
+            self._release_pending(key)
+
+    def _add_pending(self, producer_id: int, key: OffsetKey, offset: int, value: OffsetAndMetadata) -> None:
+        offs = self.pending.setdefault(producer_id, {})
+        if key not in offs:
+            self.pending_count[key] = self.pending_count.get(key, 0) + 1
+        offs[key] = (offset, value)
+
+    def _release_pending(self, key: OffsetKey) -> None:
+        n = self.pending_count.get(key, 0) - 1
+        if n > 0:
+            self.pending_count[key] = n
+        else:
+            self.pending_count.pop(key, None)
+            self.contested.pop(key, None)
+
+
+def _group_from_record(group_id: str, value: GroupMetadata) -> ClassicGroup:
+    members = {m.member_id: m for m in value.members}
+    return ClassicGroup(
+        group_id=group_id,
+        state=GroupState.STABLE if members else GroupState.EMPTY,
+        generation=value.generation,
+        protocol_type=value.protocol_type or None,
+        protocol=value.protocol,
+        leader=value.leader,
+        current_state_timestamp=value.current_state_timestamp,
+        members=members,
+        static_members={m.group_instance_id: m.member_id for m in value.members if m.group_instance_id},
+    )

@@ -1,0 +1,227 @@
+"""The ``__consumer_offsets`` records, byte-for-byte as Kafka writes them.
+
+A record key is ``int16 record type`` + key struct; a value is ``int16 value version`` + value struct,
+or null for a tombstone (reference section 7). The structs are defined by our own JSON schemas in
+``protocol/schemas`` and encoded/decoded by kafka-python's schema machinery. Record types kcoord does not
+model yet (KIP-848, share groups) decode to ``UnknownRecord`` so a loader can skip them, as Kafka does.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+from kafka.protocol.api_data import ApiData
+
+from protocol import schemas
+
+OFFSET_COMMIT_LEGACY_TYPE = 0
+OFFSET_COMMIT_TYPE = 1
+GROUP_METADATA_TYPE = 2
+
+# Value versions Kafka writes today: v3, or v1 when the commit carries an explicit expire timestamp.
+OFFSET_VALUE_VERSION = 3
+OFFSET_VALUE_VERSION_WITH_EXPIRY = 1
+GROUP_VALUE_VERSION = 3
+
+
+class OffsetCommitKey(ApiData, load_json=schemas):  # type: ignore[misc,call-arg]
+    pass
+
+
+class OffsetCommitValue(ApiData, load_json=schemas):  # type: ignore[misc,call-arg]
+    pass
+
+
+class GroupMetadataKey(ApiData, load_json=schemas):  # type: ignore[misc,call-arg]
+    pass
+
+
+class GroupMetadataValue(ApiData, load_json=schemas):  # type: ignore[misc,call-arg]
+    pass
+
+
+class RecordError(Exception):
+    """A key or value of a known record type that does not parse: the log is corrupt."""
+
+
+class OffsetKey(NamedTuple):
+    group: str
+    topic: str
+    partition: int
+
+
+class OffsetAndMetadata(NamedTuple):
+    """One committed offset as stored; ``expire_timestamp`` is -1 unless the commit set a retention."""
+
+    offset: int
+    leader_epoch: int
+    metadata: str
+    commit_timestamp: int
+    expire_timestamp: int = -1
+
+
+class OffsetCommitRecord(NamedTuple):
+    """A committed offset, or (value None) a tombstone deleting it."""
+
+    key: OffsetKey
+    value: OffsetAndMetadata | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberMetadata:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    rebalance_timeout: int
+    session_timeout: int
+    subscription: bytes
+    assignment: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMetadata:
+    protocol_type: str
+    generation: int
+    protocol: str | None
+    leader: str | None
+    current_state_timestamp: int
+    members: tuple[MemberMetadata, ...] = ()
+
+
+class GroupMetadataRecord(NamedTuple):
+    """A classic group's metadata, or (value None) a tombstone deleting the group."""
+
+    group: str
+    value: GroupMetadata | None
+
+
+class UnknownRecord(NamedTuple):
+    """A record type this version of kcoord does not model; skipped on load, kept by the cleaner."""
+
+    record_type: int
+
+
+Record = OffsetCommitRecord | GroupMetadataRecord
+
+
+_Decoder = Callable[[memoryview, int], tuple[Any, int]]
+_decoders: dict[tuple[type, int], _Decoder] = {}
+
+
+def _decode_struct(cls: Any, data: bytes, version: int) -> Any:
+    """Decodes ``data[2:]`` with ``cls`` at ``version``; newer versions are read as our newest one,
+    which is how Kafka evolves these records (KIP-915: new fields only as tagged fields)."""
+    lo, hi = cls._valid_versions
+    if version < lo:
+        raise RecordError(f"{cls.__name__} version {version} is not defined")
+    use = min(version, hi)
+    fn = _decoders.get((cls, use))
+    if fn is None:
+        flexible = cls.flexible_version_q(use)
+        fn = cls._struct.compiled_decode_from(use, compact=flexible, tagged=flexible, data_class=cls)
+        _decoders[(cls, use)] = fn
+    try:
+        obj, end = fn(memoryview(data), 2)
+    except Exception as exc:
+        raise RecordError(f"{cls.__name__} v{version}: {exc!r}") from exc
+    if use == version and end != len(data):
+        raise RecordError(f"{cls.__name__} v{version}: {len(data) - end} trailing bytes")
+    return obj
+
+
+def _version_of(data: bytes) -> int:
+    if len(data) < 2:
+        raise RecordError(f"record part of {len(data)} bytes has no version")
+    return int.from_bytes(data[:2], "big", signed=True)
+
+
+def encode_offset_key(key: OffsetKey) -> bytes:
+    k = OffsetCommitKey(group=key.group, topic=key.topic, partition=key.partition)
+    return bytes(k.encode(version=OFFSET_COMMIT_TYPE))
+
+
+def encode_offset_value(value: OffsetAndMetadata) -> bytes:
+    version = OFFSET_VALUE_VERSION if value.expire_timestamp == -1 else OFFSET_VALUE_VERSION_WITH_EXPIRY
+    v = OffsetCommitValue(
+        offset=value.offset,
+        leader_epoch=value.leader_epoch,
+        metadata=value.metadata,
+        commit_timestamp=value.commit_timestamp,
+        expire_timestamp=value.expire_timestamp,
+    )
+    return bytes(v.encode(version=version))
+
+
+def encode_group_value(value: GroupMetadata) -> bytes:
+    members = [
+        GroupMetadataValue.MemberMetadata(
+            member_id=m.member_id,
+            group_instance_id=m.group_instance_id,
+            client_id=m.client_id,
+            client_host=m.client_host,
+            rebalance_timeout=m.rebalance_timeout,
+            session_timeout=m.session_timeout,
+            subscription=m.subscription,
+            assignment=m.assignment,
+        )
+        for m in value.members
+    ]
+    v = GroupMetadataValue(
+        protocol_type=value.protocol_type,
+        generation=value.generation,
+        protocol=value.protocol,
+        leader=value.leader,
+        current_state_timestamp=value.current_state_timestamp,
+        members=members,
+    )
+    return bytes(v.encode(version=GROUP_VALUE_VERSION))
+
+
+def encode_record(record: Record) -> tuple[bytes, bytes | None]:
+    """``(key bytes, value bytes or None for a tombstone)`` exactly as Kafka's serde writes them."""
+    if isinstance(record, OffsetCommitRecord):
+        value = None if record.value is None else encode_offset_value(record.value)
+        return encode_offset_key(record.key), value
+    key = bytes(GroupMetadataKey(group=record.group).encode(version=GROUP_METADATA_TYPE))
+    return key, None if record.value is None else encode_group_value(record.value)
+
+
+def _decode_offset_value(data: bytes) -> OffsetAndMetadata:
+    v = _decode_struct(OffsetCommitValue, data, _version_of(data))
+    expire = v.expire_timestamp if v.expire_timestamp is not None else -1
+    epoch = v.leader_epoch if v.leader_epoch is not None else -1
+    return OffsetAndMetadata(v.offset, epoch, v.metadata or "", v.commit_timestamp, expire)
+
+
+def _decode_group_value(data: bytes) -> GroupMetadata:
+    v = _decode_struct(GroupMetadataValue, data, _version_of(data))
+    members = tuple(
+        MemberMetadata(
+            member_id=m.member_id,
+            group_instance_id=m.group_instance_id,
+            client_id=m.client_id,
+            client_host=m.client_host,
+            rebalance_timeout=m.rebalance_timeout if m.rebalance_timeout is not None else -1,
+            session_timeout=m.session_timeout,
+            subscription=bytes(m.subscription or b""),
+            assignment=bytes(m.assignment or b""),
+        )
+        for m in v.members
+    )
+    cst = v.current_state_timestamp if v.current_state_timestamp is not None else -1
+    return GroupMetadata(v.protocol_type or "", v.generation, v.protocol, v.leader, cst, members)
+
+
+def decode_record(key: bytes | None, value: bytes | None) -> Record | UnknownRecord:
+    """Decodes one ``__consumer_offsets`` record; raises RecordError for a known type that is corrupt."""
+    if key is None:
+        raise RecordError("record without key")
+    record_type = _version_of(key)
+    if record_type in (OFFSET_COMMIT_LEGACY_TYPE, OFFSET_COMMIT_TYPE):
+        k = _decode_struct(OffsetCommitKey, key, record_type)
+        okey = OffsetKey(k.group, k.topic, k.partition)
+        return OffsetCommitRecord(okey, None if value is None else _decode_offset_value(value))
+    if record_type == GROUP_METADATA_TYPE:
+        g = _decode_struct(GroupMetadataKey, key, record_type)
+        return GroupMetadataRecord(g.group, None if value is None else _decode_group_value(value))
+    return UnknownRecord(record_type)

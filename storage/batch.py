@@ -1,0 +1,124 @@
+"""Kafka v2 record batches (magic 2), built and read with kafka-python's record classes.
+
+Layout (reference section 8.1, all big-endian): baseOffset int64 | batchLength int32 |
+partitionLeaderEpoch int32 | magic int8 = 2 | crc uint32 (CRC-32C over attributes..end) |
+attributes int16 | lastOffsetDelta int32 | baseTimestamp int64 | maxTimestamp int64 | producerId int64 |
+producerEpoch int16 | baseSequence int32 | recordsCount int32 | records. The CRC leaves out baseOffset and
+partitionLeaderEpoch, so both are stamped after the batch is built.
+"""
+
+import struct
+from dataclasses import dataclass
+from typing import Iterator, NamedTuple
+
+from kafka.errors import CorruptRecordError
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+
+LOG_OVERHEAD = 12  # baseOffset + batchLength
+BATCH_HEADER_BYTES = 61
+MAGIC = 2
+_HEAD = struct.Struct(">qi")
+_BASE_OFFSET_AND_EPOCH = struct.Struct(">qii")
+_MAGIC_OFFSET = 16
+
+ControlType = int
+ABORT: ControlType = 0
+COMMIT: ControlType = 1
+
+
+class BatchError(Exception):
+    """A batch whose bytes are not a valid v2 batch (bad magic, size, CRC or record structure)."""
+
+
+class LogRecord(NamedTuple):
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One decoded batch: its placement, producer fields and records (or its control marker)."""
+
+    base_offset: int
+    last_offset: int
+    size: int
+    producer_id: int
+    producer_epoch: int
+    is_transactional: bool
+    control_type: ControlType | None
+    records: tuple[LogRecord, ...]
+    base_timestamp: int
+    max_timestamp: int
+    attributes: int
+
+
+def build_batch(
+    base_offset: int,
+    entries: list[tuple[bytes, bytes | None]],
+    timestamp: int,
+    leader_epoch: int = 0,
+) -> bytes:
+    """One uncompressed, non-transactional batch with CREATE_TIME ``timestamp`` for every record."""
+    if not entries:
+        raise ValueError("a batch needs at least one record")
+    builder = DefaultRecordBatchBuilder(
+        magic=MAGIC,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 62,
+    )
+    for delta, (key, value) in enumerate(entries):
+        builder.append(delta, timestamp, key, value, [])
+    buf = builder.build()
+    _BASE_OFFSET_AND_EPOCH.pack_into(buf, 0, base_offset, len(buf) - LOG_OVERHEAD, leader_epoch)
+    return bytes(buf)
+
+
+def read_head(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """``(base_offset, total batch size)`` of the batch starting at ``pos``."""
+    base_offset, length = _HEAD.unpack_from(buf, pos)
+    return base_offset, length + LOG_OVERHEAD
+
+
+def decode_batch(data: bytes) -> Batch:
+    """Decodes a whole batch (``data`` is exactly its bytes), checking magic, CRC and record layout."""
+    if len(data) < BATCH_HEADER_BYTES:
+        raise BatchError(f"batch of {len(data)} bytes is shorter than the v2 header")
+    if data[_MAGIC_OFFSET] != MAGIC:
+        raise BatchError(f"magic {data[_MAGIC_OFFSET]} is not 2")
+    raw = DefaultRecordBatch(data)
+    if not raw.validate_crc():
+        raise BatchError(f"CRC mismatch in batch at offset {raw.base_offset}")
+    try:
+        records = tuple(_records(raw))
+    except (CorruptRecordError, ValueError, IndexError, UnicodeDecodeError) as exc:
+        raise BatchError(f"batch at offset {raw.base_offset}: {exc}") from exc
+    control: ControlType | None = None
+    if raw.is_control_batch:
+        key = records[0].key if records else None
+        if key is None or len(key) < 4:
+            raise BatchError(f"control batch at offset {raw.base_offset} without a marker key")
+        control = int.from_bytes(key[2:4], "big", signed=True)
+    return Batch(
+        base_offset=raw.base_offset,
+        last_offset=raw.last_offset,
+        size=len(data),
+        producer_id=raw.producer_id,
+        producer_epoch=raw.producer_epoch,
+        is_transactional=raw.is_transactional,
+        control_type=control,
+        records=records,
+        base_timestamp=raw.first_timestamp,
+        max_timestamp=raw.max_timestamp,
+        attributes=raw.attributes,
+    )
+
+
+def _records(raw: DefaultRecordBatch) -> Iterator[LogRecord]:
+    for r in raw:
+        yield LogRecord(r.offset, r.timestamp, r.key, r.value)

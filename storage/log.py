@@ -1,0 +1,291 @@
+"""One ``__consumer_offsets`` partition on disk: a directory of segment files.
+
+On-disk layout (Kafka's own, reference section 8.4):
+
+* ``<data-dir>/__consumer_offsets-<p>/<20-digit base offset>.log``: concatenated v2 record batches, no
+  file header. A segment rolls when the next batch would take it past ``segment_bytes``.
+* Offset/time index files are not written: Kafka rebuilds missing indexes from the ``.log`` files and
+  kcoord always reads segments from the start.
+* ``<base>.log.<position>.tr``: bytes cut from a segment (a torn tail found on load, or an append that
+  failed to become durable). They are never silently dropped; an operator can inspect them.
+* ``<base>-<end>.swap``: a compacted replacement for every segment with base offset in [base, end),
+  written and fsynced by the cleaner before the originals are removed. Opening the log finishes an
+  interrupted swap; a ``.cleaned`` file is an unfinished cleaner output and is deleted.
+
+Durability contract: ``append`` only buffers into the OS; ``sync`` fsyncs the data (and the directory
+when a segment was created) and advances ``durable_offset``. Callers acknowledge nothing above it.
+"""
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from storage.batch import LOG_OVERHEAD, Batch, BatchError, decode_batch, read_head
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEGMENT_BYTES = 100 * 1024 * 1024
+LOAD_BUFFER_BYTES = 5 * 1024 * 1024
+_SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
+_SWAP_RE = re.compile(r"^(\d{20})-(\d{20})\.swap$")
+
+
+class LogCorruptError(Exception):
+    """Corruption before the tail of a partition: the partition must not serve from a guess."""
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}.log"
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(slots=True)
+class Segment:
+    base_offset: int
+    path: Path
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Where a segment stops being a sequence of valid batches, and whether that is a torn write."""
+
+    position: int
+    reason: str
+    torn: bool
+
+
+def read_segment(path: Path, start: int = 0) -> Iterator[Batch | Damage]:
+    """Yields the batches of one segment file in order; ends with a Damage if the file does not end
+    on a valid batch. A damage is *torn* when nothing valid can follow it: the batch runs past the end
+    of the file, or it is the file's last batch, or only zero bytes follow (a preallocated tail)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        f.seek(start)
+        buf = b""
+        buf_start = start
+        pos = start
+        while pos < size:
+            rel = pos - buf_start
+            if len(buf) - rel < LOG_OVERHEAD:
+                buf, buf_start, rel = _refill(f, buf, rel, pos, LOAD_BUFFER_BYTES)
+            if len(buf) - rel < LOG_OVERHEAD:
+                yield Damage(pos, f"{size - pos} bytes too short for a batch header", torn=True)
+                return
+            _, batch_size = read_head(buf, rel)
+            if batch_size < LOG_OVERHEAD + 49:
+                torn = _only_zeros(f, pos, size)
+                yield Damage(pos, f"batch length {batch_size - LOG_OVERHEAD} is invalid", torn)
+                return
+            if pos + batch_size > size:
+                yield Damage(pos, f"batch of {batch_size} bytes runs past the end of the file", torn=True)
+                return
+            if len(buf) - rel < batch_size:
+                buf, buf_start, rel = _refill(f, buf, rel, pos, max(LOAD_BUFFER_BYTES, batch_size))
+            try:
+                batch = decode_batch(buf[rel : rel + batch_size])
+            except BatchError as exc:
+                yield Damage(pos, str(exc), torn=pos + batch_size == size)
+                return
+            yield batch
+            pos += batch_size
+
+
+def _refill(f: "os.PathLike[str] | object", buf: bytes, rel: int, pos: int, want: int) -> tuple[bytes, int, int]:
+    rest = buf[rel:]
+    chunk = f.read(max(want - len(rest), 0))  # type: ignore[attr-defined]
+    return rest + chunk, pos, 0
+
+
+def _only_zeros(f: object, pos: int, size: int) -> bool:
+    f.seek(pos)  # type: ignore[attr-defined]
+    while True:
+        chunk = f.read(1 << 20)  # type: ignore[attr-defined]
+        if not chunk:
+            return True
+        if chunk.count(0) != len(chunk):
+            return False
+
+
+class PartitionLog:
+    """Segments of one partition. Not thread-safe: one thread at a time (the shard's writer)."""
+
+    def __init__(self, directory: Path, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        directory.mkdir(parents=True, exist_ok=True)
+        finish_interrupted_swaps(directory)
+        self.segments: list[Segment] = list_segments(directory)
+        self.next_offset = 0
+        self.durable_offset = 0
+        self._fd: int | None = None
+        self._durable_segments = 0
+        self._durable_size = 0
+        self._dir_dirty = False
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def recover(self) -> Iterator[Batch]:
+        """Reads every batch from the start, cutting a torn tail of the last segment aside. Sets
+        ``next_offset`` and ``durable_offset`` to just past the last valid batch. Raises
+        LogCorruptError for damage anywhere else."""
+        self.close()
+        self.next_offset = self.segments[0].base_offset if self.segments else 0
+        for i, seg in enumerate(self.segments):
+            last = i == len(self.segments) - 1
+            self.next_offset = max(self.next_offset, seg.base_offset)
+            for item in read_segment(seg.path):
+                if isinstance(item, Damage):
+                    if not (last and item.torn):
+                        raise LogCorruptError(f"{seg.path} at byte {item.position}: {item.reason}")
+                    self._cut(seg, item.position, f"torn tail ({item.reason})")
+                    break
+                if item.base_offset < self.next_offset:
+                    raise LogCorruptError(
+                        f"{seg.path}: batch offset {item.base_offset} below expected {self.next_offset}"
+                    )
+                self.next_offset = item.last_offset + 1
+                yield item
+        self._mark_durable()
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def append(self, batch: bytes, last_offset: int) -> None:
+        """Appends one encoded batch (already stamped with its offsets); not durable until ``sync``."""
+        active = self.segments[-1] if self.segments else None
+        if active is None or (active.size > 0 and active.size + len(batch) > self.segment_bytes):
+            base, _ = read_head(batch, 0)
+            active = self._roll(base)
+        fd = self._active_fd()
+        view = memoryview(batch)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        active.size += len(batch)
+        self.next_offset = last_offset + 1
+
+    def sync(self) -> None:
+        """Makes everything appended durable: fsync the segments written since the last sync, then
+        the directory if a segment was created."""
+        for seg in self.segments[max(self._durable_segments - 1, 0) : -1]:
+            _fsync_path(seg.path)
+        if self._fd is not None:
+            os.fsync(self._fd)
+        if self._dir_dirty:
+            fsync_dir(self.directory)
+            self._dir_dirty = False
+        self._mark_durable()
+
+    def truncate_to_durable(self) -> None:
+        """Undoes appends that never became durable (after a failed write or fsync); the cut bytes
+        are kept beside their segment. Reopens the active segment on the next append."""
+        self.close()
+        while len(self.segments) > max(self._durable_segments, 1):
+            seg = self.segments.pop()
+            self._cut(seg, 0, "not durable")
+            seg.path.unlink(missing_ok=True)
+        if self.segments and self.segments[-1].size > self._durable_size:
+            self._cut(self.segments[-1], self._durable_size, "not durable")
+        self.next_offset = self.durable_offset
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _roll(self, base_offset: int) -> Segment:
+        self.close()
+        seg = Segment(base_offset, self.directory / segment_name(base_offset), 0)
+        if seg.path.exists():
+            # A leftover of a failed append at this offset: keep it aside, start clean.
+            self._cut(Segment(base_offset, seg.path, seg.path.stat().st_size), 0, "stale segment")
+            seg.path.unlink()
+        self.segments.append(seg)
+        self._dir_dirty = True
+        return seg
+
+    def _active_fd(self) -> int:
+        if self._fd is None:
+            path = self.segments[-1].path
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return self._fd
+
+    def _mark_durable(self) -> None:
+        self.durable_offset = self.next_offset
+        self._durable_segments = len(self.segments)
+        self._durable_size = self.segments[-1].size if self.segments else 0
+
+    def _cut(self, seg: Segment, position: int, why: str) -> None:
+        """Moves ``seg``'s bytes from ``position`` on into ``<segment>.<position>.tr``, then truncates."""
+        aside = seg.path.with_name(f"{seg.path.name}.{position}.tr")
+        with open(seg.path, "rb") as src:
+            src.seek(position)
+            data = src.read()
+        with open(aside, "wb") as dst:
+            dst.write(data)
+            dst.flush()
+            os.fsync(dst.fileno())
+        with open(seg.path, "r+b") as f:
+            f.truncate(position)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(self.directory)
+        seg.size = position
+        log.warning("%s: cut %d bytes at byte %d (%s), kept in %s", seg.path, len(data), position, why, aside.name)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def list_segments(directory: Path) -> list[Segment]:
+    segments = []
+    for entry in directory.iterdir():
+        m = _SEGMENT_RE.match(entry.name)
+        if m:
+            segments.append(Segment(int(m.group(1)), entry, entry.stat().st_size))
+    segments.sort(key=lambda s: s.base_offset)
+    return segments
+
+
+def swap_name(base_offset: int, end_offset: int) -> str:
+    return f"{base_offset:020d}-{end_offset:020d}.swap"
+
+
+def finish_interrupted_swaps(directory: Path) -> None:
+    """Completes what a crashed cleaner left: a ``.swap`` is durable and replaces its range; a
+    ``.cleaned`` never became a swap and is dropped (the originals are still whole)."""
+    for entry in sorted(directory.iterdir()):
+        if entry.name.endswith(".cleaned"):
+            entry.unlink()
+            continue
+        m = _SWAP_RE.match(entry.name)
+        if not m:
+            continue
+        base, end = int(m.group(1)), int(m.group(2))
+        for seg in list_segments(directory):
+            if base <= seg.base_offset < end:
+                seg.path.unlink()
+        entry.rename(directory / segment_name(base))
+        fsync_dir(directory)
+        log.info("%s: finished an interrupted compaction swap for offsets [%d, %d)", directory, base, end)
