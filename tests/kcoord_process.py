@@ -1,0 +1,75 @@
+"""Runs the real ``kcoord serve`` in a subprocess on a free loopback port, for tests and benchmarks."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class KcoordProcess:
+    """One kcoord server process; ``restart()`` keeps the data directory and the port."""
+
+    def __init__(self, data_dir: Path, *extra: str, port: int | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.extra = list(extra)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"kcoord-{self.port}.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, wait: bool = True) -> "KcoordProcess":
+        cmd = [sys.executable, "-m", "coordinator.cli", "serve", "--listen", self.bootstrap,
+               "--data-dir", str(self.data_dir), *self.extra]
+        log = open(self.log_path, "ab")
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        log.close()
+        if wait:
+            self.wait_listening()
+        return self
+
+    def wait_listening(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"kcoord exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"kcoord did not listen on {self.bootstrap}:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait: the graceful path. Returns the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: the crash path."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def restart(self) -> "KcoordProcess":
+        self.stop()
+        return self.start()
