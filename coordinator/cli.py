@@ -6,8 +6,9 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import TextIO
 
 from coordinator.config import Config, add_serve_arguments, config_from_args
 from coordinator.runtime import ConfigMismatch, Runtime

@@ -240,5 +240,11 @@ class Shard:
             pending = self._inflight or self._open_future
             assert pending is not None
             await asyncio.wait([pending])
+        was_active = self.state is ShardState.ACTIVE
         self.state = ShardState.CLOSED
-        await asyncio.get_running_loop().run_in_executor(self._writer, self.log.close)
+        await asyncio.get_running_loop().run_in_executor(self._writer, self._close_log, was_active)
+
+    def _close_log(self, checkpoint: bool) -> None:
+        if checkpoint:
+            self.log.checkpoint()  # a clean stop: everything on disk is known durable
+        self.log.close()

@@ -57,7 +57,7 @@ TopicPartition = tuple[str, int]
 class ShardData:
     """Groups, committed offsets and pending transactional offsets of one shard."""
 
-    __slots__ = ("groups", "offsets", "pending", "pending_count", "contested", "num_offsets")
+    __slots__ = ("contested", "groups", "num_offsets", "offsets", "pending", "pending_count")
 
     def __init__(self) -> None:
         self.groups: dict[str, ClassicGroup] = {}

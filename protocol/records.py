@@ -6,8 +6,9 @@ or null for a tombstone (reference section 7). The structs are defined by our ow
 model yet (KIP-848, share groups) decode to ``UnknownRecord`` so a loader can skip them, as Kafka does.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from kafka.protocol.api_data import ApiData
 

@@ -26,6 +26,12 @@ from kafka.protocol.metadata import (
 
 from protocol.header import response_header
 
+__all__ = [
+    "API_VERSIONS", "FIND_COORDINATOR", "METADATA", "OFFSET_COMMIT", "OFFSET_FETCH", "REGISTRY",
+    "ApiSpec", "ApiVersionsResponse", "DecodeError", "FindCoordinatorResponse", "MetadataResponse",
+    "OffsetCommitResponse", "OffsetFetchResponse", "api_versions_fallback", "supported_versions",
+]
+
 _SIZE = struct.Struct(">i")
 
 
@@ -50,14 +56,15 @@ class ApiSpec:
     def decode_request(self, frame: bytes, version: int) -> Any:
         """Decodes header + body; any failure is a DecodeError (the connection is then closed)."""
         try:
-            return self.request.decode(frame, version=version, header=True)
+            request: Any = self.request.decode(frame, version=version, header=True)
+            return request
         except Exception as exc:  # kafka-python raises many types on malformed input
             raise DecodeError(f"{self.name} v{version}: {exc!r}") from exc
 
     def encode_response(self, response: Any, version: int, correlation_id: int) -> bytes:
         """A framed response: size, header (v0 for ApiVersions per KIP-511, else by flexibility), body."""
         flexible = self.key != API_VERSIONS and self.response.flexible_version_q(version)
-        body = response.encode(version=version)
+        body: bytes = response.encode(version=version)
         head = response_header(correlation_id, flexible)
         return _SIZE.pack(len(head) + len(body)) + head + body
 

@@ -8,8 +8,9 @@ partitionLeaderEpoch, so both are stamped after the batch is built.
 """
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from kafka.errors import CorruptRecordError
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder

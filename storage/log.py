@@ -8,6 +8,10 @@ On-disk layout (Kafka's own, reference section 8.4):
   kcoord always reads segments from the start.
 * ``<base>.log.<position>.tr``: bytes cut from a segment (a torn tail found on load, or an append that
   failed to become durable). They are never silently dropped; an operator can inspect them.
+* ``recovery-point``: ``<segment base> <byte position>`` up to which the log is known durable (written
+  on clean close and at most once a second after an fsync). Damage below it is corruption and fails
+  the partition; only damage past it can be a torn write and is cut. Kafka keeps the same kind of
+  checkpoint (``recovery-point-offset-checkpoint``) for the same reason.
 * ``<base>-<end>.swap``: a compacted replacement for every segment with base offset in [base, end),
   written and fsynced by the cleaner before the originals are removed. Opening the log finishes an
   interrupted swap; a ``.cleaned`` file is an unfinished cleaner output and is deleted.
@@ -19,9 +23,11 @@ when a segment was created) and advances ``durable_offset``. Callers acknowledge
 import logging
 import os
 import re
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO
 
 from storage.batch import LOG_OVERHEAD, Batch, BatchError, decode_batch, read_head
 
@@ -31,6 +37,8 @@ DEFAULT_SEGMENT_BYTES = 100 * 1024 * 1024
 LOAD_BUFFER_BYTES = 5 * 1024 * 1024
 _SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 _SWAP_RE = re.compile(r"^(\d{20})-(\d{20})\.swap$")
+RECOVERY_POINT = "recovery-point"
+CHECKPOINT_INTERVAL_S = 1.0
 
 
 class LogCorruptError(Exception):
@@ -101,16 +109,17 @@ def read_segment(path: Path, start: int = 0) -> Iterator[Batch | Damage]:
             pos += batch_size
 
 
-def _refill(f: "os.PathLike[str] | object", buf: bytes, rel: int, pos: int, want: int) -> tuple[bytes, int, int]:
+def _refill(f: BinaryIO, buf: bytes, rel: int, pos: int, want: int) -> tuple[bytes, int, int]:
+    """Drops consumed bytes and reads until ``want`` bytes from ``pos`` are buffered (or EOF)."""
     rest = buf[rel:]
-    chunk = f.read(max(want - len(rest), 0))  # type: ignore[attr-defined]
+    chunk = f.read(max(want - len(rest), 0))
     return rest + chunk, pos, 0
 
 
-def _only_zeros(f: object, pos: int, size: int) -> bool:
-    f.seek(pos)  # type: ignore[attr-defined]
+def _only_zeros(f: BinaryIO, pos: int, size: int) -> bool:
+    f.seek(pos)
     while True:
-        chunk = f.read(1 << 20)  # type: ignore[attr-defined]
+        chunk = f.read(1 << 20)
         if not chunk:
             return True
         if chunk.count(0) != len(chunk):
@@ -129,9 +138,11 @@ class PartitionLog:
         self.next_offset = 0
         self.durable_offset = 0
         self._fd: int | None = None
-        self._durable_segments = 0
+        # the durable end: base offset of the segment it lies in, and that segment's durable size
+        self._durable_base = -1
         self._durable_size = 0
         self._dir_dirty = False
+        self._checkpointed_at = 0.0
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -140,13 +151,17 @@ class PartitionLog:
         ``next_offset`` and ``durable_offset`` to just past the last valid batch. Raises
         LogCorruptError for damage anywhere else."""
         self.close()
+        known_base, known_position = self._read_checkpoint()
         self.next_offset = self.segments[0].base_offset if self.segments else 0
         for i, seg in enumerate(self.segments):
             last = i == len(self.segments) - 1
             self.next_offset = max(self.next_offset, seg.base_offset)
             for item in read_segment(seg.path):
                 if isinstance(item, Damage):
-                    if not (last and item.torn):
+                    known_durable = seg.base_offset < known_base or (
+                        seg.base_offset == known_base and item.position < known_position
+                    )
+                    if known_durable or not (last and item.torn):
                         raise LogCorruptError(f"{seg.path} at byte {item.position}: {item.reason}")
                     self._cut(seg, item.position, f"torn tail ({item.reason})")
                     break
@@ -177,20 +192,41 @@ class PartitionLog:
     def sync(self) -> None:
         """Makes everything appended durable: fsync the segments written since the last sync, then
         the directory if a segment was created."""
-        for seg in self.segments[max(self._durable_segments - 1, 0) : -1]:
-            _fsync_path(seg.path)
+        for seg in self.segments[:-1]:
+            if seg.base_offset >= self._durable_base:
+                _fsync_path(seg.path)
         if self._fd is not None:
             os.fsync(self._fd)
         if self._dir_dirty:
             fsync_dir(self.directory)
             self._dir_dirty = False
         self._mark_durable()
+        if time.monotonic() - self._checkpointed_at >= CHECKPOINT_INTERVAL_S:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Records how far the log is known durable. Written without fsync: after a crash the file
+        is the old or the new claim (both true, since the data was fsynced first) or unreadable
+        (treated as no claim)."""
+        if self._durable_base < 0:
+            return
+        tmp = self.directory / (RECOVERY_POINT + ".tmp")
+        tmp.write_text(f"{self._durable_base} {self._durable_size}\n")
+        os.replace(tmp, self.directory / RECOVERY_POINT)
+        self._checkpointed_at = time.monotonic()
+
+    def _read_checkpoint(self) -> tuple[int, int]:
+        try:
+            base, position = (self.directory / RECOVERY_POINT).read_text().split()
+            return int(base), int(position)
+        except (OSError, ValueError):
+            return -1, 0
 
     def truncate_to_durable(self) -> None:
         """Undoes appends that never became durable (after a failed write or fsync); the cut bytes
         are kept beside their segment. Reopens the active segment on the next append."""
         self.close()
-        while len(self.segments) > max(self._durable_segments, 1):
+        while len(self.segments) > 1 and self.segments[-1].base_offset > self._durable_base:
             seg = self.segments.pop()
             self._cut(seg, 0, "not durable")
             seg.path.unlink(missing_ok=True)
@@ -228,7 +264,7 @@ class PartitionLog:
 
     def _mark_durable(self) -> None:
         self.durable_offset = self.next_offset
-        self._durable_segments = len(self.segments)
+        self._durable_base = self.segments[-1].base_offset if self.segments else -1
         self._durable_size = self.segments[-1].size if self.segments else 0
 
     def _cut(self, seg: Segment, position: int, why: str) -> None:

@@ -6,8 +6,9 @@ A handler reads state and returns a ``Reply``: the response object, plus the fut
 """
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from coordinator.runtime import Runtime
 

@@ -93,7 +93,7 @@ def offset_fetch(runtime: Runtime, ctx: RequestContext, req: Any) -> Reply:
 
 
 def _fetch_groups(runtime: Runtime, req: Any, stable: bool) -> Reply:
-    groups = []
+    groups: list[Any] = []
     reply = Reply(OffsetFetchResponse(throttle_time_ms=0, groups=groups))
     for g in req.groups:
         fetch = _GroupFetch(runtime, g.group_id, _requested(g.topics), stable)

@@ -26,5 +26,8 @@ def api_versions(runtime: Runtime, ctx: RequestContext, req: Any) -> Reply:
         _valid_software(req.client_software_name) and _valid_software(req.client_software_version)
     ):
         return Reply(ApiVersionsResponse(error_code=ErrorCode.INVALID_REQUEST, api_keys=[], throttle_time_ms=0))
-    keys = [ApiVersionsResponse.ApiVersion(api_key=k, min_version=lo, max_version=hi) for k, lo, hi in supported_versions()]
+    keys = [
+        ApiVersionsResponse.ApiVersion(api_key=key, min_version=lo, max_version=hi)
+        for key, lo, hi in supported_versions()
+    ]
     return Reply(ApiVersionsResponse(error_code=ErrorCode.NONE, api_keys=keys, throttle_time_ms=0))

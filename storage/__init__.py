@@ -1,0 +1,1 @@
+"""Files only: Kafka v2 record batches, segmented partition logs, loading and the log cleaner."""

@@ -1,0 +1,114 @@
+"""The pure handlers: exact records and per-partition errors (reference 5.2, 6.2, 19.5)."""
+
+from coordinator.offsets import CommitRequest, PartitionCommit, PartitionOffset, commit_offsets, fetch_offsets
+from coordinator.state import ClassicGroup, GroupState, ShardData
+from protocol.errors import ErrorCode
+from protocol.records import MemberMetadata, OffsetAndMetadata, OffsetCommitRecord, OffsetKey
+
+NOW = 1_700_000_000_000
+E = ErrorCode
+
+
+def request(version: int = 8, generation: int = -1, member: str = "", instance: str | None = None,
+            retention: int = -1, parts: list[PartitionCommit] | None = None, group: str = "g") -> CommitRequest:
+    parts = parts if parts is not None else [PartitionCommit(0, 10, -1, -1, "m")]
+    return CommitRequest(version, group, generation, member, instance, retention, [("t", parts)])
+
+
+def errors(data: ShardData, req: CommitRequest) -> list[ErrorCode]:
+    return [e for _, parts in commit_offsets(data, req, NOW, 4096)[1] for _, e in parts]
+
+
+def member(member_id: str, instance: str | None = None) -> MemberMetadata:
+    return MemberMetadata(member_id, instance, "c", "/127.0.0.1", 300000, 45000, b"", b"")
+
+
+def stable_group(state: GroupState = GroupState.STABLE) -> ShardData:
+    data = ShardData()
+    data.groups["g"] = ClassicGroup("g", state=state, generation=3, protocol_type="consumer",
+                                    members={"m": member("m"), "m1": member("m1", "i1")},
+                                    static_members={"i1": "m1"})
+    return data
+
+
+def test_simple_commit_writes_one_v3_record_per_partition() -> None:
+    parts = [PartitionCommit(0, 10, 4, -1, "a"), PartitionCommit(1, 11, -1, -1, None)]
+    records, result = commit_offsets(ShardData(), request(parts=parts), NOW, 4096)
+    assert records == [
+        OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(10, 4, "a", NOW, -1)),
+        OffsetCommitRecord(OffsetKey("g", "t", 1), OffsetAndMetadata(11, -1, "", NOW, -1)),
+    ]
+    assert result == [("t", [(0, E.NONE), (1, E.NONE)])]
+
+
+def test_retention_and_explicit_commit_timestamp() -> None:
+    parts = [PartitionCommit(0, 10, -1, 12345, "")]
+    records, _ = commit_offsets(ShardData(), request(version=2, retention=1000, parts=parts), NOW, 4096)
+    assert records == [OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(10, -1, "", 12345, NOW + 1000))]
+
+
+def test_unknown_group_with_generation() -> None:
+    assert errors(ShardData(), request(version=8, generation=5, member="m")) == [E.ILLEGAL_GENERATION]
+    assert errors(ShardData(), request(version=9, generation=5, member="m")) == [E.GROUP_ID_NOT_FOUND]
+
+
+def test_stable_group_member_checks() -> None:
+    data = stable_group()
+    assert errors(data, request(generation=-1, member="")) == [E.UNKNOWN_MEMBER_ID]
+    assert errors(data, request(generation=3, member="x")) == [E.UNKNOWN_MEMBER_ID]
+    assert errors(data, request(generation=2, member="m")) == [E.ILLEGAL_GENERATION]
+    assert errors(data, request(generation=3, member="m")) == [E.NONE]
+
+
+def test_rebalance_states() -> None:
+    assert errors(stable_group(GroupState.COMPLETING_REBALANCE), request(generation=3, member="m")) == [
+        E.REBALANCE_IN_PROGRESS
+    ]
+    assert errors(stable_group(GroupState.PREPARING_REBALANCE), request(generation=3, member="m")) == [E.NONE]
+    assert errors(stable_group(GroupState.DEAD), request(generation=3, member="m")) == [E.COORDINATOR_NOT_AVAILABLE]
+
+
+def test_static_members() -> None:
+    data = stable_group()
+    assert errors(data, request(generation=3, member="m2", instance="i1")) == [E.FENCED_INSTANCE_ID]
+    assert errors(data, request(generation=3, member="m1", instance="i9")) == [E.UNKNOWN_MEMBER_ID]
+    assert errors(data, request(generation=3, member="m1", instance="i1")) == [E.NONE]
+
+
+def test_group_errors_apply_to_every_partition_and_write_nothing() -> None:
+    parts = [PartitionCommit(p, 1, -1, -1, "") for p in range(3)]
+    records, result = commit_offsets(stable_group(), request(generation=1, member="m", parts=parts), NOW, 4096)
+    assert records == []
+    assert result == [("t", [(0, E.ILLEGAL_GENERATION), (1, E.ILLEGAL_GENERATION), (2, E.ILLEGAL_GENERATION)])]
+
+
+def test_metadata_limit_counts_utf16_units_per_partition() -> None:
+    parts = [
+        PartitionCommit(0, 1, -1, -1, "x" * 4097),
+        PartitionCommit(1, 1, -1, -1, "x" * 4096),
+        PartitionCommit(2, 1, -1, -1, "\U0001F600" * 2049),  # 4098 UTF-16 units, 2049 code points
+        PartitionCommit(-1, 1, -1, -1, ""),
+    ]
+    records, result = commit_offsets(ShardData(), request(parts=parts), NOW, 4096)
+    assert [r.key.partition for r in records] == [1]
+    assert result == [("t", [(0, E.OFFSET_METADATA_TOO_LARGE), (1, E.NONE), (2, E.OFFSET_METADATA_TOO_LARGE),
+                             (-1, E.UNKNOWN_TOPIC_OR_PARTITION)])]
+
+
+def test_fetch_unknown_partitions_and_groups() -> None:
+    data = ShardData()
+    data.replay(0, OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(7, 2, "m", NOW)))
+    assert fetch_offsets(data, "g", [("t", [0, 1])], False) == [
+        ("t", [PartitionOffset(0, OffsetAndMetadata(7, 2, "m", NOW), E.NONE), PartitionOffset(1, None, E.NONE)])
+    ]
+    assert fetch_offsets(data, "nobody", None, False) == []
+    assert fetch_offsets(data, "g", None, False) == [("t", [PartitionOffset(0, OffsetAndMetadata(7, 2, "m", NOW),
+                                                                            E.NONE)])]
+
+
+def test_require_stable_reports_pending_transactional_offsets() -> None:
+    data = ShardData()
+    data.replay(0, OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(7, -1, "", NOW)), producer_id=9)
+    assert fetch_offsets(data, "g", [("t", [0])], True) == [("t", [PartitionOffset(0, None,
+                                                                                    E.UNSTABLE_OFFSET_COMMIT)])]
+    assert fetch_offsets(data, "g", [("t", [0])], False) == [("t", [PartitionOffset(0, None, E.NONE)])]

@@ -1,0 +1,54 @@
+"""Record batch bytes from reference section 19.3 (reproduced there with Java's CRC32C)."""
+
+import pytest
+
+from storage.batch import BatchError, build_batch, decode_batch
+
+T = 1700000000000
+KEY = bytes.fromhex("000100097465737447726f75700003666f6f00000000")
+VALUE = bytes.fromhex("00030000000000000064ffffffff00000000018bcfe56800")
+ONE_RECORD = (
+    "00000000000000000000006600000000022ddaaf6f0000000000000000018bcfe568000000018bcfe56800ffffffffffffffffff"
+    "ffffffffff00000001680000002c000100097465737447726f75700003666f6f000000003000030000000000000064ffffffff0000"
+    "0000018bcfe5680000"
+)
+TOMBSTONE_AT_5 = (
+    "00000000000000050000004e0000000002134634830000000000000000018bcfe568000000018bcfe56800ffffffffffffffffff"
+    "ffffffffff00000001380000002c000100097465737447726f75700003666f6f000000000100"
+)
+
+
+def test_one_record_batch_vector() -> None:
+    assert build_batch(0, [(KEY, VALUE)], T).hex() == ONE_RECORD
+
+
+def test_tombstone_batch_vector_with_base_offset_5() -> None:
+    assert build_batch(5, [(KEY, None)], T).hex() == TOMBSTONE_AT_5
+
+
+def test_decode_vectors() -> None:
+    batch = decode_batch(bytes.fromhex(TOMBSTONE_AT_5))
+    assert (batch.base_offset, batch.last_offset, batch.producer_id, batch.control_type) == (5, 5, -1, None)
+    assert [(r.offset, r.timestamp, r.key, r.value) for r in batch.records] == [(5, T, KEY, None)]
+
+
+def test_offsets_of_many_records() -> None:
+    batch = decode_batch(build_batch(100, [(b"\x00\x01k%d" % i, b"v") for i in range(10)], T))
+    assert [r.offset for r in batch.records] == list(range(100, 110))
+    assert batch.last_offset == 109
+
+
+def test_crc_mismatch_is_detected() -> None:
+    data = bytearray(bytes.fromhex(ONE_RECORD))
+    data[-3] ^= 0xFF
+    with pytest.raises(BatchError, match="CRC"):
+        decode_batch(bytes(data))
+
+
+def test_bad_magic_and_short_batches() -> None:
+    data = bytearray(bytes.fromhex(ONE_RECORD))
+    data[16] = 1
+    with pytest.raises(BatchError, match="magic"):
+        decode_batch(bytes(data))
+    with pytest.raises(BatchError):
+        decode_batch(bytes.fromhex(ONE_RECORD)[:40])

@@ -1,0 +1,152 @@
+from pathlib import Path
+
+import pytest
+
+from storage.batch import build_batch
+from storage.log import RECOVERY_POINT, LogCorruptError, PartitionLog, list_segments, segment_name
+
+T = 1700000000000
+
+
+def write(plog: PartitionLog, count: int, per_batch: int = 1, value: bytes = b"v" * 50) -> None:
+    for _ in range(count):
+        base = plog.next_offset
+        entries = [(b"\x00\x01key-%d" % (base + i), value) for i in range(per_batch)]
+        plog.append(build_batch(base, entries, T), base + per_batch - 1)
+    plog.sync()
+
+
+def crash_before_checkpoint(directory: Path) -> None:
+    """As if the process died before recording how far the log is durable."""
+    (directory / RECOVERY_POINT).unlink(missing_ok=True)
+
+
+def offsets(directory: Path, segment_bytes: int = 1 << 20) -> list[int]:
+    plog = PartitionLog(directory, segment_bytes)
+    return [r.offset for b in plog.recover() for r in b.records]
+
+
+def test_append_sync_recover(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path)
+    write(plog, 5, per_batch=3)
+    assert plog.durable_offset == 15
+    plog.close()
+    assert offsets(tmp_path) == list(range(15))
+
+
+def test_segments_roll_at_segment_bytes(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path, segment_bytes=1024)
+    write(plog, 40)
+    plog.close()
+    segs = list_segments(tmp_path)
+    assert len(segs) > 3
+    assert segs[0].path.name == segment_name(0) == "00000000000000000000.log"
+    assert all(s.size <= 1024 for s in segs)
+    assert offsets(tmp_path, 1024) == list(range(40))
+    reopened = PartitionLog(tmp_path, 1024)
+    list(reopened.recover())
+    write(reopened, 1)
+    assert offsets(tmp_path, 1024) == list(range(41))
+
+
+def test_incomplete_last_batch_is_cut_and_kept_aside(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path)
+    write(plog, 3)
+    plog.close()
+    crash_before_checkpoint(tmp_path)
+    seg = tmp_path / segment_name(0)
+    whole = seg.read_bytes()
+    seg.write_bytes(whole[:-10])
+    assert offsets(tmp_path) == [0, 1]
+    aside = list(tmp_path.glob("*.tr"))
+    assert len(aside) == 1
+    assert seg.read_bytes() + aside[0].read_bytes() == whole[:-10]
+
+
+def test_corrupt_last_batch_is_a_torn_tail(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path)
+    write(plog, 3)
+    plog.close()
+    crash_before_checkpoint(tmp_path)
+    seg = tmp_path / segment_name(0)
+    data = bytearray(seg.read_bytes())
+    data[-5] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    recovered = PartitionLog(tmp_path)
+    assert [r.offset for b in recovered.recover() for r in b.records] == [0, 1]
+    assert recovered.next_offset == 2
+    write(recovered, 1)  # appends continue at offset 2 after the cut
+    assert offsets(tmp_path) == [0, 1, 2]
+
+
+def test_zero_filled_tail_is_torn(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path)
+    write(plog, 2)
+    plog.close()
+    crash_before_checkpoint(tmp_path)
+    with open(tmp_path / segment_name(0), "ab") as f:
+        f.write(b"\x00" * 4096)
+    assert offsets(tmp_path) == [0, 1]
+
+
+def test_corruption_in_the_middle_fails_loudly(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path)
+    write(plog, 5)
+    plog.close()
+    seg = tmp_path / segment_name(0)
+    data = bytearray(seg.read_bytes())
+    data[70] ^= 0xFF  # inside the first batch's records
+    seg.write_bytes(bytes(data))
+    with pytest.raises(LogCorruptError):
+        offsets(tmp_path)
+    assert seg.read_bytes() == bytes(data)  # nothing was cut
+
+
+def test_corruption_in_a_closed_segment_fails_loudly(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path, segment_bytes=512)
+    write(plog, 20)
+    plog.close()
+    first = list_segments(tmp_path)[0].path
+    first.write_bytes(first.read_bytes()[:-4])  # even a "torn" end is damage when a segment follows
+    with pytest.raises(LogCorruptError):
+        offsets(tmp_path, 512)
+
+
+def test_truncate_to_durable_undoes_unsynced_appends(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path, segment_bytes=1024)
+    write(plog, 3)
+    durable = plog.durable_offset
+    for _ in range(30):  # enough to roll into new segments, never synced
+        base = plog.next_offset
+        plog.append(build_batch(base, [(b"\x00\x01x", b"y" * 50)], T), base)
+    plog.truncate_to_durable()
+    assert plog.next_offset == durable
+    assert offsets(tmp_path, 1024) == list(range(durable))
+    assert list(tmp_path.glob("*.tr"))
+    write(plog, 1)
+    assert offsets(tmp_path, 1024) == list(range(durable + 1))
+
+
+def test_damage_below_the_recovery_point_is_corruption_not_a_torn_tail(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path)
+    write(plog, 3)
+    plog.checkpoint()  # as on a clean stop
+    plog.close()
+    seg = tmp_path / segment_name(0)
+    data = bytearray(seg.read_bytes())
+    data[-5] ^= 0xFF  # the last batch, but known durable: this is bit rot, not a torn write
+    seg.write_bytes(bytes(data))
+    with pytest.raises(LogCorruptError):
+        offsets(tmp_path)
+    assert not list(tmp_path.glob("*.tr"))
+
+
+def test_damage_past_the_recovery_point_is_a_torn_tail(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path)
+    write(plog, 2)
+    plog.checkpoint()
+    write(plog, 1)  # after the checkpoint: its durability is not recorded yet
+    plog.close()
+    seg = tmp_path / segment_name(0)
+    seg.write_bytes(seg.read_bytes()[:-3])
+    assert offsets(tmp_path) == [0, 1]
