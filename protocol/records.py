@@ -106,27 +106,37 @@ Record = OffsetCommitRecord | GroupMetadataRecord
 
 
 _Decoder = Callable[[memoryview, int], tuple[Any, int]]
-_decoders: dict[tuple[type, int], _Decoder] = {}
 
 
-def _decode_struct(cls: Any, data: bytes, version: int) -> Any:
-    """Decodes ``data[2:]`` with ``cls`` at ``version``; newer versions are read as our newest one,
-    which is how Kafka evolves these records (KIP-915: new fields only as tagged fields)."""
+def _compile(cls: Any) -> dict[int, _Decoder]:
+    """kafka-python's generated decoder for each version of ``cls`` (built once, at import)."""
     lo, hi = cls._valid_versions
-    if version < lo:
-        raise RecordError(f"{cls.__name__} version {version} is not defined")
-    use = min(version, hi)
-    fn = _decoders.get((cls, use))
+    out = {}
+    for version in range(lo, hi + 1):
+        flexible = cls.flexible_version_q(version)
+        out[version] = cls._struct.compiled_decode_from(version, compact=flexible, tagged=flexible, data_class=cls)
+    return out
+
+
+_OFFSET_KEY = _compile(OffsetCommitKey)
+_OFFSET_VALUE = _compile(OffsetCommitValue)
+_GROUP_KEY = _compile(GroupMetadataKey)
+_GROUP_VALUE = _compile(GroupMetadataValue)
+
+
+def _decode_struct(decoders: dict[int, _Decoder], data: bytes, version: int, name: str) -> Any:
+    """Decodes ``data[2:]`` at ``version``; versions newer than ours are read with our newest schema,
+    which is how Kafka evolves these records (KIP-915: new fields only as tagged fields)."""
+    newest = max(decoders)
+    fn = decoders.get(min(version, newest))
     if fn is None:
-        flexible = cls.flexible_version_q(use)
-        fn = cls._struct.compiled_decode_from(use, compact=flexible, tagged=flexible, data_class=cls)
-        _decoders[(cls, use)] = fn
+        raise RecordError(f"{name} version {version} is not defined")
     try:
         obj, end = fn(memoryview(data), 2)
     except Exception as exc:
-        raise RecordError(f"{cls.__name__} v{version}: {exc!r}") from exc
-    if use == version and end != len(data):
-        raise RecordError(f"{cls.__name__} v{version}: {len(data) - end} trailing bytes")
+        raise RecordError(f"{name} v{version}: {exc!r}") from exc
+    if version <= newest and end != len(data):
+        raise RecordError(f"{name} v{version}: {len(data) - end} trailing bytes")
     return obj
 
 
@@ -188,14 +198,16 @@ def encode_record(record: Record) -> tuple[bytes, bytes | None]:
 
 
 def _decode_offset_value(data: bytes) -> OffsetAndMetadata:
-    v = _decode_struct(OffsetCommitValue, data, _version_of(data))
-    expire = v.expire_timestamp if v.expire_timestamp is not None else -1
-    epoch = v.leader_epoch if v.leader_epoch is not None else -1
+    version = _version_of(data)
+    v = _decode_struct(_OFFSET_VALUE, data, version, "OffsetCommitValue")
+    # Only touch fields the version has: an absent one goes through kafka-python's slow fallback.
+    epoch = v.leader_epoch if version >= 3 else -1
+    expire = v.expire_timestamp if version == 1 else -1
     return OffsetAndMetadata(v.offset, epoch, v.metadata or "", v.commit_timestamp, expire)
 
 
 def _decode_group_value(data: bytes) -> GroupMetadata:
-    v = _decode_struct(GroupMetadataValue, data, _version_of(data))
+    v = _decode_struct(_GROUP_VALUE, data, _version_of(data), "GroupMetadataValue")
     members = tuple(
         MemberMetadata(
             member_id=m.member_id,
@@ -219,10 +231,10 @@ def decode_record(key: bytes | None, value: bytes | None) -> Record | UnknownRec
         raise RecordError("record without key")
     record_type = _version_of(key)
     if record_type in (OFFSET_COMMIT_LEGACY_TYPE, OFFSET_COMMIT_TYPE):
-        k = _decode_struct(OffsetCommitKey, key, record_type)
+        k = _decode_struct(_OFFSET_KEY, key, record_type, "OffsetCommitKey")
         okey = OffsetKey(k.group, k.topic, k.partition)
         return OffsetCommitRecord(okey, None if value is None else _decode_offset_value(value))
     if record_type == GROUP_METADATA_TYPE:
-        g = _decode_struct(GroupMetadataKey, key, record_type)
+        g = _decode_struct(_GROUP_KEY, key, record_type, "GroupMetadataKey")
         return GroupMetadataRecord(g.group, None if value is None else _decode_group_value(value))
     return UnknownRecord(record_type)
