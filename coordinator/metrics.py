@@ -5,6 +5,8 @@ and tests). A Prometheus exporter is another implementation of the same methods.
 
 from collections import Counter
 
+from storage.cleaner import CleanStats
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -25,6 +27,11 @@ class Metrics:
     def partition_loaded(self, partition: int, records: int, seconds: float) -> None:
         self.load_seconds[partition] = seconds
         self.counters["loaded_records"] += records
+
+    def log_cleaned(self, partition: int, stats: CleanStats) -> None:
+        self.counters["cleaner_runs"] += 1
+        self.counters["cleaner_records_dropped"] += stats.records_dropped
+        self.counters["cleaner_bytes_reclaimed"] += stats.bytes_before - stats.bytes_after
 
     def shard_failed(self, partition: int) -> None:
         self.counters["shard_failures"] += 1

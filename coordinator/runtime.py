@@ -53,6 +53,7 @@ class Runtime:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-writer")
         self._loader = ThreadPoolExecutor(max_workers=LOADER_THREADS, thread_name_prefix="kcoord-loader")
         self._loads: list[asyncio.Task[None]] = []
+        self._cleaner: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         """Creates every shard in LOADING state and starts loading them; returns at once so the
@@ -64,7 +65,16 @@ class Runtime:
             self.shards.append(Shard(p, plog, self._writer, self._loader, self.metrics))
         # Smallest logs first: many partitions become ACTIVE quickly while a big one is still loading.
         order = sorted(self.shards, key=lambda s: s.log.size_bytes)
-        self._loads = [asyncio.get_running_loop().create_task(s.load()) for s in order]
+        loop = asyncio.get_running_loop()
+        self._loads = [loop.create_task(s.load()) for s in order]
+        self._cleaner = loop.create_task(self._clean_periodically())
+
+    async def _clean_periodically(self) -> None:
+        """Kafka's cleaner backoff: look at every partition each interval; each shard decides."""
+        while True:
+            await asyncio.sleep(self.config.cleaner_interval_s)
+            for shard in self.shards:
+                await shard.compact(self.config.delete_retention_ms)
 
     def shard_for(self, group_id: str) -> Shard:
         return self.shards[partition_for(group_id, self.config.offsets_partitions)]
@@ -79,6 +89,8 @@ class Runtime:
         return counts
 
     async def stop(self) -> None:
+        if self._cleaner is not None:
+            self._cleaner.cancel()
         await asyncio.gather(*(s.close() for s in self.shards))
         for task in self._loads:
             task.cancel()

@@ -22,11 +22,13 @@ from coordinator.state import NO_PRODUCER, ShardData
 from protocol.errors import ErrorCode
 from protocol.records import Record, RecordError, UnknownRecord, decode_record, encode_record
 from storage.batch import COMMIT, BatchError, build_batch
+from storage.cleaner import CleanStats, clean, cleanable_count, dirty_ratio
 from storage.log import LogCorruptError, PartitionLog
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH_BYTES = 1024 * 1024  # Kafka's max.message.bytes for the offsets topic, about 1 MiB
+MIN_CLEANABLE_DIRTY_RATIO = 0.5  # Kafka's min.cleanable.dirty.ratio
 
 
 class ShardState(Enum):
@@ -82,6 +84,8 @@ class Shard:
         self._open_future: asyncio.Future[None] | None = None
         self._inflight: asyncio.Future[None] | None = None
         self._closing = False
+        self._clean_end = 0  # offset up to which the last compaction left the log clean
+        self._last_clean_ms = now_ms()
 
     @property
     def error(self) -> ErrorCode | None:
@@ -159,7 +163,7 @@ class Shard:
         if self._open_future is not None:
             self._flush()
 
-    def _fail(self, exc: BaseException, inflight: "asyncio.Future[None]") -> None:
+    def _fail(self, exc: BaseException, inflight: "asyncio.Future[None] | None") -> None:
         log.error("partition %d: write failed, failing parked requests and reloading: %r", self.partition, exc)
         self._metrics.shard_failed(self.partition)
         self.state = ShardState.FAILED
@@ -174,11 +178,50 @@ class Shard:
     async def _reload_after_failure(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._writer, self.log.truncate_to_durable)
+            await loop.run_in_executor(self._writer, self._reopen_log)
         except OSError as exc:
             log.error("partition %d: cannot cut the log back to its durable offset: %r", self.partition, exc)
             return
         await self.load()
+
+    def _reopen_log(self) -> None:
+        """Writer thread: cut what never became durable, then reopen the directory so whatever an
+        interrupted compaction left is finished or discarded."""
+        self.log.truncate_to_durable()
+        self.log.close()
+        self.log = PartitionLog(self.log.directory, self.log.segment_bytes)
+
+    # -- compaction (a timer operation, run on the writer thread between batches) ----------------
+
+    async def compact(self, delete_retention_ms: int) -> CleanStats | None:
+        """Compacts closed segments when enough of the log is dirty, or when tombstones may have
+        passed their delete horizon. The in-memory state does not change: compaction keeps it equal."""
+        if self.state is not ShardState.ACTIVE or self._closing:
+            return None
+        loop = asyncio.get_running_loop()
+        try:
+            stats = await loop.run_in_executor(self._writer, self._compact_if_due, now_ms(), delete_retention_ms)
+        except (OSError, LogCorruptError, BatchError) as exc:
+            if self.state is ShardState.ACTIVE:
+                self._fail(exc, None)
+            return None
+        if stats is not None:
+            self._metrics.log_cleaned(self.partition, stats)
+            log.info("partition %d: compacted %d segments into %d, %d -> %d bytes, %d records kept, %d dropped",
+                     self.partition, stats.segments_before, stats.segments_after, stats.bytes_before,
+                     stats.bytes_after, stats.records_kept, stats.records_dropped)
+        return stats
+
+    def _compact_if_due(self, now: int, delete_retention_ms: int) -> CleanStats | None:
+        if self.state is not ShardState.ACTIVE or not cleanable_count(self.log):
+            return None
+        dirty = dirty_ratio(self.log, self._clean_end) >= MIN_CLEANABLE_DIRTY_RATIO
+        if not dirty and now - self._last_clean_ms < delete_retention_ms:
+            return None
+        stats = clean(self.log, now, delete_retention_ms)
+        self._clean_end = stats.clean_end_offset
+        self._last_clean_ms = now
+        return stats
 
     # -- loading -------------------------------------------------------------------------------
 

@@ -49,8 +49,9 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}.log"
 
 
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory's fsync makes created/renamed entries durable)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -194,11 +195,11 @@ class PartitionLog:
         the directory if a segment was created."""
         for seg in self.segments[:-1]:
             if seg.base_offset >= self._durable_base:
-                _fsync_path(seg.path)
+                fsync_path(seg.path)
         if self._fd is not None:
             os.fsync(self._fd)
         if self._dir_dirty:
-            fsync_dir(self.directory)
+            fsync_path(self.directory)
             self._dir_dirty = False
         self._mark_durable()
         if time.monotonic() - self._checkpointed_at >= CHECKPOINT_INTERVAL_S:
@@ -281,17 +282,9 @@ class PartitionLog:
             f.truncate(position)
             f.flush()
             os.fsync(f.fileno())
-        fsync_dir(self.directory)
+        fsync_path(self.directory)
         seg.size = position
         log.warning("%s: cut %d bytes at byte %d (%s), kept in %s", seg.path, len(data), position, why, aside.name)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def list_segments(directory: Path) -> list[Segment]:
@@ -323,5 +316,5 @@ def finish_interrupted_swaps(directory: Path) -> None:
             if base <= seg.base_offset < end:
                 seg.path.unlink()
         entry.rename(directory / segment_name(base))
-        fsync_dir(directory)
+        fsync_path(directory)
         log.info("%s: finished an interrupted compaction swap for offsets [%d, %d)", directory, base, end)

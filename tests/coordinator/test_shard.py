@@ -157,3 +157,24 @@ def test_live_state_equals_reloaded_state(tmp_path_factory: Any, ops: list[tuple
         await reloaded.stop()
 
     asyncio.run(scenario())
+
+
+async def test_compaction_shrinks_the_log_and_keeps_the_state(tmp_path: Path) -> None:
+    cfg = config(tmp_path, segment_bytes=2048)
+    runtime = await started(cfg)
+    shard = runtime.shards[0]
+    for round_ in range(60):
+        await shard.append([commit("g", p, round_ * 10 + p) for p in range(4)])
+    await shard.append([OffsetCommitRecord(OffsetKey("g", "t", 3), None)])
+    before = snapshot(shard.data)
+    size_before = shard.log.size_bytes
+    stats = await shard.compact(delete_retention_ms=60_000)
+    assert stats is not None and stats.records_dropped > 0
+    assert shard.log.size_bytes < size_before / 2
+    assert snapshot(shard.data) == before
+    await shard.append([commit("g", 0, 10_000)])  # writes go on after a compaction
+    live = snapshot(shard.data)
+    await runtime.stop()
+    reloaded = await started(cfg)
+    assert snapshot(reloaded.shards[0].data) == live
+    await reloaded.stop()

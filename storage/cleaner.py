@@ -1,0 +1,284 @@
+"""The log cleaner: key-based compaction of one ``__consumer_offsets`` partition (reference section 10).
+
+Kafka's LogCleaner, cut down for a single node:
+
+* Only closed segments that are wholly durable, and not the segment the durable end lies in, are
+  rewritten: the active segment and anything not yet fsynced belong to the writer's bookkeeping
+  (``truncate_to_durable`` must still be able to undo them).
+* A record is obsolete when a newer *durable* record with the same key bytes exists anywhere later in
+  the log, the active segment included. Non-durable records are ignored: a failed fsync may still take
+  them back, and the record they would hide must then be there.
+* A tombstone that is the newest for its key stays for ``delete_retention_ms`` after its batch was first
+  cleaned. Kafka stores that deadline (the delete horizon) in the batch's baseTimestamp with attribute
+  bit 6; record timestamp deltas are then relative to the horizon, so record timestamps are unchanged.
+* Transactional and control batches are copied as they are. Their records do not hide older ones (the
+  transaction may be aborted), and a tombstone for a key such a batch wrote earlier is never dropped:
+  on replay it is what cancels the copied records.
+* Offsets never change: a rewritten batch keeps its base offset and every record its offset delta, so
+  gaps appear. Rewritten batches are uncompressed; unchanged batches are copied byte for byte.
+* Consecutive cleaned segments are merged while the output stays within ``segment_bytes``.
+
+Crash safety (names shared with storage.log): a group's output goes to ``<base>.log.cleaned`` and is
+fsynced, renamed to ``<base>-<end>.swap`` (directory fsynced: from here on the swap wins), the originals
+are deleted (directory fsynced), and the swap becomes ``<base>.log``. Opening a PartitionLog finishes or
+discards whatever a crash interrupted (``finish_interrupted_swaps``).
+"""
+
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import crc32c
+from kafka.record.default_records import DefaultRecordBatch
+from kafka.record.util import encode_varint
+
+from storage.batch import LOG_OVERHEAD, Batch, LogRecord
+from storage.log import (
+    Damage,
+    LogCorruptError,
+    PartitionLog,
+    Segment,
+    fsync_path,
+    read_segment,
+    segment_name,
+    swap_name,
+)
+
+# baseOffset batchLength leaderEpoch magic crc attributes lastOffsetDelta baseTimestamp maxTimestamp
+# producerId producerEpoch baseSequence recordsCount (reference section 8.1)
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_CRC = struct.Struct(">I")
+_CRC_POSITION = 17
+_ATTRIBUTES_POSITION = 21
+COMPRESSION_MASK = 0x07
+DELETE_HORIZON_FLAG = 0x40
+MAX_SEGMENT_OFFSETS = 2**31 - 1  # Kafka's indexes hold offsets relative to the segment base as int32
+
+
+@dataclass(frozen=True, slots=True)
+class CleanStats:
+    """What one ``clean`` did; ``clean_end_offset`` is where the next run's dirty part starts."""
+
+    segments_before: int
+    segments_after: int
+    bytes_before: int
+    bytes_after: int
+    records_kept: int
+    records_dropped: int
+    clean_end_offset: int
+
+
+@dataclass(slots=True)
+class _KeyMap:
+    newest: dict[bytes, int]  # key -> offset of its newest durable non-transactional record
+    txn_first: dict[bytes, int]  # key -> offset of its first record in a transactional batch
+
+
+def cleanable_count(log: PartitionLog) -> int:
+    """How many leading segments ``clean`` may rewrite: those followed by a segment that starts below
+    ``durable_offset``, which keeps out the active segment and the one the durable end lies in."""
+    segs = log.segments
+    n = 0
+    while n + 1 < len(segs) and segs[n + 1].base_offset < log.durable_offset:
+        n += 1
+    return n
+
+
+def dirty_ratio(log: PartitionLog, clean_end_offset: int) -> float:
+    """Share of cleanable bytes at or after ``clean_end_offset`` (the last run's, or 0 after a restart).
+    Kafka cleans a log once this reaches ``min.cleanable.dirty.ratio`` (0.5)."""
+    closed = log.segments[: cleanable_count(log)]
+    total = sum(s.size for s in closed)
+    dirty = sum(s.size for s in closed if s.base_offset >= clean_end_offset)
+    return dirty / total if total else 0.0
+
+
+def clean(log: PartitionLog, now_ms: int, delete_retention_ms: int) -> CleanStats:
+    """Compacts the cleanable segments of ``log`` (recovered, owned by the calling thread) and updates
+    ``log.segments``. If it raises, reopen the log: opening completes or discards an unfinished swap."""
+    snap = list(log.segments)
+    count = cleanable_count(log)
+    if count == 0:
+        start = snap[0].base_offset if snap else 0
+        return CleanStats(0, 0, 0, 0, 0, 0, start)
+    keys = _build_key_map(snap, count, log.durable_offset)
+    kept = dropped = bytes_after = outputs = 0
+    i = 0
+    while i < count:
+        base = snap[i].base_offset
+        tmp = log.directory / (segment_name(base) + ".cleaned")
+        j, written, changed = i, 0, False
+        try:
+            with open(tmp, "wb") as out:
+                while j < count and (j == i or _fits(log, snap, base, j, written)):
+                    for batch, raw in _batches_with_bytes(snap[j]):
+                        data, gone = _clean_batch(batch, raw, keys, now_ms, delete_retention_ms)
+                        kept += len(batch.records) - gone
+                        dropped += gone
+                        changed = changed or data is not raw
+                        if data is not None:
+                            out.write(data)
+                            written += len(data)
+                    j += 1
+                if j - i > 1 or changed:
+                    out.flush()
+                    os.fsync(out.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        outputs += 1
+        bytes_after += written
+        if j - i == 1 and not changed:
+            tmp.unlink()  # nothing to gain: keep the original file
+        else:
+            _swap(log, snap[i:j], snap[j].base_offset, tmp, written)
+        i = j
+    before = sum(s.size for s in snap[:count])
+    return CleanStats(count, outputs, before, bytes_after, kept, dropped, snap[count].base_offset)
+
+
+def _fits(log: PartitionLog, snap: list[Segment], base: int, j: int, written: int) -> bool:
+    """Whether segment ``j`` may join the output started at ``base``: its uncleaned size is an upper
+    bound of what it adds, so the merged file never exceeds ``segment_bytes``."""
+    return written + snap[j].size <= log.segment_bytes and snap[j + 1].base_offset - base <= MAX_SEGMENT_OFFSETS
+
+
+def _build_key_map(segments: list[Segment], cleanable: int, durable_offset: int) -> _KeyMap:
+    keys = _KeyMap({}, {})
+    for i, seg in enumerate(segments):
+        for batch in _batches(seg, strict=i < cleanable):
+            if batch.base_offset >= durable_offset:
+                return keys
+            if batch.control_type is not None:
+                continue
+            for r in batch.records:
+                if r.key is None:
+                    continue
+                if batch.is_transactional:
+                    keys.txn_first.setdefault(r.key, r.offset)
+                else:
+                    keys.newest[r.key] = r.offset
+    return keys
+
+
+def _batches(seg: Segment, strict: bool) -> Iterator[Batch]:
+    """A segment's batches; damage fails a segment about to be rewritten, elsewhere it just ends the
+    scan (fewer known keys only means fewer records dropped)."""
+    for item in read_segment(seg.path):
+        if isinstance(item, Damage):
+            if strict:
+                raise LogCorruptError(f"{seg.path} at byte {item.position}: {item.reason}")
+            return
+        yield item
+
+
+def _batches_with_bytes(seg: Segment) -> Iterator[tuple[Batch, bytes]]:
+    with open(seg.path, "rb") as f:
+        for batch in _batches(seg, strict=True):
+            yield batch, f.read(batch.size)
+
+
+def _clean_batch(
+    batch: Batch, raw: bytes, keys: _KeyMap, now_ms: int, delete_retention_ms: int
+) -> tuple[bytes | None, int]:
+    """``(bytes to write, or None to drop the batch; records dropped)``; returns ``raw`` itself when the
+    batch stays as it is."""
+    if batch.is_transactional or batch.control_type is not None:
+        return raw, 0
+    horizon = batch.base_timestamp if batch.attributes & DELETE_HORIZON_FLAG else None
+    keep = [r for r in batch.records if _retain(r, keys, now_ms, horizon)]
+    dropped = len(batch.records) - len(keep)
+    if not keep:
+        return None, dropped
+    has_tombstone = any(r.value is None for r in keep)
+    if dropped == 0 and (horizon is not None or not has_tombstone):
+        return raw, 0
+    if has_tombstone and horizon is None:
+        horizon = now_ms + delete_retention_ms
+    return _rebuild(raw, {r.offset for r in keep}, horizon if has_tombstone else None), dropped
+
+
+def _retain(r: LogRecord, keys: _KeyMap, now_ms: int, horizon: int | None) -> bool:
+    if r.key is None:
+        return True  # not compactable; Kafka rejects these on a compacted topic
+    if r.value is None and keys.txn_first.get(r.key, r.offset) < r.offset:
+        return True  # cancels transactional records that are copied as they are
+    if keys.newest.get(r.key, r.offset) > r.offset:
+        return False
+    return r.value is not None or horizon is None or now_ms < horizon
+
+
+def _rebuild(raw: bytes, keep: set[int], horizon: int | None) -> bytes:
+    """``raw`` with only the records at offsets in ``keep``, uncompressed, same base offset, producer
+    fields and leader epoch; baseTimestamp is ``horizon`` (with bit 6) when given."""
+    head = _HEADER.unpack_from(raw)
+    base, epoch, magic, attributes = head[0], head[2], head[3], head[5]
+    producer_id, producer_epoch, base_sequence = head[9], head[10], head[11]
+    records = [r for r in DefaultRecordBatch(raw) if r.offset in keep]
+    base_ts = horizon if horizon is not None else records[0].timestamp
+    body = bytearray(_HEADER.size)
+    for r in records:
+        _encode_record(body, r.offset - base, r.timestamp - base_ts, r.key, r.value, r.headers)
+    attributes &= ~(COMPRESSION_MASK | DELETE_HORIZON_FLAG)
+    if horizon is not None:
+        attributes |= DELETE_HORIZON_FLAG
+    last_delta = records[-1].offset - base
+    max_ts = max(r.timestamp for r in records)
+    length = len(body) - LOG_OVERHEAD
+    fields = (attributes, last_delta, base_ts, max_ts, producer_id, producer_epoch, base_sequence, len(records))
+    _HEADER.pack_into(body, 0, base, length, epoch, magic, 0, *fields)
+    _CRC.pack_into(body, _CRC_POSITION, crc32c.crc32c(bytes(body[_ATTRIBUTES_POSITION:])))
+    return bytes(body)
+
+
+def _encode_record(
+    out: bytearray,
+    offset_delta: int,
+    timestamp_delta: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes | None]],
+) -> None:
+    """One v2 record (reference section 8.2): length, attributes 0, deltas, key, value, headers."""
+    rec = bytearray(b"\x00")
+    encode_varint(timestamp_delta, rec.append)
+    encode_varint(offset_delta, rec.append)
+    _put_bytes(rec, key)
+    _put_bytes(rec, value)
+    encode_varint(len(headers), rec.append)
+    for h_key, h_value in headers:
+        _put_bytes(rec, h_key.encode("utf-8"))
+        _put_bytes(rec, h_value)
+    encode_varint(len(rec), out.append)
+    out += rec
+
+
+def _put_bytes(out: bytearray, data: bytes | None) -> None:
+    if data is None:
+        encode_varint(-1, out.append)
+        return
+    encode_varint(len(data), out.append)
+    out += data
+
+
+def _swap(log: PartitionLog, originals: list[Segment], end: int, cleaned: Path, size: int) -> None:
+    """Replaces ``originals`` (base offsets in [base, end)) by ``cleaned`` in the order that lets
+    ``finish_interrupted_swaps`` complete it after a crash at any step."""
+    base = originals[0].base_offset
+    swap = log.directory / swap_name(base, end)
+    os.replace(cleaned, swap)
+    fsync_path(log.directory)  # the swap is durable: from here on it replaces the originals
+    _delete_originals(originals)
+    fsync_path(log.directory)  # never let the new <base>.log sit beside an original that came back
+    final = log.directory / segment_name(base)
+    os.replace(swap, final)
+    fsync_path(log.directory)
+    at = next(k for k, s in enumerate(log.segments) if s is originals[0])
+    log.segments[at : at + len(originals)] = [Segment(base, final, size)]
+
+
+def _delete_originals(originals: list[Segment]) -> None:
+    for seg in originals:
+        seg.path.unlink()
