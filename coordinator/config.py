@@ -9,6 +9,7 @@ from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from storage.log import DEFAULT_SEGMENT_BYTES
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+MAX_METADATA_LIMIT = 32767 // 3
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="broker id reported to clients (KCOORD_NODE_ID, default %(default)s)")
     parser.add_argument("--segment-bytes", type=_bounded_int(1024), default=env("SEGMENT_BYTES", d.segment_bytes),
                         help="roll a log segment past this size (KCOORD_SEGMENT_BYTES, default %(default)s)")
-    parser.add_argument("--offset-metadata-max-bytes", type=_bounded_int(0),
+    # Record strings carry an int16 length and UTF-8 takes at most 3 bytes per UTF-16 unit, so any
+    # metadata accepted under this cap can be written to the log.
+    parser.add_argument("--offset-metadata-max-bytes", type=_bounded_int(0, MAX_METADATA_LIMIT),
                         default=env("OFFSET_METADATA_MAX_BYTES", d.offset_metadata_max_bytes),
                         help="longest commit metadata accepted (KCOORD_OFFSET_METADATA_MAX_BYTES, default %(default)s)")
     parser.add_argument("--max-frame-bytes", type=_bounded_int(64), default=env("MAX_FRAME_BYTES", d.max_frame_bytes),

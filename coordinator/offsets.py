@@ -40,7 +40,9 @@ TopicErrors = list[tuple[str, list[tuple[int, ErrorCode]]]]
 
 def utf16_length(s: str) -> int:
     """Java ``String.length()``: UTF-16 code units, so a character outside the BMP counts twice."""
-    return len(s) + sum(1 for c in s if ord(c) > 0xFFFF)
+    if s.isascii():
+        return len(s)
+    return len(s.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def validate_commit(group: ClassicGroup | None, req: CommitRequest) -> ErrorCode:

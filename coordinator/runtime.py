@@ -1,6 +1,7 @@
 """All shards of this node: creation, independent loading, routing by group id, and shutdown."""
 
 import asyncio
+import functools
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +18,13 @@ log = logging.getLogger(__name__)
 OFFSETS_TOPIC = "__consumer_offsets"
 META_FILE = "kcoord.meta.json"
 LOADER_THREADS = 2
+WRITER_THREADS = 8  # fsync releases the GIL: parallel fsyncs of different partitions scale (bench/)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _cached_partition(group_id: str, partitions: int) -> int:
+    """Group ids repeat on every commit; the Java hash in Python showed up in profiles (bench/)."""
+    return partition_for(group_id, partitions)
 
 
 class ConfigMismatch(Exception):
@@ -43,14 +51,18 @@ def check_data_dir(data_dir: Path, partitions: int) -> None:
 
 
 class Runtime:
-    """Owns the shards and the two thread pools: one writer (appends + fsyncs, in order) and a small
-    loader pool, so one huge partition loading does not hold up the others."""
+    """Owns the shards and the thread pools: writer threads (each shard always uses the same one, so
+    its appends, fsyncs and compactions stay in order, while different shards fsync in parallel) and
+    a small loader pool, so one huge partition loading does not hold up the others."""
 
     def __init__(self, config: Config, metrics: Metrics | None = None) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
         self.shards: list[Shard] = []
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-writer")
+        self._writers = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kcoord-writer-{i}")
+            for i in range(min(WRITER_THREADS, config.offsets_partitions))
+        ]
         self._loader = ThreadPoolExecutor(max_workers=LOADER_THREADS, thread_name_prefix="kcoord-loader")
         self._loads: list[asyncio.Task[None]] = []
         self._cleaner: asyncio.Task[None] | None = None
@@ -62,7 +74,8 @@ class Runtime:
         check_data_dir(cfg.data_dir, cfg.offsets_partitions)
         for p in range(cfg.offsets_partitions):
             plog = PartitionLog(cfg.data_dir / f"{OFFSETS_TOPIC}-{p}", cfg.segment_bytes)
-            self.shards.append(Shard(p, plog, self._writer, self._loader, self.metrics))
+            writer = self._writers[p % len(self._writers)]
+            self.shards.append(Shard(p, plog, writer, self._loader, self.metrics))
         # Smallest logs first: many partitions become ACTIVE quickly while a big one is still loading.
         order = sorted(self.shards, key=lambda s: s.log.size_bytes)
         loop = asyncio.get_running_loop()
@@ -77,7 +90,7 @@ class Runtime:
                 await shard.compact(self.config.delete_retention_ms)
 
     def shard_for(self, group_id: str) -> Shard:
-        return self.shards[partition_for(group_id, self.config.offsets_partitions)]
+        return self.shards[_cached_partition(group_id, self.config.offsets_partitions)]
 
     async def wait_loaded(self) -> None:
         await asyncio.gather(*self._loads)
@@ -94,5 +107,6 @@ class Runtime:
         await asyncio.gather(*(s.close() for s in self.shards))
         for task in self._loads:
             task.cancel()
-        self._writer.shutdown(wait=True)
+        for writer in self._writers:
+            writer.shutdown(wait=True)
         self._loader.shutdown(wait=True, cancel_futures=True)

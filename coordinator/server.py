@@ -45,6 +45,7 @@ class Connection(asyncio.Protocol):
         self._peer = "?"
         self._paused = False
         self._closed = False
+        self._write_scheduled = False
 
     # -- asyncio callbacks ---------------------------------------------------------------------
 
@@ -131,12 +132,16 @@ class Connection(asyncio.Protocol):
             slot.pending -= 1
             if slot.pending == 0:
                 slot.data = spec.encode_response(reply.response, version, correlation_id)
-                self._write_ready()
+                # One fsync releases many replies at once: write them with one send, not one each.
+                if not self._write_scheduled:
+                    self._write_scheduled = True
+                    asyncio.get_running_loop().call_soon(self._write_ready)
 
         return done
 
     def _write_ready(self) -> None:
         """Writes every reply at the head of the queue that is ready, in request order."""
+        self._write_scheduled = False
         queue, transport = self._queue, self._transport
         if transport is None or self._closed:
             return

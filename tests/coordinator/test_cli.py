@@ -80,6 +80,7 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--offsets-partitions", "0"], "outside"),
         (["--segment-bytes", "ten"], "not an integer"),
         (["--log-level", "loud"], "invalid choice"),
+        (["--offset-metadata-max-bytes", "20000"], "outside [0, 10922]"),
     ],
 )
 def test_bad_values_are_clear_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
