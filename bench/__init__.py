@@ -1,0 +1,1 @@
+"""Benchmarks for kcoord: ``python -m bench.commit_bench`` and ``python -m bench.load_bench``."""
