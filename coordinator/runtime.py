@@ -66,6 +66,7 @@ class Runtime:
         self._loader = ThreadPoolExecutor(max_workers=LOADER_THREADS, thread_name_prefix="kcoord-loader")
         self._loads: list[asyncio.Task[None]] = []
         self._cleaner: asyncio.Task[None] | None = None
+        self._load_report: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         """Creates every shard in LOADING state and starts loading them; returns at once so the
@@ -81,6 +82,14 @@ class Runtime:
         loop = asyncio.get_running_loop()
         self._loads = [loop.create_task(s.load()) for s in order]
         self._cleaner = loop.create_task(self._clean_periodically())
+        self._load_report = loop.create_task(self._report_loaded(loop.time()))
+
+    async def _report_loaded(self, started: float) -> None:
+        await self.wait_loaded()
+        states = self.states()
+        log.info("all %d partitions loaded in %d ms (%d active, %d failed)", len(self.shards),
+                 (asyncio.get_running_loop().time() - started) * 1000, states[ShardState.ACTIVE],
+                 states[ShardState.FAILED])
 
     async def _clean_periodically(self) -> None:
         """Kafka's cleaner backoff: look at every partition each interval; each shard decides."""

@@ -84,6 +84,7 @@ class Shard:
         self._open_future: asyncio.Future[None] | None = None
         self._inflight: asyncio.Future[None] | None = None
         self._closing = False
+        self._reload: asyncio.Task[None] | None = None  # referenced so it is not collected mid-run
         self._clean_end = 0  # offset up to which the last compaction left the log clean
         self._last_clean_ms = now_ms()
 
@@ -173,7 +174,7 @@ class Shard:
                 fut.exception()  # parked requests handle it; do not warn about it
         self._open, self._open_future = [], None
         if not self._closing:
-            asyncio.get_running_loop().create_task(self._reload_after_failure())
+            self._reload = asyncio.get_running_loop().create_task(self._reload_after_failure())
 
     async def _reload_after_failure(self) -> None:
         loop = asyncio.get_running_loop()

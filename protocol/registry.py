@@ -25,6 +25,7 @@ from kafka.protocol.metadata import (
 )
 
 from protocol.header import response_header
+from protocol.validate import null_violation
 
 __all__ = [
     "API_VERSIONS", "FIND_COORDINATOR", "METADATA", "OFFSET_COMMIT", "OFFSET_FETCH", "REGISTRY",
@@ -57,9 +58,12 @@ class ApiSpec:
         """Decodes header + body; any failure is a DecodeError (the connection is then closed)."""
         try:
             request: Any = self.request.decode(frame, version=version, header=True)
-            return request
         except Exception as exc:  # kafka-python raises many types on malformed input
             raise DecodeError(f"{self.name} v{version}: {exc!r}") from exc
+        null_field = null_violation(self.request, request, version)
+        if null_field is not None:
+            raise DecodeError(f"{self.name} v{version}: null {null_field} is not allowed at this version")
+        return request
 
     def encode_response(self, response: Any, version: int, correlation_id: int) -> bytes:
         """A framed response: size, header (v0 for ApiVersions per KIP-511, else by flexibility), body."""

@@ -26,21 +26,41 @@ class KcoordProcess:
         self.extra = list(extra)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"kcoord-{self.port}.log"
+        self._log_start = 0
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, wait: bool = True) -> "KcoordProcess":
+    def start(self, wait: bool = True, loaded: bool = True) -> "KcoordProcess":
+        """Starts kcoord; with ``wait`` returns once it listens and, with ``loaded``, once every
+        partition has loaded (before that, requests get COORDINATOR_LOAD_IN_PROGRESS)."""
         cmd = [sys.executable, "-m", "coordinator.cli", "serve", "--listen", self.bootstrap,
                "--data-dir", str(self.data_dir), *self.extra]
         log = open(self.log_path, "ab")
+        self._log_start = log.tell()
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         log.close()
         if wait:
             self.wait_listening()
+            if loaded:
+                self.wait_loaded()
         return self
+
+    def wait_loaded(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while "partitions loaded" not in self.log_since_start():
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"kcoord exited with {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"kcoord did not finish loading:\n{self.log()}")
+            time.sleep(0.02)
+
+    def log_since_start(self) -> str:
+        with open(self.log_path, "rb") as f:
+            f.seek(self._log_start)
+            return f.read().decode(errors="replace")
 
     def wait_listening(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -91,7 +91,7 @@ def test_big_partition_loads_while_others_serve(tmp_path: Path) -> None:
     big, small = "big-group", "small-group"
     assert partition_for(big, 50) != partition_for(small, 50)
     _write_big_partition(data_dir, big, 1_000_000)
-    server = KcoordProcess(data_dir).start()
+    server = KcoordProcess(data_dir).start(loaded=False)
     try:
         client = RawClient(server.port)
         first = client.call(fetch_request(big, {"topic-0": [0]}), 7)
