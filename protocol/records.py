@@ -156,11 +156,13 @@ def _compile_encoder(cls: Any, version: int) -> _Encoder:
     return encoder
 
 
-# kafka-python's generated encoders read fields by name, so our NamedTuples (same field names as the
-# schemas) are encoded directly: no intermediate message object on the commit path (~2.5x faster).
+# kafka-python's generated encoders read fields by name, so our tuples and dataclasses (same field names
+# as the schemas) are encoded directly: no intermediate message object (~2.5x faster on the commit path).
 _OFFSET_KEY_ENCODER = _compile_encoder(OffsetCommitKey, OFFSET_COMMIT_TYPE)
 _OFFSET_VALUE_ENCODERS = {v: _compile_encoder(OffsetCommitValue, v) for v in (OFFSET_VALUE_VERSION,
                                                                               OFFSET_VALUE_VERSION_WITH_EXPIRY)}
+_GROUP_KEY_ENCODER = _compile_encoder(GroupMetadataKey, GROUP_METADATA_TYPE)
+_GROUP_VALUE_ENCODER = _compile_encoder(GroupMetadataValue, GROUP_VALUE_VERSION)
 
 
 def _encode(encoder: _Encoder, version: int, obj: Any) -> bytes:
@@ -181,28 +183,7 @@ def encode_offset_value(value: OffsetAndMetadata) -> bytes:
 
 
 def encode_group_value(value: GroupMetadata) -> bytes:
-    members = [
-        GroupMetadataValue.MemberMetadata(
-            member_id=m.member_id,
-            group_instance_id=m.group_instance_id,
-            client_id=m.client_id,
-            client_host=m.client_host,
-            rebalance_timeout=m.rebalance_timeout,
-            session_timeout=m.session_timeout,
-            subscription=m.subscription,
-            assignment=m.assignment,
-        )
-        for m in value.members
-    ]
-    v = GroupMetadataValue(
-        protocol_type=value.protocol_type,
-        generation=value.generation,
-        protocol=value.protocol,
-        leader=value.leader,
-        current_state_timestamp=value.current_state_timestamp,
-        members=members,
-    )
-    return bytes(v.encode(version=GROUP_VALUE_VERSION))
+    return _encode(_GROUP_VALUE_ENCODER, GROUP_VALUE_VERSION, value)
 
 
 def encode_record(record: Record) -> tuple[bytes, bytes | None]:
@@ -210,7 +191,7 @@ def encode_record(record: Record) -> tuple[bytes, bytes | None]:
     if isinstance(record, OffsetCommitRecord):
         value = None if record.value is None else encode_offset_value(record.value)
         return encode_offset_key(record.key), value
-    key = bytes(GroupMetadataKey(group=record.group).encode(version=GROUP_METADATA_TYPE))
+    key = _encode(_GROUP_KEY_ENCODER, GROUP_METADATA_TYPE, record)
     return key, None if record.value is None else encode_group_value(record.value)
 
 
