@@ -96,7 +96,10 @@ class Runtime:
         while True:
             await asyncio.sleep(self.config.cleaner_interval_s)
             for shard in self.shards:
-                await shard.compact(self.config.delete_retention_ms)
+                try:
+                    await shard.compact(self.config.delete_retention_ms)
+                except Exception:  # one partition's trouble must not stop cleaning the others
+                    log.exception("partition %d: compaction failed", shard.partition)
 
     def shard_for(self, group_id: str) -> Shard:
         return self.shards[_cached_partition(group_id, self.config.offsets_partitions)]

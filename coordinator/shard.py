@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH_BYTES = 1024 * 1024  # Kafka's max.message.bytes for the offsets topic, about 1 MiB
 MIN_CLEANABLE_DIRTY_RATIO = 0.5  # Kafka's min.cleanable.dirty.ratio
+RELOAD_BACKOFF_S = 0.5
+RELOAD_BACKOFF_MAX_S = 30.0
 
 
 class ShardState(Enum):
@@ -80,7 +82,7 @@ class Shard:
         self._loader = loader
         self._metrics = metrics
         self._next_offset = 0
-        self._open: list[Record] = []
+        self._open: list[tuple[bytes, bytes | None]] = []  # encoded records of the open batch
         self._open_future: asyncio.Future[None] | None = None
         self._inflight: asyncio.Future[None] | None = None
         self._closing = False
@@ -97,15 +99,17 @@ class Shard:
 
     def append(self, records: list[Record]) -> "asyncio.Future[None]":
         """Replays ``records`` at the next offsets and returns a future that resolves once they are
-        durable (or fails with ShardFailed). Only valid while ACTIVE."""
+        durable (or fails with ShardFailed). Only valid while ACTIVE. Records are encoded first, so
+        one that cannot be encoded fails only its own request, never the batch it would have joined."""
         assert self.state is ShardState.ACTIVE, self.state
+        encoded = [encode_record(r) for r in records]
         data = self.data
         offset = self._next_offset
         for record in records:
             data.replay(offset, record)
             offset += 1
         self._next_offset = offset
-        self._open.extend(records)
+        self._open.extend(encoded)
         fut = self._open_future
         if fut is None:
             loop = asyncio.get_running_loop()
@@ -121,22 +125,21 @@ class Shard:
     def _flush(self) -> None:
         if self._inflight is not None or self._open_future is None or self.state is not ShardState.ACTIVE:
             return
-        records, fut = self._open, self._open_future
-        base = self._next_offset - len(records)
+        entries, fut = self._open, self._open_future
+        base = self._next_offset - len(entries)
         self._open, self._open_future = [], None
         self._inflight = fut
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
-        done = loop.run_in_executor(self._writer, self._write, base, records, now_ms())
-        done.add_done_callback(lambda t: self._flushed(t, fut, len(records), started))
+        done = loop.run_in_executor(self._writer, self._write, base, entries, now_ms())
+        done.add_done_callback(lambda t: self._flushed(t, fut, len(entries), started))
 
-    def _write(self, base: int, records: list[Record], timestamp: int) -> int:
-        """Writer thread: encode into batches of at most ~1 MiB, append them, one fsync."""
+    def _write(self, base: int, entries: list[tuple[bytes, bytes | None]], timestamp: int) -> int:
+        """Writer thread: batches of at most ~1 MiB, appended, then one fsync."""
         nbytes = 0
         chunk: list[tuple[bytes, bytes | None]] = []
         chunk_bytes = 0
-        for record in records:
-            entry = encode_record(record)
+        for entry in entries:
             size = len(entry[0]) + (len(entry[1]) if entry[1] is not None else 0) + 24
             if chunk and chunk_bytes + size > MAX_BATCH_BYTES:
                 nbytes += self._append_batch(base, chunk, timestamp)
@@ -173,22 +176,32 @@ class Shard:
                 fut.set_exception(ShardFailed(str(exc)))
                 fut.exception()  # parked requests handle it; do not warn about it
         self._open, self._open_future = [], None
-        if not self._closing:
+        # One reload at a time: a second failure while reloading must not reopen or truncate a log
+        # that the running reload is still recovering.
+        if not self._closing and (self._reload is None or self._reload.done()):
             self._reload = asyncio.get_running_loop().create_task(self._reload_after_failure())
 
     async def _reload_after_failure(self) -> None:
+        """Reopens the log (retrying with backoff: a full disk may be freed) and loads it again."""
         loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(self._writer, self._reopen_log)
-        except OSError as exc:
-            log.error("partition %d: cannot cut the log back to its durable offset: %r", self.partition, exc)
+        delay = RELOAD_BACKOFF_S
+        while not self._closing:
+            try:
+                await loop.run_in_executor(self._writer, self._reopen_log)
+                break
+            except Exception as exc:
+                log.error("partition %d: cannot reopen its log (%r); retrying in %.1f s", self.partition, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RELOAD_BACKOFF_MAX_S)
+        else:
             return
         await self.load()
 
     def _reopen_log(self) -> None:
         """Writer thread: cut what never became durable, then reopen the directory so whatever an
         interrupted compaction left is finished or discarded."""
-        self.log.truncate_to_durable()
+        if self.log.recovered:
+            self.log.truncate_to_durable()
         self.log.close()
         self.log = PartitionLog(self.log.directory, self.log.segment_bytes)
 
@@ -202,7 +215,7 @@ class Shard:
         loop = asyncio.get_running_loop()
         try:
             stats = await loop.run_in_executor(self._writer, self._compact_if_due, now_ms(), delete_retention_ms)
-        except (OSError, LogCorruptError, BatchError) as exc:
+        except Exception as exc:
             if self.state is ShardState.ACTIVE:
                 self._fail(exc, None)
             return None
@@ -238,8 +251,11 @@ class Shard:
             return
         except (LogCorruptError, RecordError, BatchError, OSError) as exc:
             log.error("partition %d: FAILED to load, not serving its groups: %s", self.partition, exc)
-            self.state = ShardState.FAILED
-            self._metrics.shard_failed(self.partition)
+            self._load_failed()
+            return
+        except Exception:
+            log.exception("partition %d: FAILED to load (unexpected error), not serving its groups", self.partition)
+            self._load_failed()
             return
         if self._closing:
             return
@@ -253,6 +269,10 @@ class Shard:
             "partition %d: loaded %d records (%d offsets, %d groups) in %d ms",
             self.partition, records, data.num_offsets, len(data.groups), elapsed * 1000,
         )
+
+    def _load_failed(self) -> None:
+        self.state = ShardState.FAILED
+        self._metrics.shard_failed(self.partition)
 
     def _replay_log(self, data: ShardData) -> int:
         """Loader thread: the same ``replay`` as the live path, for every record read back."""

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kafka.errors import CorruptRecordError
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 LOG_OVERHEAD = 12  # baseOffset + batchLength
@@ -97,8 +96,8 @@ def decode_batch(data: bytes) -> Batch:
         raise BatchError(f"CRC mismatch in batch at offset {raw.base_offset}")
     try:
         records = tuple(_records(raw))
-    except (CorruptRecordError, ValueError, IndexError, UnicodeDecodeError) as exc:
-        raise BatchError(f"batch at offset {raw.base_offset}: {exc}") from exc
+    except Exception as exc:  # corrupt records, an unknown or unavailable codec: never a crash
+        raise BatchError(f"batch at offset {raw.base_offset}: {exc!r}") from exc
     control: ControlType | None = None
     if raw.is_control_batch:
         key = records[0].key if records else None

@@ -144,27 +144,26 @@ class PartitionLog:
         self._durable_size = 0
         self._dir_dirty = False
         self._checkpointed_at = 0.0
+        self.recovered = False  # the durable bookkeeping is only meaningful after recover()
 
     # -- reading -------------------------------------------------------------------------------
 
     def recover(self) -> Iterator[Batch]:
-        """Reads every batch from the start, cutting a torn tail of the last segment aside. Sets
-        ``next_offset`` and ``durable_offset`` to just past the last valid batch. Raises
-        LogCorruptError for damage anywhere else."""
+        """Reads every batch from the start. Damage past the recovery point that looks like a torn
+        write (nothing valid after it in its segment) is cut aside together with any newer segments,
+        as a crash between an append and its fsync leaves it; damage anywhere else raises
+        LogCorruptError. Afterwards what was read is fsynced (a killed process leaves unsynced bytes
+        in the page cache) and only then counted durable."""
         self.close()
+        self.recovered = False
         known_base, known_position = self._read_checkpoint()
         self.next_offset = self.segments[0].base_offset if self.segments else 0
         for i, seg in enumerate(self.segments):
-            last = i == len(self.segments) - 1
             self.next_offset = max(self.next_offset, seg.base_offset)
+            damage = None
             for item in read_segment(seg.path):
                 if isinstance(item, Damage):
-                    known_durable = seg.base_offset < known_base or (
-                        seg.base_offset == known_base and item.position < known_position
-                    )
-                    if known_durable or not (last and item.torn):
-                        raise LogCorruptError(f"{seg.path} at byte {item.position}: {item.reason}")
-                    self._cut(seg, item.position, f"torn tail ({item.reason})")
+                    damage = item
                     break
                 if item.base_offset < self.next_offset:
                     raise LogCorruptError(
@@ -172,7 +171,26 @@ class PartitionLog:
                     )
                 self.next_offset = item.last_offset + 1
                 yield item
+            if damage is None:
+                continue
+            known_durable = seg.base_offset < known_base or (
+                seg.base_offset == known_base and damage.position < known_position
+            )
+            if known_durable or not damage.torn:
+                raise LogCorruptError(f"{seg.path} at byte {damage.position}: {damage.reason}")
+            self._cut(seg, damage.position, f"torn tail ({damage.reason})")
+            for later in self.segments[i + 1 :]:
+                self._cut(later, 0, "written after a torn write")
+                later.path.unlink()
+            del self.segments[i + 1 :]
+            break
+        for seg in self.segments:
+            if seg.base_offset >= known_base:
+                fsync_path(seg.path)
+        fsync_path(self.directory)
         self._mark_durable()
+        self.recovered = True
+        self.checkpoint()
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -226,6 +244,8 @@ class PartitionLog:
     def truncate_to_durable(self) -> None:
         """Undoes appends that never became durable (after a failed write or fsync); the cut bytes
         are kept beside their segment. Reopens the active segment on the next append."""
+        if not self.recovered:
+            raise RuntimeError(f"{self.directory}: truncate_to_durable before recover()")
         self.close()
         while len(self.segments) > 1 and self.segments[-1].base_offset > self._durable_base:
             seg = self.segments.pop()
@@ -270,11 +290,14 @@ class PartitionLog:
 
     def _cut(self, seg: Segment, position: int, why: str) -> None:
         """Moves ``seg``'s bytes from ``position`` on into ``<segment>.<position>.tr``, then truncates."""
-        aside = seg.path.with_name(f"{seg.path.name}.{position}.tr")
         with open(seg.path, "rb") as src:
             src.seek(position)
             data = src.read()
-        with open(aside, "wb") as dst:
+        aside, n = seg.path.with_name(f"{seg.path.name}.{position}.tr"), 0
+        while aside.exists():  # an earlier cut at the same place is never overwritten
+            n += 1
+            aside = seg.path.with_name(f"{seg.path.name}.{position}.{n}.tr")
+        with open(aside, "xb") as dst:
             dst.write(data)
             dst.flush()
             os.fsync(dst.fileno())

@@ -2,6 +2,7 @@
 and the property that live state equals state reloaded from the log."""
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -177,4 +178,43 @@ async def test_compaction_shrinks_the_log_and_keeps_the_state(tmp_path: Path) ->
     await runtime.stop()
     reloaded = await started(cfg)
     assert snapshot(reloaded.shards[0].data) == live
+    await reloaded.stop()
+
+
+async def test_two_failures_in_a_row_start_one_reload_and_lose_nothing(tmp_path: Path) -> None:
+    """A compaction I/O error and then a failing write queued behind it on the same writer thread:
+    the second failure must not start a second reload that truncates the log being recovered."""
+    runtime = await started(config(tmp_path, segment_bytes=4096))
+    shard = runtime.shards[0]
+    for i in range(200):
+        await shard.append([commit(f"g{i}", 0, i)])
+
+    def failing_compaction(now: int, retention: int) -> None:
+        time.sleep(0.2)
+        raise OSError(5, "injected EIO in the cleaner")
+
+    shard._compact_if_due = failing_compaction  # type: ignore[method-assign,assignment]
+    compaction = asyncio.create_task(shard.compact(0))
+    await asyncio.sleep(0.05)
+
+    def failing_append(batch: bytes, last_offset: int) -> None:
+        raise OSError(5, "injected EIO in append")
+
+    shard.log.append = failing_append  # type: ignore[method-assign]
+    late = shard.append([commit("late", 0, 1)])
+    await compaction
+    try:
+        await late
+        raise AssertionError("a failed write was acknowledged")
+    except ShardFailed:
+        pass
+    for _ in range(500):
+        if shard.state is ShardState.ACTIVE and shard._reload is not None and shard._reload.done():
+            break
+        await asyncio.sleep(0.01)
+    assert shard.state is ShardState.ACTIVE
+    assert shard.data.num_offsets == 200
+    await runtime.stop()
+    reloaded = await started(config(tmp_path, segment_bytes=4096))
+    assert reloaded.shards[0].data.num_offsets == 200
     await reloaded.stop()

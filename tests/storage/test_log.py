@@ -102,18 +102,60 @@ def test_corruption_in_the_middle_fails_loudly(tmp_path: Path) -> None:
     assert seg.read_bytes() == bytes(data)  # nothing was cut
 
 
-def test_corruption_in_a_closed_segment_fails_loudly(tmp_path: Path) -> None:
+def test_corruption_in_a_known_durable_closed_segment_fails_loudly(tmp_path: Path) -> None:
     plog = PartitionLog(tmp_path, segment_bytes=512)
     write(plog, 20)
+    plog.checkpoint()
     plog.close()
     first = list_segments(tmp_path)[0].path
-    first.write_bytes(first.read_bytes()[:-4])  # even a "torn" end is damage when a segment follows
+    first.write_bytes(first.read_bytes()[:-4])  # looks torn, but it was recorded durable
     with pytest.raises(LogCorruptError):
         offsets(tmp_path, 512)
 
 
+def test_torn_write_before_a_roll_cuts_the_newer_segments_too(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path, segment_bytes=512)
+    write(plog, 2)
+    plog.checkpoint()  # the recovery point is in segment 0
+    for _ in range(12):  # one unsynced burst that rolls into new segments, then a crash
+        base = plog.next_offset
+        plog.append(build_batch(base, [(b"\x00\x01k", b"v" * 50)], T), base)
+    plog.close()
+    segs = list_segments(tmp_path)
+    assert len(segs) > 1
+    segs[0].path.write_bytes(segs[0].path.read_bytes()[:-7])  # segment 0's last append was torn
+    recovered = offsets(tmp_path, 512)
+    assert recovered == list(range(len(recovered))) and 2 <= len(recovered) < 14
+    assert len(list_segments(tmp_path)) == 1
+    assert len(list(tmp_path.glob("*.tr"))) == len(segs)  # every cut byte kept aside
+
+
+def test_recovery_fsyncs_and_checkpoints_what_it_read(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path)
+    write(plog, 3)
+    plog.close()
+    crash_before_checkpoint(tmp_path)
+    reopened = PartitionLog(tmp_path)
+    list(reopened.recover())
+    assert (tmp_path / RECOVERY_POINT).read_text().split() == ["0", str(reopened.segments[0].size)]
+
+
+def test_cuts_at_the_same_place_never_overwrite_each_other(tmp_path: Path) -> None:
+    for _ in range(2):
+        plog = PartitionLog(tmp_path)
+        list(plog.recover())
+        write(plog, 1)
+        plog.close()
+        crash_before_checkpoint(tmp_path)
+        seg = tmp_path / segment_name(0)
+        seg.write_bytes(seg.read_bytes()[:-5])
+        assert offsets(tmp_path) == []
+    assert len(list(tmp_path.glob("*.tr"))) == 2
+
+
 def test_truncate_to_durable_undoes_unsynced_appends(tmp_path: Path) -> None:
     plog = PartitionLog(tmp_path, segment_bytes=1024)
+    list(plog.recover())
     write(plog, 3)
     durable = plog.durable_offset
     for _ in range(30):  # enough to roll into new segments, never synced
