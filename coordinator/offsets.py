@@ -1,11 +1,13 @@
 """OffsetCommit and OffsetFetch as pure functions of a shard's state: they return records and results,
 never mutate (reference sections 5.2 and 6.2). Version-specific response shapes live in ``apis/``.
 
-kcoord has no cluster metadata, so it cannot tell whether a topic exists: any topic name is accepted
-(Kafka would answer UNKNOWN_TOPIC_OR_PARTITION for an unknown topic); a negative partition index can
-never exist and is refused with UNKNOWN_TOPIC_OR_PARTITION.
+kcoord has no cluster metadata, so it cannot tell whether a topic exists: any legal topic name is
+accepted (Kafka would answer UNKNOWN_TOPIC_OR_PARTITION for an unknown topic). A partition that can
+never exist (a negative index, a name no Kafka topic can have) is refused with
+UNKNOWN_TOPIC_OR_PARTITION before any group check, as Kafka filters unknown partitions first.
 """
 
+import re
 from dataclasses import dataclass
 
 from coordinator.state import ClassicGroup, GroupState, ShardData
@@ -36,6 +38,32 @@ class CommitRequest:
 
 
 TopicErrors = list[tuple[str, list[tuple[int, ErrorCode]]]]
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_KEY_STRING_BYTES = 32767  # record keys carry int16-length strings
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # Kafka's topic name rule
+
+
+def partition_error(topic: str, partition: int) -> ErrorCode:
+    """UNKNOWN_TOPIC_OR_PARTITION for a partition that cannot exist in any Kafka cluster."""
+    if partition < 0 or _LEGAL_TOPIC.fullmatch(topic) is None:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    return ErrorCode.NONE
+
+
+def group_id_error(group_id: str) -> ErrorCode:
+    """INVALID_GROUP_ID for a group id that cannot be written into an offsets record key."""
+    if len(group_id) * 3 > MAX_KEY_STRING_BYTES and len(group_id.encode()) > MAX_KEY_STRING_BYTES:
+        return ErrorCode.INVALID_GROUP_ID
+    return ErrorCode.NONE
+
+
+def refuse_all(req: CommitRequest, error: ErrorCode) -> TopicErrors:
+    """Every partition gets ``error``, except those that cannot exist, which keep their own error."""
+    return [
+        (name, [(p.partition, partition_error(name, p.partition) or error) for p in parts])
+        for name, parts in req.topics
+    ]
 
 
 def utf16_length(s: str) -> int:
@@ -79,15 +107,16 @@ def commit_offsets(
     """One OffsetCommit record per accepted partition, and every partition's error in request order."""
     error = validate_commit(data.groups.get(req.group_id), req)
     if error is not ErrorCode.NONE:
-        return [], [(name, [(p.partition, error) for p in parts]) for name, parts in req.topics]
-    expire = now_ms + req.retention_ms if req.retention_ms != -1 else -1
+        return [], refuse_all(req, error)
+    expire = min(max(now_ms + req.retention_ms, INT64_MIN), INT64_MAX) if req.retention_ms != -1 else -1
     records: list[Record] = []
     results: TopicErrors = []
     for name, parts in req.topics:
         errors = []
         for p in parts:
-            if p.partition < 0:
-                errors.append((p.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+            unknown = partition_error(name, p.partition)
+            if unknown:
+                errors.append((p.partition, unknown))
                 continue
             if p.metadata is not None and utf16_length(p.metadata) > max_metadata:
                 errors.append((p.partition, ErrorCode.OFFSET_METADATA_TOO_LARGE))

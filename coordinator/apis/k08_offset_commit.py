@@ -10,7 +10,14 @@ No version has a top-level error: a group-level error is repeated on every parti
 from typing import Any
 
 from coordinator.apis import Reply, RequestContext, handles
-from coordinator.offsets import CommitRequest, PartitionCommit, TopicErrors, commit_offsets
+from coordinator.offsets import (
+    CommitRequest,
+    PartitionCommit,
+    TopicErrors,
+    commit_offsets,
+    group_id_error,
+    refuse_all,
+)
 from coordinator.runtime import Runtime
 from coordinator.shard import now_ms
 from protocol.errors import ErrorCode
@@ -54,10 +61,12 @@ def set_all_errors(response: Any, error: ErrorCode) -> None:
 @handles(OFFSET_COMMIT)
 def offset_commit(runtime: Runtime, ctx: RequestContext, req: Any) -> Reply:
     commit = to_commit_request(ctx.api_version, req)
+    bad_group = group_id_error(commit.group_id)
+    if bad_group:
+        return Reply(build_response(refuse_all(commit, bad_group)))
     shard = runtime.shard_for(commit.group_id)
     if shard.error is not None:
-        err = shard.error
-        return Reply(build_response([(n, [(p.partition, err) for p in ps]) for n, ps in commit.topics]))
+        return Reply(build_response(refuse_all(commit, shard.error)))
     records, results = commit_offsets(shard.data, commit, now_ms(), runtime.config.offset_metadata_max_bytes)
     response = build_response(results)
     if not records:

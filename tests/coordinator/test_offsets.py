@@ -1,6 +1,14 @@
 """The pure handlers: exact records and per-partition errors (reference 5.2, 6.2, 19.5)."""
 
-from coordinator.offsets import CommitRequest, PartitionCommit, PartitionOffset, commit_offsets, fetch_offsets
+from coordinator.offsets import (
+    CommitRequest,
+    PartitionCommit,
+    PartitionOffset,
+    commit_offsets,
+    fetch_offsets,
+    group_id_error,
+    refuse_all,
+)
 from coordinator.state import ClassicGroup, GroupState, ShardData
 from protocol.errors import ErrorCode
 from protocol.records import MemberMetadata, OffsetAndMetadata, OffsetCommitRecord, OffsetKey
@@ -112,3 +120,32 @@ def test_require_stable_reports_pending_transactional_offsets() -> None:
     assert fetch_offsets(data, "g", [("t", [0])], True) == [("t", [PartitionOffset(0, None,
                                                                                     E.UNSTABLE_OFFSET_COMMIT)])]
     assert fetch_offsets(data, "g", [("t", [0])], False) == [("t", [PartitionOffset(0, None, E.NONE)])]
+
+
+def test_partitions_that_cannot_exist_are_refused_before_group_checks() -> None:
+    parts = [PartitionCommit(-1, 1, -1, -1, ""), PartitionCommit(0, 1, -1, -1, "")]
+    _, result = commit_offsets(ShardData(), request(generation=5, member="m", parts=parts), NOW, 4096)
+    assert result == [("t", [(-1, E.UNKNOWN_TOPIC_OR_PARTITION), (0, E.ILLEGAL_GENERATION)])]
+    bad_topics = CommitRequest(8, "g", -1, "", None, -1, [("no spaces!", [PartitionCommit(0, 1, -1, -1, "")]),
+                                                         ("x" * 250, [PartitionCommit(0, 1, -1, -1, "")]),
+                                                         ("", [PartitionCommit(0, 1, -1, -1, "")])])
+    records, result = commit_offsets(ShardData(), bad_topics, NOW, 4096)
+    assert records == [] and {e for _, parts in result for _, e in parts} == {E.UNKNOWN_TOPIC_OR_PARTITION}
+
+
+def test_refuse_all_keeps_unknown_partitions_distinct() -> None:
+    parts = [PartitionCommit(-1, 1, -1, -1, ""), PartitionCommit(0, 1, -1, -1, "")]
+    assert refuse_all(request(parts=parts), E.COORDINATOR_LOAD_IN_PROGRESS) == [
+        ("t", [(-1, E.UNKNOWN_TOPIC_OR_PARTITION), (0, E.COORDINATOR_LOAD_IN_PROGRESS)])
+    ]
+
+
+def test_group_ids_too_long_for_a_record_key() -> None:
+    assert group_id_error("g" * 32767) == E.NONE
+    assert group_id_error("g" * 32768) == E.INVALID_GROUP_ID
+    assert group_id_error("\u20ac" * 10923) == E.INVALID_GROUP_ID  # 32769 UTF-8 bytes
+
+
+def test_retention_overflow_is_clamped_to_int64() -> None:
+    records, _ = commit_offsets(ShardData(), request(version=2, retention=2**63 - 1), NOW, 4096)
+    assert records[0].value is not None and records[0].value.expire_timestamp == 2**63 - 1
