@@ -2,8 +2,11 @@
 
 A request's way: bytes -> frames -> header peek -> version check against the registry -> decode ->
 handler -> reply parked until its writes are durable -> encoded -> written in request order.
-Pipelined requests are answered strictly in order even when a later one is ready first. Past
-``MAX_IN_FLIGHT`` unanswered requests the connection stops reading until the backlog halves.
+Pipelined requests are answered strictly in order even when a later one is ready first. The
+connection stops reading while ``MAX_IN_FLIGHT`` replies are queued (until the backlog halves) and
+while the transport's send buffer is over its high-water mark, so a client that never reads its
+replies cannot make the server buffer without bound. Connections idle for ``MAX_IDLE_S`` are closed
+(Kafka's ``connections.max.idle.ms``).
 
 Bad input (a frame size outside [0, max], an unknown API or version, a body that does not parse, a
 connection that ends inside a frame) closes that connection with a log line; nothing else is touched.
@@ -23,6 +26,8 @@ from protocol.registry import API_VERSIONS, REGISTRY, DecodeError, api_versions_
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 1024
+MAX_IDLE_S = 600.0
+IDLE_SWEEP_S = 30.0
 
 
 class _Slot:
@@ -44,8 +49,10 @@ class Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
         self._paused = False
+        self._send_blocked = False
         self._closed = False
         self._write_scheduled = False
+        self.last_active = 0.0
 
     # -- asyncio callbacks ---------------------------------------------------------------------
 
@@ -55,6 +62,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._server.connections.add(self)
+        self.last_active = asyncio.get_running_loop().time()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -65,6 +73,7 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
+        self.last_active = asyncio.get_running_loop().time()
         try:
             frames = self._reader.feed(data)
         except FrameError as exc:
@@ -78,6 +87,27 @@ class Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         return None  # close when the peer half-closes; parked replies cannot be delivered anyway
+
+    def pause_writing(self) -> None:
+        self._send_blocked = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._send_blocked = False
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Reads only while the peer takes its replies and the reply queue is not too deep."""
+        if self._transport is None or self._closed:
+            return
+        backlog = len(self._queue)
+        pause = self._send_blocked or backlog >= MAX_IN_FLIGHT or (self._paused and backlog >= MAX_IN_FLIGHT // 2)
+        if pause != self._paused:
+            self._paused = pause
+            if pause:
+                self._transport.pause_reading()
+            else:
+                self._transport.resume_reading()
 
     # -- request handling ----------------------------------------------------------------------
 
@@ -96,6 +126,7 @@ class Connection(asyncio.Protocol):
                 slot = _Slot()
                 slot.data = api_versions_fallback(correlation_id)
                 self._queue.append(slot)
+                self._update_reading()
                 return
             self._abort(f"{spec.name} v{version} is not supported ({spec.min_version}-{spec.max_version})")
             return
@@ -115,15 +146,13 @@ class Connection(asyncio.Protocol):
             return
         slot = _Slot()
         self._queue.append(slot)
+        self._update_reading()
         if not reply.waits:
             slot.data = spec.encode_response(reply.response, version, correlation_id)
             return
         slot.pending = len(reply.waits)
         for fut, fixup in reply.waits:
             fut.add_done_callback(self._parked_done(slot, reply, fixup, spec, version, correlation_id))
-        if len(self._queue) >= MAX_IN_FLIGHT and not self._paused and self._transport is not None:
-            self._paused = True
-            self._transport.pause_reading()
 
     def _parked_done(self, slot: _Slot, reply: Reply, fixup: Any, spec: Any, version: int, correlation_id: int) -> Any:
         def done(fut: "asyncio.Future[None]") -> None:
@@ -150,9 +179,7 @@ class Connection(asyncio.Protocol):
             out.append(queue.popleft().data)
         if out:
             transport.write(b"".join(out))  # type: ignore[arg-type]
-        if self._paused and len(queue) < MAX_IN_FLIGHT // 2:
-            self._paused = False
-            transport.resume_reading()
+        self._update_reading()
 
     def _abort(self, why: str) -> None:
         log.warning("%s: closing connection: %s", self._peer, why)
@@ -164,6 +191,11 @@ class Connection(asyncio.Protocol):
     @property
     def idle(self) -> bool:
         return not self._queue
+
+    def close_if_idle_since(self, deadline: float) -> None:
+        if self.idle and self.last_active < deadline and self._transport is not None and not self._closed:
+            log.info("%s: closing connection idle for more than %d s", self._peer, MAX_IDLE_S)
+            self._transport.close()
 
     def close(self) -> None:
         if self._transport is not None and not self._closed:
@@ -177,6 +209,7 @@ class Server:
         self.runtime = runtime
         self.connections: set[Connection] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         handlers = load_all()
         missing = set(REGISTRY) - set(handlers)
         if missing:
@@ -187,12 +220,23 @@ class Server:
         self.runtime.start()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port, reuse_address=True)
+        self._sweeper = loop.create_task(self._close_idle_connections())
         sock = self._server.sockets[0].getsockname()
         log.info("kcoord listening on %s:%d (node %d, %d offsets partitions, data in %s)",
                  sock[0], sock[1], cfg.node_id, cfg.offsets_partitions, cfg.data_dir)
         return sock[0], sock[1]
 
+    async def _close_idle_connections(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(IDLE_SWEEP_S)
+            deadline = loop.time() - MAX_IDLE_S
+            for conn in list(self.connections):
+                conn.close_if_idle_since(deadline)
+
     async def stop(self, drain_seconds: float = 5.0) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
         # Parked writes finish (and are answered) while the shards drain their batches.

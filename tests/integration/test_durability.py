@@ -93,7 +93,7 @@ def test_big_partition_loads_while_others_serve(tmp_path: Path) -> None:
     _write_big_partition(data_dir, big, 1_000_000)
     server = KcoordProcess(data_dir).start(loaded=False)
     try:
-        client = RawClient(server.port)
+        client = RawClient(server.port, timeout=60)  # the fetch-all below builds a 1M-partition answer
         first = client.call(fetch_request(big, {"topic-0": [0]}), 7)
         assert first.error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         # Another partition is already serving while the big one loads.
