@@ -4,6 +4,7 @@ import asyncio
 import functools
 import json
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from coordinator.config import Config
 from coordinator.metrics import Metrics
 from coordinator.shard import Shard, ShardState
 from protocol.partitioning import partition_for
-from storage.log import PartitionLog
+from storage.log import PartitionLog, fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +29,18 @@ def _cached_partition(group_id: str, partitions: int) -> int:
 
 
 class ConfigMismatch(Exception):
-    """The data directory was written with another partition count: groups would re-hash and their
-    offsets would be stranded (Kafka forbids this too, KAFKA-14418)."""
+    """The data directory was written with another partition count (groups would re-hash and their
+    offsets would be stranded; Kafka forbids this too, KAFKA-14418), or its record of it is damaged."""
 
 
 def check_data_dir(data_dir: Path, partitions: int) -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     meta = data_dir / META_FILE
     if meta.exists():
-        recorded = json.loads(meta.read_text())["offsets_partitions"]
+        try:
+            recorded = int(json.loads(meta.read_text())["offsets_partitions"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigMismatch(f"{meta} is damaged ({exc!r}); restore it or remove it to re-create it") from exc
         if recorded != partitions:
             raise ConfigMismatch(
                 f"{data_dir} holds an offsets topic of {recorded} partitions; "
@@ -47,7 +51,13 @@ def check_data_dir(data_dir: Path, partitions: int) -> None:
     highest = max((int(p.name.rsplit("-", 1)[1]) for p in existing), default=-1)
     if highest >= partitions:
         raise ConfigMismatch(f"{data_dir} has partition {highest}, beyond --offsets-partitions {partitions}")
-    meta.write_text(json.dumps({"offsets_partitions": partitions}) + "\n")
+    tmp = meta.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps({"offsets_partitions": partitions}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, meta)
+    fsync_path(data_dir)
 
 
 class Runtime:

@@ -48,3 +48,15 @@ def test_refuses_a_different_partition_count_for_existing_data(tmp_path: Path) -
     )
     assert result.returncode == 2
     assert "offsets topic of 50 partitions" in result.stderr
+
+
+def test_a_damaged_meta_file_is_a_clear_error(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    KcoordProcess(data).start().stop()
+    (data / "kcoord.meta.json").write_text('{"offsets_partit')
+    result = subprocess.run(
+        [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(data), "--listen", "127.0.0.1:0"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert "kcoord.meta.json is damaged" in result.stderr
