@@ -74,6 +74,7 @@ class Runtime:
             for i in range(min(WRITER_THREADS, config.offsets_partitions))
         ]
         self._loader = ThreadPoolExecutor(max_workers=LOADER_THREADS, thread_name_prefix="kcoord-loader")
+        self._cleaner_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-cleaner")
         self._loads: list[asyncio.Task[None]] = []
         self._cleaner: asyncio.Task[None] | None = None
         self._load_report: asyncio.Task[None] | None = None
@@ -86,7 +87,7 @@ class Runtime:
         for p in range(cfg.offsets_partitions):
             plog = PartitionLog(cfg.data_dir / f"{OFFSETS_TOPIC}-{p}", cfg.segment_bytes)
             writer = self._writers[p % len(self._writers)]
-            self.shards.append(Shard(p, plog, writer, self._loader, self.metrics))
+            self.shards.append(Shard(p, plog, writer, self._loader, self.metrics, self._cleaner_thread))
         # Smallest logs first: many partitions become ACTIVE quickly while a big one is still loading.
         order = sorted(self.shards, key=lambda s: s.log.size_bytes)
         loop = asyncio.get_running_loop()
@@ -129,6 +130,7 @@ class Runtime:
         await asyncio.gather(*(s.close() for s in self.shards))
         for task in self._loads:
             task.cancel()
+        self._cleaner_thread.shutdown(wait=True, cancel_futures=True)  # a running clean stops at its next batch
         for writer in self._writers:
             writer.shutdown(wait=True)
         self._loader.shutdown(wait=True, cancel_futures=True)

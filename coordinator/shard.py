@@ -14,6 +14,7 @@ in-memory state is rebuilt by the same ``replay`` the loader always uses.
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from enum import Enum
 
@@ -22,7 +23,7 @@ from coordinator.state import NO_PRODUCER, ShardData
 from protocol.errors import ErrorCode
 from protocol.records import Record, RecordError, UnknownRecord, decode_record, encode_record
 from storage.batch import COMMIT, BatchError, build_batch
-from storage.cleaner import CleanStats, clean, cleanable_count, dirty_ratio
+from storage.cleaner import CleanAborted, CleanStats, clean, cleanable_count, dirty_ratio
 from storage.log import LogCorruptError, PartitionLog
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,14 @@ class LoadCancelled(Exception):
     pass
 
 
+class SwapRefused(Exception):
+    """A compaction's swap found the shard reloaded, failed or closed since the compaction began."""
+
+
+class SwapFailed(Exception):
+    """A compaction's swap failed part-way: the live files need the reopen path."""
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -73,6 +82,7 @@ class Shard:
         writer: Executor,
         loader: Executor,
         metrics: Metrics,
+        cleaner: Executor | None = None,
     ) -> None:
         self.partition = partition
         self.log = partition_log
@@ -80,6 +90,7 @@ class Shard:
         self.data = ShardData()
         self._writer = writer
         self._loader = loader
+        self._cleaner = cleaner or writer
         self._metrics = metrics
         self._next_offset = 0
         self._open: list[tuple[bytes, bytes | None]] = []  # encoded records of the open batch
@@ -205,19 +216,30 @@ class Shard:
         self.log.close()
         self.log = PartitionLog(self.log.directory, self.log.segment_bytes)
 
-    # -- compaction (a timer operation, run on the writer thread between batches) ----------------
+    # -- compaction (a timer operation) ----------------------------------------------------------
 
     async def compact(self, delete_retention_ms: int) -> CleanStats | None:
         """Compacts closed segments when enough of the log is dirty, or when tombstones may have
-        passed their delete horizon. The in-memory state does not change: compaction keeps it equal."""
+        passed their delete horizon. The in-memory state does not change: compaction keeps it equal.
+        The rewrite runs on the cleaner thread; only each swap runs on this shard's writer thread, so
+        commits on the partitions sharing that writer are held up for a rename, not a rewrite."""
         if self.state is not ShardState.ACTIVE or self._closing:
             return None
         loop = asyncio.get_running_loop()
         try:
-            stats = await loop.run_in_executor(self._writer, self._compact_if_due, now_ms(), delete_retention_ms)
-        except Exception as exc:
+            stats = await loop.run_in_executor(self._cleaner, self._compact_if_due, now_ms(), delete_retention_ms)
+        except CleanAborted:
+            return None
+        except SwapRefused:
+            log.info("partition %d: compaction abandoned, the partition was reloaded or closed meanwhile",
+                     self.partition)
+            return None
+        except SwapFailed as exc:
             if self.state is ShardState.ACTIVE:
                 self._fail(exc, None)
+            return None
+        except Exception as exc:  # the rewrite failed before touching live files: try again next time
+            log.error("partition %d: compaction failed, the log is unchanged: %r", self.partition, exc)
             return None
         if stats is not None:
             self._metrics.log_cleaned(self.partition, stats)
@@ -232,12 +254,28 @@ class Shard:
         dirty = dirty_ratio(self.log, self._clean_end) >= MIN_CLEANABLE_DIRTY_RATIO
         if not dirty and now - self._last_clean_ms < delete_retention_ms:
             return None
-        stats = clean(self.log, now, delete_retention_ms)
+        stats = clean(self.log, now, delete_retention_ms, self._swap_on_writer(self.log), lambda: self._closing)
         self._clean_end = stats.clean_end_offset
         self._last_clean_ms = now
         return stats
 
     # -- loading -------------------------------------------------------------------------------
+
+    def _swap_on_writer(self, plog: PartitionLog) -> "Callable[[Callable[[], None]], None]":
+        """Runs a compaction swap on the writer thread, only if ``plog`` is still the live, active log."""
+
+        def guarded(swap: Callable[[], None]) -> None:
+            if self.log is not plog or self.state is not ShardState.ACTIVE or self._closing:
+                raise SwapRefused()
+            try:
+                swap()
+            except Exception as exc:
+                raise SwapFailed(repr(exc)) from exc
+
+        def run(swap: Callable[[], None]) -> None:
+            self._writer.submit(guarded, swap).result()
+
+        return run
 
     async def load(self) -> None:
         """Replays the whole log (in the loader pool) into fresh state, then serves it."""

@@ -24,9 +24,10 @@ are deleted (directory fsynced), and the swap becomes ``<base>.log``. Opening a 
 discards whatever a crash interrupted (``finish_interrupted_swaps``).
 """
 
+import functools
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,12 +77,19 @@ class _KeyMap:
     txn_first: dict[bytes, int]  # key -> offset of its first record in a transactional batch
 
 
+class CleanAborted(Exception):
+    """``stop()`` asked the cleaner to give up (shutdown); nothing live was changed by the step cut short."""
+
+
 def cleanable_count(log: PartitionLog) -> int:
     """How many leading segments ``clean`` may rewrite: those followed by a segment that starts below
     ``durable_offset``, which keeps out the active segment and the one the durable end lies in."""
-    segs = log.segments
+    return _cleanable(list(log.segments), log.durable_offset)
+
+
+def _cleanable(segs: list[Segment], durable_offset: int) -> int:
     n = 0
-    while n + 1 < len(segs) and segs[n + 1].base_offset < log.durable_offset:
+    while n + 1 < len(segs) and segs[n + 1].base_offset < durable_offset:
         n += 1
     return n
 
@@ -95,15 +103,31 @@ def dirty_ratio(log: PartitionLog, clean_end_offset: int) -> float:
     return dirty / total if total else 0.0
 
 
-def clean(log: PartitionLog, now_ms: int, delete_retention_ms: int) -> CleanStats:
-    """Compacts the cleanable segments of ``log`` (recovered, owned by the calling thread) and updates
-    ``log.segments``. If it raises, reopen the log: opening completes or discards an unfinished swap."""
+def _run_here(swap: Callable[[], None]) -> None:
+    swap()
+
+
+def clean(
+    log: PartitionLog,
+    now_ms: int,
+    delete_retention_ms: int,
+    swap_in: Callable[[Callable[[], None]], None] = _run_here,
+    stop: Callable[[], bool] = lambda: False,
+) -> CleanStats:
+    """Compacts the cleanable segments of ``log`` (recovered) and updates ``log.segments``.
+
+    The slow part only reads closed segments (immutable) and the log up to a snapshot of its durable
+    offset, and writes ``.cleaned`` files, so it may run beside the writer. Each swap, the only step
+    that changes live files and ``log.segments``, is handed to ``swap_in``, which runs it where the
+    log's owner serialises it with appends (and may refuse by raising). ``stop()`` is polled between
+    batches. If a swap raises, reopen the log: opening completes or discards an unfinished swap."""
+    durable = log.durable_offset
     snap = list(log.segments)
-    count = cleanable_count(log)
+    count = _cleanable(snap, durable)
     if count == 0:
         start = snap[0].base_offset if snap else 0
         return CleanStats(0, 0, 0, 0, 0, 0, start)
-    keys = _build_key_map(snap, count, log.durable_offset)
+    keys = _build_key_map(snap, count, durable, stop)
     kept = dropped = bytes_after = outputs = 0
     i = 0
     while i < count:
@@ -114,6 +138,8 @@ def clean(log: PartitionLog, now_ms: int, delete_retention_ms: int) -> CleanStat
             with open(tmp, "wb") as out:
                 while j < count and (j == i or _fits(log, snap, base, j, written)):
                     for batch, raw in _batches_with_bytes(snap[j]):
+                        if stop():
+                            raise CleanAborted()
                         data, gone = _clean_batch(batch, raw, keys, now_ms, delete_retention_ms)
                         kept += len(batch.records) - gone
                         dropped += gone
@@ -133,7 +159,11 @@ def clean(log: PartitionLog, now_ms: int, delete_retention_ms: int) -> CleanStat
         if j - i == 1 and not changed:
             tmp.unlink()  # nothing to gain: keep the original file
         else:
-            _swap(log, snap[i:j], snap[j].base_offset, tmp, written)
+            try:
+                swap_in(functools.partial(_swap, log, snap[i:j], snap[j].base_offset, tmp, written))
+            except Exception:
+                tmp.unlink(missing_ok=True)  # still there only if the swap was refused or failed early
+                raise
         i = j
     before = sum(s.size for s in snap[:count])
     return CleanStats(count, outputs, before, bytes_after, kept, dropped, snap[count].base_offset)
@@ -145,10 +175,13 @@ def _fits(log: PartitionLog, snap: list[Segment], base: int, j: int, written: in
     return written + snap[j].size <= log.segment_bytes and snap[j + 1].base_offset - base <= MAX_SEGMENT_OFFSETS
 
 
-def _build_key_map(segments: list[Segment], cleanable: int, durable_offset: int) -> _KeyMap:
+def _build_key_map(segments: list[Segment], cleanable: int, durable_offset: int,
+                   stop: Callable[[], bool]) -> _KeyMap:
     keys = _KeyMap({}, {})
     for i, seg in enumerate(segments):
         for batch in _batches(seg, strict=i < cleanable):
+            if stop():
+                raise CleanAborted()
             if batch.base_offset >= durable_offset:
                 return keys
             if batch.control_type is not None:

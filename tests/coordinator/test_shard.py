@@ -2,16 +2,19 @@
 and the property that live state equals state reloaded from the log."""
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import coordinator.shard
 from coordinator.config import Config
 from coordinator.runtime import Runtime
-from coordinator.shard import ShardFailed, ShardState
+from coordinator.shard import ShardFailed, ShardState, SwapFailed
 from coordinator.state import ShardData
 from protocol.records import (
     GroupMetadata,
@@ -191,7 +194,7 @@ async def test_two_failures_in_a_row_start_one_reload_and_lose_nothing(tmp_path:
 
     def failing_compaction(now: int, retention: int) -> None:
         time.sleep(0.2)
-        raise OSError(5, "injected EIO in the cleaner")
+        raise SwapFailed("injected EIO while swapping a compacted segment")
 
     shard._compact_if_due = failing_compaction  # type: ignore[method-assign,assignment]
     compaction = asyncio.create_task(shard.compact(0))
@@ -217,4 +220,64 @@ async def test_two_failures_in_a_row_start_one_reload_and_lose_nothing(tmp_path:
     await runtime.stop()
     reloaded = await started(config(tmp_path, segment_bytes=4096))
     assert reloaded.shards[0].data.num_offsets == 200
+    await reloaded.stop()
+
+
+async def test_commits_are_acknowledged_while_a_compaction_rewrite_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = await started(config(tmp_path, segment_bytes=2048))
+    shard = runtime.shards[0]
+    for round_ in range(40):
+        await shard.append([commit("g", p, round_ * 10 + p) for p in range(4)])
+    release = threading.Event()
+    real_clean = coordinator.shard.clean
+
+    def slow_clean(*args: Any) -> Any:
+        assert release.wait(10)
+        return real_clean(*args)
+
+    monkeypatch.setattr(coordinator.shard, "clean", slow_clean)
+    compaction = asyncio.create_task(shard.compact(60_000))
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(shard.append([commit("g", 0, 999)]), 5)  # not held up by the rewrite
+    assert not compaction.done()
+    release.set()
+    stats = await compaction
+    assert stats is not None and stats.records_dropped > 0
+    live = snapshot(shard.data)
+    await runtime.stop()
+    reloaded = await started(config(tmp_path, segment_bytes=2048))
+    assert snapshot(reloaded.shards[0].data) == live
+    await reloaded.stop()
+
+
+async def test_a_swap_is_refused_after_the_shard_reloaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = await started(config(tmp_path, segment_bytes=2048))
+    shard = runtime.shards[0]
+    for round_ in range(40):
+        await shard.append([commit("g", p, round_ * 10 + p) for p in range(4)])
+    before = snapshot(shard.data)
+    release = threading.Event()
+    real_clean = coordinator.shard.clean
+
+    def slow_clean(*args: Any) -> Any:
+        assert release.wait(10)
+        return real_clean(*args)
+
+    monkeypatch.setattr(coordinator.shard, "clean", slow_clean)
+    compaction = asyncio.create_task(shard.compact(60_000))
+    await asyncio.sleep(0.05)
+    shard._fail(OSError(5, "injected"), None)  # a write failure: the shard reopens and reloads its log
+    for _ in range(500):
+        if shard.state is ShardState.ACTIVE:
+            break
+        await asyncio.sleep(0.01)
+    release.set()
+    assert await compaction is None  # its swap would have replaced files under the new log object
+    assert snapshot(shard.data) == before
+    assert not list(shard.log.directory.glob("*.cleaned"))
+    await runtime.stop()
+    reloaded = await started(config(tmp_path, segment_bytes=2048))
+    assert snapshot(reloaded.shards[0].data) == before
     await reloaded.stop()
