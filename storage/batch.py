@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import crc32c
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.util import encode_varint
 
 LOG_OVERHEAD = 12  # baseOffset + batchLength
 BATCH_HEADER_BYTES = 61
@@ -122,3 +124,68 @@ def decode_batch(data: bytes) -> Batch:
 def _records(raw: DefaultRecordBatch) -> Iterator[LogRecord]:
     for r in raw:
         yield LogRecord(r.offset, r.timestamp, r.key, r.value)
+
+
+# baseOffset batchLength leaderEpoch magic crc attributes lastOffsetDelta baseTimestamp maxTimestamp
+# producerId producerEpoch baseSequence recordsCount (reference section 8.1)
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_CRC = struct.Struct(">I")
+_CRC_POSITION = 17
+_ATTRIBUTES_POSITION = 21
+COMPRESSION_MASK = 0x07
+DELETE_HORIZON_FLAG = 0x40
+
+
+def rebuild_batch(raw: bytes, keep: set[int], horizon: int | None) -> bytes:
+    """``raw`` with only the records at offsets in ``keep``, uncompressed, same base offset, producer
+    fields and leader epoch; baseTimestamp is ``horizon`` (with bit 6) when given. Written by hand
+    because kafka-python's builder cannot set the delete horizon, and with it set every record's
+    timestamp delta must be relative to the horizon (the log cleaner's output)."""
+    head = _HEADER.unpack_from(raw)
+    base, epoch, magic, attributes = head[0], head[2], head[3], head[5]
+    producer_id, producer_epoch, base_sequence = head[9], head[10], head[11]
+    records = [r for r in DefaultRecordBatch(raw) if r.offset in keep]
+    base_ts = horizon if horizon is not None else records[0].timestamp
+    body = bytearray(_HEADER.size)
+    for r in records:
+        _encode_record(body, r.offset - base, r.timestamp - base_ts, r.key, r.value, r.headers)
+    attributes &= ~(COMPRESSION_MASK | DELETE_HORIZON_FLAG)
+    if horizon is not None:
+        attributes |= DELETE_HORIZON_FLAG
+    last_delta = records[-1].offset - base
+    max_ts = max(r.timestamp for r in records)
+    length = len(body) - LOG_OVERHEAD
+    fields = (attributes, last_delta, base_ts, max_ts, producer_id, producer_epoch, base_sequence, len(records))
+    _HEADER.pack_into(body, 0, base, length, epoch, magic, 0, *fields)
+    _CRC.pack_into(body, _CRC_POSITION, crc32c.crc32c(bytes(body[_ATTRIBUTES_POSITION:])))
+    return bytes(body)
+
+
+def _encode_record(
+    out: bytearray,
+    offset_delta: int,
+    timestamp_delta: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes | None]],
+) -> None:
+    """One v2 record (reference section 8.2): length, attributes 0, deltas, key, value, headers."""
+    rec = bytearray(b"\x00")
+    encode_varint(timestamp_delta, rec.append)
+    encode_varint(offset_delta, rec.append)
+    _put_bytes(rec, key)
+    _put_bytes(rec, value)
+    encode_varint(len(headers), rec.append)
+    for h_key, h_value in headers:
+        _put_bytes(rec, h_key.encode("utf-8"))
+        _put_bytes(rec, h_value)
+    encode_varint(len(rec), out.append)
+    out += rec
+
+
+def _put_bytes(out: bytearray, data: bytes | None) -> None:
+    if data is None:
+        encode_varint(-1, out.append)
+        return
+    encode_varint(len(data), out.append)
+    out += data

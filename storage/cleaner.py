@@ -26,16 +26,11 @@ discards whatever a crash interrupted (``finish_interrupted_swaps``).
 
 import functools
 import os
-import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import crc32c
-from kafka.record.default_records import DefaultRecordBatch
-from kafka.record.util import encode_varint
-
-from storage.batch import LOG_OVERHEAD, Batch, LogRecord
+from storage.batch import DELETE_HORIZON_FLAG, Batch, LogRecord, rebuild_batch
 from storage.log import (
     Damage,
     LogCorruptError,
@@ -47,14 +42,6 @@ from storage.log import (
     swap_name,
 )
 
-# baseOffset batchLength leaderEpoch magic crc attributes lastOffsetDelta baseTimestamp maxTimestamp
-# producerId producerEpoch baseSequence recordsCount (reference section 8.1)
-_HEADER = struct.Struct(">qiibIhiqqqhii")
-_CRC = struct.Struct(">I")
-_CRC_POSITION = 17
-_ATTRIBUTES_POSITION = 21
-COMPRESSION_MASK = 0x07
-DELETE_HORIZON_FLAG = 0x40
 MAX_SEGMENT_OFFSETS = 2**31 - 1  # Kafka's indexes hold offsets relative to the segment base as int32
 
 
@@ -230,7 +217,7 @@ def _clean_batch(
         return raw, 0
     if has_tombstone and horizon is None:
         horizon = now_ms + delete_retention_ms
-    return _rebuild(raw, {r.offset for r in keep}, horizon if has_tombstone else None), dropped
+    return rebuild_batch(raw, {r.offset for r in keep}, horizon if has_tombstone else None), dropped
 
 
 def _retain(r: LogRecord, keys: _KeyMap, now_ms: int, horizon: int | None) -> bool:
@@ -241,59 +228,6 @@ def _retain(r: LogRecord, keys: _KeyMap, now_ms: int, horizon: int | None) -> bo
     if keys.newest.get(r.key, r.offset) > r.offset:
         return False
     return r.value is not None or horizon is None or now_ms < horizon
-
-
-def _rebuild(raw: bytes, keep: set[int], horizon: int | None) -> bytes:
-    """``raw`` with only the records at offsets in ``keep``, uncompressed, same base offset, producer
-    fields and leader epoch; baseTimestamp is ``horizon`` (with bit 6) when given."""
-    head = _HEADER.unpack_from(raw)
-    base, epoch, magic, attributes = head[0], head[2], head[3], head[5]
-    producer_id, producer_epoch, base_sequence = head[9], head[10], head[11]
-    records = [r for r in DefaultRecordBatch(raw) if r.offset in keep]
-    base_ts = horizon if horizon is not None else records[0].timestamp
-    body = bytearray(_HEADER.size)
-    for r in records:
-        _encode_record(body, r.offset - base, r.timestamp - base_ts, r.key, r.value, r.headers)
-    attributes &= ~(COMPRESSION_MASK | DELETE_HORIZON_FLAG)
-    if horizon is not None:
-        attributes |= DELETE_HORIZON_FLAG
-    last_delta = records[-1].offset - base
-    max_ts = max(r.timestamp for r in records)
-    length = len(body) - LOG_OVERHEAD
-    fields = (attributes, last_delta, base_ts, max_ts, producer_id, producer_epoch, base_sequence, len(records))
-    _HEADER.pack_into(body, 0, base, length, epoch, magic, 0, *fields)
-    _CRC.pack_into(body, _CRC_POSITION, crc32c.crc32c(bytes(body[_ATTRIBUTES_POSITION:])))
-    return bytes(body)
-
-
-def _encode_record(
-    out: bytearray,
-    offset_delta: int,
-    timestamp_delta: int,
-    key: bytes | None,
-    value: bytes | None,
-    headers: list[tuple[str, bytes | None]],
-) -> None:
-    """One v2 record (reference section 8.2): length, attributes 0, deltas, key, value, headers."""
-    rec = bytearray(b"\x00")
-    encode_varint(timestamp_delta, rec.append)
-    encode_varint(offset_delta, rec.append)
-    _put_bytes(rec, key)
-    _put_bytes(rec, value)
-    encode_varint(len(headers), rec.append)
-    for h_key, h_value in headers:
-        _put_bytes(rec, h_key.encode("utf-8"))
-        _put_bytes(rec, h_value)
-    encode_varint(len(rec), out.append)
-    out += rec
-
-
-def _put_bytes(out: bytearray, data: bytes | None) -> None:
-    if data is None:
-        encode_varint(-1, out.append)
-        return
-    encode_varint(len(data), out.append)
-    out += data
 
 
 def _swap(log: PartitionLog, originals: list[Segment], end: int, cleaned: Path, size: int) -> None:

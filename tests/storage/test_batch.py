@@ -3,7 +3,7 @@
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from storage.batch import BatchError, build_batch, decode_batch
+from storage.batch import DELETE_HORIZON_FLAG, BatchError, build_batch, decode_batch, rebuild_batch
 
 T = 1700000000000
 KEY = bytes.fromhex("000100097465737447726f75700003666f6f00000000")
@@ -74,3 +74,15 @@ def test_unknown_codec_is_a_batch_error_not_a_crash() -> None:
     data[17:21] = crc32c.crc32c(bytes(data[21:])).to_bytes(4, "big")
     with pytest.raises(BatchError):
         decode_batch(bytes(data))
+
+
+def test_rebuilding_every_record_gives_kafka_pythons_bytes() -> None:
+    batch = build_batch(40, [(KEY, VALUE), (KEY, None), (b"k", b"")], T)
+    assert rebuild_batch(batch, {40, 41, 42}, None) == batch
+
+
+def test_rebuild_with_a_delete_horizon_keeps_record_timestamps() -> None:
+    batch = build_batch(40, [(KEY, VALUE), (KEY, None), (b"k", b"")], T)
+    rebuilt = decode_batch(rebuild_batch(batch, {41, 42}, T + 5000))
+    assert rebuilt.attributes & DELETE_HORIZON_FLAG and rebuilt.base_timestamp == T + 5000
+    assert [(r.offset, r.timestamp, r.value) for r in rebuilt.records] == [(41, T, None), (42, T, b"")]

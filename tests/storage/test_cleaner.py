@@ -19,8 +19,8 @@ from protocol.records import (
     encode_record,
 )
 from storage import cleaner
-from storage.batch import LOG_OVERHEAD, LogRecord, build_batch, decode_batch, read_head
-from storage.cleaner import DELETE_HORIZON_FLAG, clean, cleanable_count, dirty_ratio
+from storage.batch import DELETE_HORIZON_FLAG, LOG_OVERHEAD, LogRecord, build_batch, decode_batch, read_head
+from storage.cleaner import clean, cleanable_count, dirty_ratio
 from storage.log import PartitionLog, Segment, list_segments, swap_name
 
 T = 1_700_000_000_000
@@ -278,11 +278,6 @@ def test_compressed_batch_is_rewritten_uncompressed_with_headers(tmp_path: Path)
     raw = DefaultRecordBatch(data[: read_head(data, 0)[1]])
     assert raw.validate_crc() and raw.compression_type == 0
     assert [(r.offset, r.timestamp, r.key, r.headers) for r in raw] == [(1, T + 7, b"b", [("h", None)])]
-
-
-def test_rebuilding_every_record_gives_kafka_pythons_bytes() -> None:
-    batch = build_batch(40, [commit("g", 0, 1), commit("g", 1, None), (b"k", b"")], T)
-    assert cleaner._rebuild(batch, {40, 41, 42}, None) == batch
 
 
 class Crash(BaseException):
