@@ -223,9 +223,10 @@ async def test_two_failures_in_a_row_start_one_reload_and_lose_nothing(tmp_path:
     await reloaded.stop()
 
 
-async def test_commits_are_acknowledged_while_a_compaction_rewrite_runs(
+async def compaction_held_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[Runtime, "asyncio.Task[Any]", threading.Event]:
+    """A shard with plenty to compact, and a compaction whose rewrite waits until the event is set."""
     runtime = await started(config(tmp_path, segment_bytes=2048))
     shard = runtime.shards[0]
     for round_ in range(40):
@@ -240,6 +241,14 @@ async def test_commits_are_acknowledged_while_a_compaction_rewrite_runs(
     monkeypatch.setattr(coordinator.shard, "clean", slow_clean)
     compaction = asyncio.create_task(shard.compact(60_000))
     await asyncio.sleep(0.05)
+    return runtime, compaction, release
+
+
+async def test_commits_are_acknowledged_while_a_compaction_rewrite_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime, compaction, release = await compaction_held_open(tmp_path, monkeypatch)
+    shard = runtime.shards[0]
     await asyncio.wait_for(shard.append([commit("g", 0, 999)]), 5)  # not held up by the rewrite
     assert not compaction.done()
     release.set()
@@ -253,21 +262,9 @@ async def test_commits_are_acknowledged_while_a_compaction_rewrite_runs(
 
 
 async def test_a_swap_is_refused_after_the_shard_reloaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    runtime = await started(config(tmp_path, segment_bytes=2048))
+    runtime, compaction, release = await compaction_held_open(tmp_path, monkeypatch)
     shard = runtime.shards[0]
-    for round_ in range(40):
-        await shard.append([commit("g", p, round_ * 10 + p) for p in range(4)])
     before = snapshot(shard.data)
-    release = threading.Event()
-    real_clean = coordinator.shard.clean
-
-    def slow_clean(*args: Any) -> Any:
-        assert release.wait(10)
-        return real_clean(*args)
-
-    monkeypatch.setattr(coordinator.shard, "clean", slow_clean)
-    compaction = asyncio.create_task(shard.compact(60_000))
-    await asyncio.sleep(0.05)
     shard._fail(OSError(5, "injected"), None)  # a write failure: the shard reopens and reloads its log
     for _ in range(500):
         if shard.state is ShardState.ACTIVE:
