@@ -18,7 +18,8 @@ from protocol.registry import FIND_COORDINATOR, FindCoordinatorResponse
 GROUP, TRANSACTION, SHARE = 0, 1, 2
 
 
-def resolve(runtime: Runtime, key_type: int, version: int) -> tuple[ErrorCode, str | None]:
+def resolve(key_type: int) -> tuple[ErrorCode, str | None]:
+    """This node for group keys; kcoord hosts no transaction or share coordinator."""
     if key_type == GROUP:
         return ErrorCode.NONE, None
     if key_type == TRANSACTION:
@@ -34,14 +35,14 @@ def find_coordinator(runtime: Runtime, ctx: RequestContext, req: Any) -> Reply:
     node = runtime.config.node_id
     key_type = req.key_type if ctx.api_version >= 1 else GROUP
     if ctx.api_version < 4:
-        error, message = resolve(runtime, key_type, ctx.api_version)
+        error, message = resolve(key_type)
         if error is ErrorCode.NONE:
             # Kafka fills v1-v3 success with the error's name, "NONE"; clients print it.
             return Reply(FindCoordinatorResponse(throttle_time_ms=0, error_code=0, error_message="NONE",
                                                  node_id=node, host=host, port=port))
         return Reply(FindCoordinatorResponse(throttle_time_ms=0, error_code=error, error_message=message,
                                              node_id=-1, host="", port=-1))
-    error, message = resolve(runtime, key_type, ctx.api_version)
+    error, message = resolve(key_type)
     found = error is ErrorCode.NONE
     coordinators = [
         FindCoordinatorResponse.Coordinator(
