@@ -34,25 +34,18 @@ def find_coordinator(runtime: Runtime, ctx: RequestContext, req: Any) -> Reply:
     host, port = runtime.config.advertised
     node = runtime.config.node_id
     key_type = req.key_type if ctx.api_version >= 1 else GROUP
-    if ctx.api_version < 4:
-        error, message = resolve(key_type)
-        if error is ErrorCode.NONE:
-            # Kafka fills v1-v3 success with the error's name, "NONE"; clients print it.
-            return Reply(FindCoordinatorResponse(throttle_time_ms=0, error_code=0, error_message="NONE",
-                                                 node_id=node, host=host, port=port))
-        return Reply(FindCoordinatorResponse(throttle_time_ms=0, error_code=error, error_message=message,
-                                             node_id=-1, host="", port=-1))
     error, message = resolve(key_type)
     found = error is ErrorCode.NONE
+    # On error the node is Kafka's Node.noNode(): id -1, host "", port -1.
+    node_id, node_host, node_port = (node, host, port) if found else (-1, "", -1)
+    if ctx.api_version < 4:
+        # Kafka fills a v1-v3 success with the error's name, "NONE"; clients print it.
+        return Reply(FindCoordinatorResponse(throttle_time_ms=0, error_code=error,
+                                             error_message="NONE" if found else message,
+                                             node_id=node_id, host=node_host, port=node_port))
     coordinators = [
-        FindCoordinatorResponse.Coordinator(
-            key=key,
-            node_id=node if found else -1,
-            host=host if found else "",
-            port=port if found else -1,
-            error_code=error,
-            error_message=message,
-        )
+        FindCoordinatorResponse.Coordinator(key=key, node_id=node_id, host=node_host, port=node_port,
+                                            error_code=error, error_message=message)
         for key in req.coordinator_keys
     ]
     return Reply(FindCoordinatorResponse(throttle_time_ms=0, coordinators=coordinators))
