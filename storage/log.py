@@ -180,8 +180,7 @@ class PartitionLog:
                 raise LogCorruptError(f"{seg.path} at byte {damage.position}: {damage.reason}")
             self._cut(seg, damage.position, f"torn tail ({damage.reason})")
             for later in self.segments[i + 1 :]:
-                self._cut(later, 0, "written after a torn write")
-                later.path.unlink()
+                self._set_aside(later, "written after a torn write")
             del self.segments[i + 1 :]
             break
         for seg in self.segments:
@@ -248,9 +247,7 @@ class PartitionLog:
             raise RuntimeError(f"{self.directory}: truncate_to_durable before recover()")
         self.close()
         while len(self.segments) > 1 and self.segments[-1].base_offset > self._durable_base:
-            seg = self.segments.pop()
-            self._cut(seg, 0, "not durable")
-            seg.path.unlink(missing_ok=True)
+            self._set_aside(self.segments.pop(), "not durable")
         if self.segments and self.segments[-1].size > self._durable_size:
             self._cut(self.segments[-1], self._durable_size, "not durable")
         self.next_offset = self.durable_offset
@@ -271,8 +268,7 @@ class PartitionLog:
         seg = Segment(base_offset, self.directory / segment_name(base_offset), 0)
         if seg.path.exists():
             # A leftover of a failed append at this offset: keep it aside, start clean.
-            self._cut(Segment(base_offset, seg.path, seg.path.stat().st_size), 0, "stale segment")
-            seg.path.unlink()
+            self._set_aside(Segment(base_offset, seg.path, seg.path.stat().st_size), "stale segment")
         self.segments.append(seg)
         self._dir_dirty = True
         return seg
@@ -288,15 +284,20 @@ class PartitionLog:
         self._durable_base = self.segments[-1].base_offset if self.segments else -1
         self._durable_size = self.segments[-1].size if self.segments else 0
 
+    def _set_aside(self, seg: Segment, why: str) -> None:
+        """Moves a whole segment to ``<segment>.0.tr`` by renaming it: no copy, so it works on a full
+        disk, which is the likeliest reason a write failed."""
+        aside = _aside_path(seg.path, 0)
+        os.rename(seg.path, aside)
+        fsync_path(self.directory)
+        log.warning("%s: set aside all %d bytes (%s), kept in %s", seg.path, seg.size, why, aside.name)
+
     def _cut(self, seg: Segment, position: int, why: str) -> None:
         """Moves ``seg``'s bytes from ``position`` on into ``<segment>.<position>.tr``, then truncates."""
         with open(seg.path, "rb") as src:
             src.seek(position)
             data = src.read()
-        aside, n = seg.path.with_name(f"{seg.path.name}.{position}.tr"), 0
-        while aside.exists():  # an earlier cut at the same place is never overwritten
-            n += 1
-            aside = seg.path.with_name(f"{seg.path.name}.{position}.{n}.tr")
+        aside = _aside_path(seg.path, position)
         with open(aside, "xb") as dst:
             dst.write(data)
             dst.flush()
@@ -308,6 +309,15 @@ class PartitionLog:
         fsync_path(self.directory)
         seg.size = position
         log.warning("%s: cut %d bytes at byte %d (%s), kept in %s", seg.path, len(data), position, why, aside.name)
+
+
+def _aside_path(segment: Path, position: int) -> Path:
+    """``<segment>.<position>.tr``, numbered so an earlier cut at the same place is never overwritten."""
+    aside, n = segment.with_name(f"{segment.name}.{position}.tr"), 0
+    while aside.exists():
+        n += 1
+        aside = segment.with_name(f"{segment.name}.{position}.{n}.tr")
+    return aside
 
 
 def list_segments(directory: Path) -> list[Segment]:
