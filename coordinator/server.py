@@ -126,7 +126,6 @@ class Connection(asyncio.Protocol):
                 slot = _Slot()
                 slot.data = api_versions_fallback(correlation_id)
                 self._queue.append(slot)
-                self._update_reading()
                 return
             self._abort(f"{spec.name} v{version} is not supported ({spec.min_version}-{spec.max_version})")
             return
@@ -145,8 +144,7 @@ class Connection(asyncio.Protocol):
             self._abort("handler error")
             return
         slot = _Slot()
-        self._queue.append(slot)
-        self._update_reading()
+        self._queue.append(slot)  # data_received ends in _write_ready, which re-checks the backlog
         if not reply.waits:
             slot.data = spec.encode_response(reply.response, version, correlation_id)
             return
