@@ -6,12 +6,16 @@ On-disk layout (Kafka's own, reference section 8.4):
   file header. A segment rolls when the next batch would take it past ``segment_bytes``.
 * Offset/time index files are not written: Kafka rebuilds missing indexes from the ``.log`` files and
   kcoord always reads segments from the start.
-* ``<base>.log.<position>.tr``: bytes cut from a segment (a torn tail found on load, or an append that
-  failed to become durable). They are never silently dropped; an operator can inspect them.
-* ``recovery-point``: ``<segment base> <byte position>`` up to which the log is known durable (written
-  on clean close and at most once a second after an fsync). Damage below it is corruption and fails
-  the partition; only damage past it can be a torn write and is cut. Kafka keeps the same kind of
-  checkpoint (``recovery-point-offset-checkpoint``) for the same reason.
+* ``<base>.log.<position>.tr``: bytes cut from a segment on load: damage past the recovery point (a
+  torn write of a crashed process, or bytes appended behind our back). They are never silently
+  dropped; an operator can inspect them. Bytes *this* process appended past the durable end when a
+  write or fsync failed are truncated without a copy: nobody was told about them, and the likeliest
+  cause of the failure is a full disk, where a copy cannot be made.
+* ``recovery-point``: ``<segment base> <byte position>`` up to which the log is known durable (written,
+  fsynced and renamed into place on clean close and at most once a second after an fsync). Damage
+  below it is corruption and fails the partition; any damage past it, whatever its shape, is treated
+  as a torn tail and cut aside, as Kafka's log recovery truncates at the first invalid batch after its
+  ``recovery-point-offset-checkpoint``.
 * ``<base>-<end>.swap``: a compacted replacement for every segment with base offset in [base, end),
   written and fsynced by the cleaner before the originals are removed. Opening the log finishes an
   interrupted swap; a ``.cleaned`` file is an unfinished cleaner output and is deleted.
@@ -38,6 +42,8 @@ LOAD_BUFFER_BYTES = 5 * 1024 * 1024
 _SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 _SWAP_RE = re.compile(r"^(\d{20})-(\d{20})\.swap$")
 RECOVERY_POINT = "recovery-point"
+PROBE_FILE = ".write-probe"
+PROBE_BYTES = 64 * 1024
 CHECKPOINT_INTERVAL_S = 1.0
 
 
@@ -176,9 +182,9 @@ class PartitionLog:
             known_durable = seg.base_offset < known_base or (
                 seg.base_offset == known_base and damage.position < known_position
             )
-            if known_durable or not damage.torn:
+            if known_durable:
                 raise LogCorruptError(f"{seg.path} at byte {damage.position}: {damage.reason}")
-            self._cut(seg, damage.position, f"torn tail ({damage.reason})")
+            self._cut(seg, damage.position, f"damaged tail past the recovery point ({damage.reason})")
             for later in self.segments[i + 1 :]:
                 self._set_aside(later, "written after a torn write")
             del self.segments[i + 1 :]
@@ -202,9 +208,9 @@ class PartitionLog:
         fd = self._active_fd()
         view = memoryview(batch)
         while view:
-            written = os.write(fd, view)
+            written = os.write(fd, view)  # a short write then ENOSPC leaves bytes: count them first
+            active.size += written
             view = view[written:]
-        active.size += len(batch)
         self.next_offset = last_offset + 1
 
     def sync(self) -> None:
@@ -223,14 +229,18 @@ class PartitionLog:
             self.checkpoint()
 
     def checkpoint(self) -> None:
-        """Records how far the log is known durable. Written without fsync: after a crash the file
-        is the old or the new claim (both true, since the data was fsynced first) or unreadable
-        (treated as no claim)."""
+        """Records how far the log is known durable: written to a temporary file, fsynced, renamed
+        into place and the directory fsynced, so after a crash the file holds the old or the new claim
+        (both true, since the data was fsynced first), never a torn one."""
         if self._durable_base < 0:
             return
         tmp = self.directory / (RECOVERY_POINT + ".tmp")
-        tmp.write_text(f"{self._durable_base} {self._durable_size}\n")
+        with open(tmp, "w") as f:
+            f.write(f"{self._durable_base} {self._durable_size}\n")
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self.directory / RECOVERY_POINT)
+        fsync_path(self.directory)
         self._checkpointed_at = time.monotonic()
 
     def _read_checkpoint(self) -> tuple[int, int]:
@@ -241,16 +251,45 @@ class PartitionLog:
             return -1, 0
 
     def truncate_to_durable(self) -> None:
-        """Undoes appends that never became durable (after a failed write or fsync); the cut bytes
-        are kept beside their segment. Reopens the active segment on the next append."""
+        """Undoes appends that never became durable (after a failed write or fsync). These bytes were
+        written by this process and acknowledged to nobody, so they are dropped, not copied: that works
+        on a full disk and gives the space back. Sizes come from the files themselves, so a short write
+        before an error is cut too. Reopens the active segment on the next append."""
         if not self.recovered:
             raise RuntimeError(f"{self.directory}: truncate_to_durable before recover()")
         self.close()
+        dropped = 0
         while len(self.segments) > 1 and self.segments[-1].base_offset > self._durable_base:
-            self._set_aside(self.segments.pop(), "not durable")
-        if self.segments and self.segments[-1].size > self._durable_size:
-            self._cut(self.segments[-1], self._durable_size, "not durable")
+            seg = self.segments.pop()
+            if seg.path.exists():
+                dropped += seg.path.stat().st_size
+                seg.path.unlink()
+        if self.segments:
+            seg = self.segments[-1]
+            actual = seg.path.stat().st_size if seg.path.exists() else 0
+            if actual > self._durable_size:
+                with open(seg.path, "r+b") as f:
+                    f.truncate(self._durable_size)
+                    os.fsync(f.fileno())
+                dropped += actual - self._durable_size
+            seg.size = self._durable_size
+        fsync_path(self.directory)
         self.next_offset = self.durable_offset
+        if dropped:
+            log.warning("%s: dropped %d bytes appended after the durable end (offset %d); none was acknowledged",
+                        self.directory, dropped, self.durable_offset)
+
+    def probe(self) -> None:
+        """Raises OSError unless a small file can be created, written and fsynced in the directory:
+        how a partition that failed to write finds out that space or permission is back."""
+        probe = self.directory / PROBE_FILE
+        try:
+            with open(probe, "wb") as f:
+                f.write(b"\0" * PROBE_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            probe.unlink(missing_ok=True)
 
     def close(self) -> None:
         if self._fd is not None:

@@ -1,6 +1,9 @@
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from storage.batch import build_batch
 from storage.log import RECOVERY_POINT, LogCorruptError, PartitionLog, list_segments, segment_name
@@ -164,7 +167,8 @@ def test_truncate_to_durable_undoes_unsynced_appends(tmp_path: Path) -> None:
     plog.truncate_to_durable()
     assert plog.next_offset == durable
     assert offsets(tmp_path, 1024) == list(range(durable))
-    assert list(tmp_path.glob("*.tr"))
+    assert not list(tmp_path.glob("*.tr"))  # this process's own unacknowledged bytes: dropped, not kept
+    assert len(list(tmp_path.glob("*.log"))) == 1  # the segments rolled after the durable end are gone
     write(plog, 1)
     assert offsets(tmp_path, 1024) == list(range(durable + 1))
 
@@ -192,3 +196,54 @@ def test_damage_past_the_recovery_point_is_a_torn_tail(tmp_path: Path) -> None:
     seg = tmp_path / segment_name(0)
     seg.write_bytes(seg.read_bytes()[:-3])
     assert offsets(tmp_path) == [0, 1]
+
+
+def clean_stop(directory: Path, count: int = 3) -> bytes:
+    """A log written and closed cleanly (checkpointed at its end); returns the segment's bytes."""
+    plog = PartitionLog(directory)
+    write(plog, count)
+    plog.checkpoint()
+    plog.close()
+    return (directory / segment_name(0)).read_bytes()
+
+
+@pytest.mark.parametrize("tail", [
+    bytes.fromhex("000000000000000080000000"),  # the fault campaign's: batch length -2147483648
+    bytes.fromhex("00000000000000000000000a") + b"\x01" * 10,  # a length too short for a batch header
+    b"\x00" * 7,  # shorter than a batch header
+    b"\xff" * 100,
+])
+def test_any_tail_appended_after_a_clean_stop_is_cut_aside(tmp_path: Path, tail: bytes) -> None:
+    original = clean_stop(tmp_path)
+    seg = tmp_path / segment_name(0)
+    seg.write_bytes(original + tail)
+    assert offsets(tmp_path) == [0, 1, 2]
+    assert seg.read_bytes() == original
+    kept = list(tmp_path.glob("*.tr"))
+    assert len(kept) == 1 and kept[0].read_bytes() == tail
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tail=st.binary(min_size=1, max_size=300))
+def test_random_tails_past_the_recovery_point_never_fail_the_partition(tmp_path_factory: Any, tail: bytes) -> None:
+    directory = tmp_path_factory.mktemp("tail")
+    original = clean_stop(directory)
+    (directory / segment_name(0)).write_bytes(original + tail)
+    assert offsets(directory) == [0, 1, 2]
+
+
+def test_the_recovery_point_file_is_written_atomically_and_fsynced(tmp_path: Path, monkeypatch: Any) -> None:
+    import os
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    clean_stop(tmp_path)
+    assert any(p.endswith(RECOVERY_POINT + ".tmp") for p in synced)
+    assert (tmp_path / RECOVERY_POINT).read_text().split() == ["0", str((tmp_path / segment_name(0)).stat().st_size)]
+    assert not (tmp_path / (RECOVERY_POINT + ".tmp")).exists()
