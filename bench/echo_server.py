@@ -1,15 +1,16 @@
 """The Python ceiling: an asyncio + uvloop server that answers Kafka frames from a response cache.
 
-It is what a Python server on this machine costs when it does nothing but frame, look up and write:
-every request is keyed by its bytes minus the correlation id, and a key seen before is answered with
-the cached response bytes, correlation id patched in. A key seen for the first time is decoded with
-kafka-python and answered properly (OffsetCommit stores the offsets in a dict, OffsetFetch reads
+It is what a Python server on this machine costs when it does little more than frame, look up and
+write: every request is keyed by its bytes minus the correlation id, and a key seen before is answered
+with the cached response bytes, correlation id patched in. A key seen for the first time is decoded
+with kafka-python and answered properly (OffsetCommit stores the offsets in a dict, OffsetFetch reads
 them; ApiVersions lists what it serves), and the answer is cached.
 
-That is correct for the harness's loads, where a given request always commits the same offsets, and
-wrong in general (a repeated commit does not overwrite a different commit made in between, and a
-cached fetch answer is dropped only when a new commit key arrives): a ceiling, not a server. It keeps
-nothing on disk. Run: ``python -m bench.echo_server --listen 127.0.0.1:PORT``.
+Offsets stay right: a cached commit still applies its offsets (kept with the cached answer, so no
+decoding), and any change of a stored offset drops every cached fetch answer. What it does not do is
+everything a coordinator must: no durability, no group generations or members, no routing to
+offsets partitions, no validation beyond kafka-python's decoding. A ceiling, not a server.
+Run: ``python -m bench.echo_server --listen 127.0.0.1:PORT``.
 """
 
 import argparse
@@ -38,18 +39,34 @@ FetchGroup = OffsetFetchResponse.OffsetFetchResponseGroup
 FetchGroupTopic = FetchGroup.OffsetFetchResponseTopics
 FetchGroupPartition = FetchGroupTopic.OffsetFetchResponsePartitions
 
-Offsets = dict[tuple[str, str, int], tuple[int, int, str | None]]  # (group, topic, p) -> offset, epoch, metadata
+Key = tuple[str, str, int]  # group, topic, partition
+Value = tuple[int, int, str | None]  # offset, leader epoch, metadata
+Updates = tuple[tuple[Key, Value], ...]
+Entry = tuple[bytes, bytes, Updates | None]  # size prefix, body after the correlation id, a commit's offsets
 
 
 class Answers:
     """The response cache and the slow path that fills it."""
 
     def __init__(self) -> None:
-        self.cache: dict[bytes, tuple[bytes, bytes]] = {}  # key -> (size prefix, body after correlation id)
-        self.offsets: Offsets = {}
+        self.cache: dict[bytes, Entry] = {}
+        self.offsets: dict[Key, Value] = {}
         self.fetch_keys: list[bytes] = []
 
-    def slow(self, key: bytes, frame: bytes) -> tuple[bytes, bytes]:
+    def apply(self, updates: Updates) -> None:
+        """Stores a commit's offsets; if any changed, cached fetch answers may be stale: drop them."""
+        offsets = self.offsets
+        changed = False
+        for key, value in updates:
+            if offsets.get(key) != value:
+                offsets[key] = value
+                changed = True
+        if changed:
+            for fetch_key in self.fetch_keys:
+                self.cache.pop(fetch_key, None)
+            self.fetch_keys.clear()
+
+    def slow(self, key: bytes, frame: bytes) -> Entry:
         api_key, version, _ = _HEAD.unpack_from(frame)
         if api_key not in SERVED or not SERVED[api_key][0] <= version <= SERVED[api_key][1]:
             raise ValueError(f"api {api_key} v{version} is not served")
@@ -58,29 +75,29 @@ class Answers:
                     for k, (lo, hi) in sorted(SERVED.items())]
             # header v0 whatever the version (KIP-511); the request body is not needed
             body, flexible = ApiVersionsResponse(error_code=0, api_keys=keys).encode(version=version), False
+            updates: Updates | None = None
         elif api_key == 8:
             req: Any = OffsetCommitRequest.decode(frame, version=version, header=True)
+            updates = tuple(((req.group_id, t.name, p.partition_index),
+                             (p.committed_offset, p.committed_leader_epoch, p.committed_metadata))
+                            for t in req.topics for p in t.partitions)
+            self.apply(updates)
             body = self._commit(req).encode(version=version)
             flexible = OffsetCommitResponse.flexible_version_q(version)
-            for fetch_key in self.fetch_keys:  # offsets changed: cached fetch answers may be stale
-                self.cache.pop(fetch_key, None)
-            self.fetch_keys.clear()
         else:
             req = OffsetFetchRequest.decode(frame, version=version, header=True)
             body = self._fetch(req, version).encode(version=version)
             flexible = OffsetFetchResponse.flexible_version_q(version)
             self.fetch_keys.append(key)
+            updates = None
         body = (b"\x00" if flexible else b"") + bytes(body)
-        entry = (_SIZE.pack(4 + len(body)), body)
+        entry = (_SIZE.pack(4 + len(body)), body, updates)
         self.cache[key] = entry
         return entry
 
     def _commit(self, req: Any) -> Any:
         topics = []
         for t in req.topics:
-            for p in t.partitions:
-                self.offsets[(req.group_id, t.name, p.partition_index)] = (
-                    p.committed_offset, p.committed_leader_epoch, p.committed_metadata)
             topics.append(CommitTopic(name=t.name, partitions=[
                 CommitPartition(partition_index=p.partition_index, error_code=0) for p in t.partitions]))
         return OffsetCommitResponse(throttle_time_ms=0, topics=topics)
@@ -123,7 +140,8 @@ class EchoProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.buf:
             data = self.buf + data
-        cache = self.answers.cache
+        answers = self.answers
+        cache = answers.cache
         out = []
         pos, end = 0, len(data)
         while end - pos >= 4:
@@ -134,9 +152,12 @@ class EchoProtocol(asyncio.Protocol):
             pos = start + size
             key = data[start : start + 4] + data[start + 8 : pos]
             entry = cache.get(key)
-            if entry is None:
+            if entry is not None:
+                if entry[2] is not None:
+                    answers.apply(entry[2])
+            else:
                 try:
-                    entry = self.answers.slow(key, data[start:pos])
+                    entry = answers.slow(key, data[start:pos])
                 except Exception as exc:  # anything we cannot answer: close, as a broker would
                     print(f"echo: closing a connection: {exc!r}", file=sys.stderr)
                     assert self.transport is not None
