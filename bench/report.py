@@ -193,7 +193,7 @@ def document(meta: dict[str, Any], rows: list[dict[str, Any]], ratio: dict[str, 
 
     restart_rows = [{**asdict(r), "replayed_per_s": r.replayed_per_s, "end_to_end_per_s": r.end_to_end_per_s,
                      "rss_bytes_per_offset": r.rss_per_offset} for r in restarts]
-    return clean({
+    doc: dict[str, Any] = clean({
         **meta,
         "measurements": rows,
         "ratios": ratio,
@@ -202,3 +202,4 @@ def document(meta: dict[str, Any], rows: list[dict[str, Any]], ratio: dict[str, 
         "targets": [asdict(t) for t in goals],
         "failures": failures,
     })
+    return doc

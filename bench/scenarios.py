@@ -48,7 +48,7 @@ SCENARIOS = {s.name: s for s in (
 def templates(s: Scenario, groups: int) -> list[Template]:
     """Groups x partition slices; template ``i`` commits offset ``1000 + i`` to each of its partitions."""
     slices = max(1, min(SLICES_PER_GROUP, TOPIC_PARTITIONS // s.partitions))
-    out = []
+    out: list[Template] = []
     for sl in range(slices):
         parts = tuple((sl * s.partitions + j) % TOPIC_PARTITIONS for j in range(s.partitions))
         for g in range(groups):
