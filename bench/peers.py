@@ -262,12 +262,16 @@ class Echo(Subprocess):
         self.spawn(cmd, tmp / f"echo-{self.port}.log")
 
 
+KCOORD_PATHS = ("coordinator", "protocol", "storage", "tests/kcoord_process.py", "pyproject.toml")
+
+
 def git_commit() -> str:
-    """The commit kcoord runs at, with ``+dirty`` when tracked files differ from it."""
+    """The commit kcoord runs at, with ``+dirty`` when kcoord's own tracked files differ from it
+    (changes under bench/ do not change what is measured)."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=REPO, capture_output=True,
                               text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *KCOORD_PATHS], cwd=REPO,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except OSError:
         return "unknown"
