@@ -1,15 +1,31 @@
-"""Server configuration: one dataclass, filled from command-line flags or ``KCOORD_*`` variables."""
+"""Server configuration: one dataclass, filled from command-line flags or ``KCOORD_*`` variables.
+
+Every option is declared once in ``OPTIONS`` (flag, variable, parser, help); a flag beats its variable,
+which beats the built-in default. A bad value is reported under the name the operator used: the flag,
+or the variable (``KCOORD_LOG_LEVEL='bogus': ...``), never a traceback.
+"""
 
 import argparse
 import os
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from storage.log import DEFAULT_SEGMENT_BYTES
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 MAX_METADATA_LIMIT = 32767 // 3
+# Below this no stock client gets through its handshake and a modest commit (an ApiVersions v3 from
+# librdkafka alone carries its software name and version; Metadata answers are larger still).
+MIN_FRAME_BYTES = 8192
+INT31 = 2**31 - 1
+INT63 = 2**63 - 1
+
+
+class ConfigError(Exception):
+    """A setting that cannot be used, with the flag or variable it came from."""
 
 
 @dataclass(frozen=True)
@@ -24,7 +40,9 @@ class Config:
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
     offset_metadata_max_bytes: int = 4096
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_buffered_bytes: int = 2 * DEFAULT_MAX_FRAME_BYTES
     delete_retention_ms: int = 24 * 3600 * 1000
+    shutdown_timeout_ms: int = 10_000
     cleaner_interval_s: float = 15.0
     log_level: str = "INFO"
 
@@ -40,78 +58,108 @@ def parse_host_port(value: str) -> tuple[str, int]:
         value = value.split("://", 1)[1]
     host, sep, port = value.rpartition(":")
     if not sep or not host:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
     host = host.strip("[]")
     try:
         number = int(port)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"port {port!r} is not a number") from None
+        raise ValueError(f"port {port!r} is not a number") from None
     if not 0 <= number <= 65535:
-        raise argparse.ArgumentTypeError(f"port {number} is outside 0-65535")
+        raise ValueError(f"port {number} is outside 0-65535")
     return host, number
 
 
-def _bounded_int(low: int, high: int = 2**31 - 1) -> "argparse._ActionType":
+def bounded_int(low: int, high: int = INT31) -> Callable[[str], int]:
     def parse(value: str) -> int:
         try:
             number = int(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+            raise ValueError(f"{value!r} is not an integer") from None
         if not low <= number <= high:
-            raise argparse.ArgumentTypeError(f"{number} is outside [{low}, {high}]")
+            raise ValueError(f"{number} is outside [{low}, {high}]")
         return number
 
     return parse
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every flag defaults to its ``KCOORD_*`` environment variable, then to the built-in default."""
+def log_level(value: str) -> str:
+    level = value.strip().upper()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
+    return level
 
-    def env(name: str, default: object) -> object:
-        return os.environ.get(f"KCOORD_{name}", default)
 
-    d = Config()
-    parser.add_argument("--listen", type=parse_host_port, default=env("LISTEN", f"{d.host}:{d.port}"),
-                        help="HOST:PORT to accept clients on (KCOORD_LISTEN, default %(default)s)")
-    parser.add_argument("--advertised-listener", type=parse_host_port, default=env("ADVERTISED_LISTENER", None),
-                        help="HOST:PORT clients are told to use (KCOORD_ADVERTISED_LISTENER, default: --listen)")
-    parser.add_argument("--data-dir", type=Path, default=env("DATA_DIR", str(d.data_dir)),
-                        help="directory of the __consumer_offsets-N logs (KCOORD_DATA_DIR, default %(default)s)")
-    parser.add_argument("--offsets-partitions", type=_bounded_int(1, 100_000),
-                        default=env("OFFSETS_PARTITIONS", d.offsets_partitions),
-                        help="partitions of the offsets topic (KCOORD_OFFSETS_PARTITIONS, default %(default)s)")
-    parser.add_argument("--node-id", type=_bounded_int(0), default=env("NODE_ID", d.node_id),
-                        help="broker id reported to clients (KCOORD_NODE_ID, default %(default)s)")
-    parser.add_argument("--segment-bytes", type=_bounded_int(1024), default=env("SEGMENT_BYTES", d.segment_bytes),
-                        help="roll a log segment past this size (KCOORD_SEGMENT_BYTES, default %(default)s)")
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    env: str
+    parse: Callable[[str], Any]
+    apply: Callable[[Any], dict[str, Any]]  # parsed value -> Config fields
+    help: str
+    metavar: str = "N"
+
+
+def _field(name: str) -> Callable[[Any], dict[str, Any]]:
+    return lambda value: {name: value}
+
+
+OPTIONS: list[Option] = [
+    Option("--listen", "KCOORD_LISTEN", parse_host_port,
+           lambda hp: {"host": hp[0], "port": hp[1]}, "HOST:PORT to accept clients on (default 127.0.0.1:9092)",
+           "HOST:PORT"),
+    Option("--advertised-listener", "KCOORD_ADVERTISED_LISTENER", parse_host_port,
+           lambda hp: {"advertised_host": hp[0], "advertised_port": hp[1]},
+           "HOST:PORT clients are told to use (default: the listener)", "HOST:PORT"),
+    Option("--data-dir", "KCOORD_DATA_DIR", Path, _field("data_dir"),
+           "directory of the __consumer_offsets-N logs (default ./kcoord-data)", "DIR"),
+    Option("--offsets-partitions", "KCOORD_OFFSETS_PARTITIONS", bounded_int(1, 100_000),
+           _field("offsets_partitions"), "partitions of the offsets topic, fixed once data exists (default 50)"),
+    Option("--node-id", "KCOORD_NODE_ID", bounded_int(0), _field("node_id"),
+           "broker id reported to clients (default 0)"),
+    Option("--segment-bytes", "KCOORD_SEGMENT_BYTES", bounded_int(1024), _field("segment_bytes"),
+           "roll a log segment past this size (default 104857600)"),
     # Record strings carry an int16 length and UTF-8 takes at most 3 bytes per UTF-16 unit, so any
     # metadata accepted under this cap can be written to the log.
-    parser.add_argument("--offset-metadata-max-bytes", type=_bounded_int(0, MAX_METADATA_LIMIT),
-                        default=env("OFFSET_METADATA_MAX_BYTES", d.offset_metadata_max_bytes),
-                        help="longest commit metadata accepted (KCOORD_OFFSET_METADATA_MAX_BYTES, default %(default)s)")
-    parser.add_argument("--max-frame-bytes", type=_bounded_int(64), default=env("MAX_FRAME_BYTES", d.max_frame_bytes),
-                        help="largest request accepted (KCOORD_MAX_FRAME_BYTES, default %(default)s)")
-    parser.add_argument("--delete-retention-ms", type=_bounded_int(0, 2**63 - 1),
-                        default=env("DELETE_RETENTION_MS", d.delete_retention_ms),
-                        help="how long the cleaner keeps tombstones (KCOORD_DELETE_RETENTION_MS, default %(default)s)")
-    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=env("LOG_LEVEL", d.log_level),
-                        help="logging level (KCOORD_LOG_LEVEL, default %(default)s)")
+    Option("--offset-metadata-max-bytes", "KCOORD_OFFSET_METADATA_MAX_BYTES", bounded_int(0, MAX_METADATA_LIMIT),
+           _field("offset_metadata_max_bytes"), "longest commit metadata accepted, in UTF-16 units (default 4096)"),
+    Option("--max-frame-bytes", "KCOORD_MAX_FRAME_BYTES", bounded_int(MIN_FRAME_BYTES),
+           _field("max_frame_bytes"), "largest request accepted (default 104857600)"),
+    Option("--max-buffered-bytes", "KCOORD_MAX_BUFFERED_BYTES", bounded_int(MIN_FRAME_BYTES, INT63),
+           _field("max_buffered_bytes"),
+           "request bytes buffered across all connections before reading pauses (default 209715200)"),
+    Option("--delete-retention-ms", "KCOORD_DELETE_RETENTION_MS", bounded_int(0, INT63),
+           _field("delete_retention_ms"), "how long the cleaner keeps tombstones (default 86400000)"),
+    Option("--shutdown-timeout-ms", "KCOORD_SHUTDOWN_TIMEOUT_MS", bounded_int(0, 3_600_000),
+           _field("shutdown_timeout_ms"), "longest a stop may take to finish pending writes (default 10000)"),
+    Option("--log-level", "KCOORD_LOG_LEVEL", log_level, _field("log_level"),
+           "DEBUG, INFO, WARNING or ERROR (default INFO)", "LEVEL"),
+]
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    host, port = args.listen
-    adv_host, adv_port = args.advertised_listener if args.advertised_listener else (None, None)
-    return Config(
-        host=host,
-        port=port,
-        advertised_host=adv_host,
-        advertised_port=adv_port,
-        data_dir=Path(args.data_dir),
-        offsets_partitions=args.offsets_partitions,
-        node_id=args.node_id,
-        segment_bytes=args.segment_bytes,
-        offset_metadata_max_bytes=args.offset_metadata_max_bytes,
-        max_frame_bytes=args.max_frame_bytes,
-        delete_retention_ms=args.delete_retention_ms,
-        log_level=args.log_level,
-    )
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags are kept as strings here and parsed in ``config_from_args``, so a bad value from a flag
+    and one from a variable are reported the same way, each under its own name."""
+    for opt in OPTIONS:
+        parser.add_argument(opt.flag, metavar=opt.metavar, default=None, help=f"{opt.help}; env {opt.env}")
+
+
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
+    """The Config from parsed flags, then ``KCOORD_*`` variables, then defaults; ConfigError if unusable."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        raw = getattr(args, opt.flag[2:].replace("-", "_"))
+        source = opt.flag
+        if raw is None and environ.get(opt.env):
+            raw, source = environ[opt.env], opt.env
+        if raw is None:
+            continue
+        try:
+            values.update(opt.apply(opt.parse(raw)))
+        except ValueError as exc:
+            raise ConfigError(f"{source}={raw!r}: {exc}") from None
+    config = replace(Config(), **values)
+    if config.max_buffered_bytes < config.max_frame_bytes:
+        raise ConfigError(f"--max-buffered-bytes ({config.max_buffered_bytes}) must be at least "
+                          f"--max-frame-bytes ({config.max_frame_bytes}), or no frame that large could be read")
+    return config

@@ -13,13 +13,13 @@ class Metrics:
         self.counters: Counter[str] = Counter()
         self.load_seconds: dict[int, float] = {}
 
-    def request(self, api_key: int) -> None:
+    def request(self, api_key: int, version: int) -> None:
         self.counters[f"requests.{api_key}"] += 1
 
     def offsets_committed(self, count: int) -> None:
         self.counters["offset_commits"] += count
 
-    def batch_flushed(self, records: int, nbytes: int, seconds: float) -> None:
+    def batch_flushed(self, partition: int, records: int, nbytes: int, seconds: float) -> None:
         self.counters["batches"] += 1
         self.counters["batch_records"] += records
         self.counters["batch_bytes"] += nbytes
@@ -33,8 +33,11 @@ class Metrics:
         self.counters["cleaner_records_dropped"] += stats.records_dropped
         self.counters["cleaner_bytes_reclaimed"] += stats.bytes_before - stats.bytes_after
 
-    def shard_failed(self, partition: int) -> None:
-        self.counters["shard_failures"] += 1
+    def write_failed(self, partition: int) -> None:
+        self.counters["write_failures"] += 1
+
+    def shard_state(self, partition: int, state: str) -> None:
+        self.counters[f"shard_state.{state}"] += 1
 
     def connection_closed_on_error(self) -> None:
         self.counters["bad_connections"] += 1

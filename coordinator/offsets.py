@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from coordinator.state import ClassicGroup, GroupState, ShardData
 from protocol.errors import ErrorCode
-from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, Record
+from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, Record, encode_record
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,22 +101,28 @@ def validate_commit(group: ClassicGroup | None, req: CommitRequest) -> ErrorCode
     return ErrorCode.NONE
 
 
-def commit_offsets(
-    data: ShardData, req: CommitRequest, now_ms: int, max_metadata: int
-) -> tuple[list[Record], TopicErrors]:
-    """One OffsetCommit record per accepted partition, and every partition's error in request order."""
-    error = validate_commit(data.groups.get(req.group_id), req)
-    if error is not ErrorCode.NONE:
-        return [], refuse_all(req, error)
+@dataclass(frozen=True, slots=True)
+class PreparedCommit:
+    """The part of an OffsetCommit that does not depend on the group: one record (already encoded) per
+    acceptable partition, and every partition's error in request order (NONE where a record is ready).
+    Computed off the event loop for large requests."""
+
+    request: CommitRequest
+    records: list[Record]
+    encoded: list[tuple[bytes, bytes | None]]
+    results: TopicErrors
+
+
+def prepare_commit(req: CommitRequest, now_ms: int, max_metadata: int) -> PreparedCommit:
     expire = min(max(now_ms + req.retention_ms, INT64_MIN), INT64_MAX) if req.retention_ms != -1 else -1
     records: list[Record] = []
     results: TopicErrors = []
     for name, parts in req.topics:
+        unknown_topic = _LEGAL_TOPIC.fullmatch(name) is None
         errors = []
         for p in parts:
-            unknown = partition_error(name, p.partition)
-            if unknown:
-                errors.append((p.partition, unknown))
+            if unknown_topic or p.partition < 0:
+                errors.append((p.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
                 continue
             if p.metadata is not None and utf16_length(p.metadata) > max_metadata:
                 errors.append((p.partition, ErrorCode.OFFSET_METADATA_TOO_LARGE))
@@ -126,16 +132,28 @@ def commit_offsets(
             records.append(OffsetCommitRecord(OffsetKey(req.group_id, name, p.partition), value))
             errors.append((p.partition, ErrorCode.NONE))
         results.append((name, errors))
-    return records, results
+    return PreparedCommit(req, records, [encode_record(r) for r in records], results)
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionOffset:
-    partition: int
-    value: OffsetAndMetadata | None  # None: never committed (answered -1, -1, "")
-    error: ErrorCode
+def check_group(data: ShardData, prepared: PreparedCommit) -> tuple[list[Record], TopicErrors]:
+    """The group-level checks against current state: the prepared records, or none and the group's
+    error on every partition (partitions that cannot exist keep their own error)."""
+    error = validate_commit(data.groups.get(prepared.request.group_id), prepared.request)
+    if error is not ErrorCode.NONE:
+        return [], refuse_all(prepared.request, error)
+    return prepared.records, prepared.results
 
 
+def commit_offsets(
+    data: ShardData, req: CommitRequest, now_ms: int, max_metadata: int
+) -> tuple[list[Record], TopicErrors]:
+    """One OffsetCommit record per accepted partition, and every partition's error in request order."""
+    return check_group(data, prepare_commit(req, now_ms, max_metadata))
+
+
+# (partition, committed value or None when never committed, error): plain tuples, as a fetch may cover
+# hundreds of thousands of partitions.
+PartitionOffset = tuple[int, OffsetAndMetadata | None, ErrorCode]
 TopicOffsets = list[tuple[str, list[PartitionOffset]]]
 
 
@@ -151,14 +169,19 @@ def fetch_offsets(
         for topic, partition in committed:
             by_topic.setdefault(topic, []).append(partition)
         topics = [(t, sorted(ps)) for t, ps in sorted(by_topic.items())]
-    result: TopicOffsets = []
     check_pending = require_stable and bool(data.pending_count)
+    get = committed.get
+    none = ErrorCode.NONE
+    result: TopicOffsets = []
     for topic, partitions in topics:
-        entries = []
+        if not check_pending:
+            result.append((topic, [(p, get((topic, p)), none) for p in partitions]))
+            continue
+        entries: list[PartitionOffset] = []
         for p in partitions:
-            if check_pending and data.has_pending(OffsetKey(group_id, topic, p)):
-                entries.append(PartitionOffset(p, None, ErrorCode.UNSTABLE_OFFSET_COMMIT))
+            if data.has_pending(OffsetKey(group_id, topic, p)):
+                entries.append((p, None, ErrorCode.UNSTABLE_OFFSET_COMMIT))
             else:
-                entries.append(PartitionOffset(p, committed.get((topic, p)), ErrorCode.NONE))
+                entries.append((p, get((topic, p)), none))
         result.append((topic, entries))
     return result

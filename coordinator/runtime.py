@@ -5,17 +5,21 @@ import functools
 import json
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from coordinator.compaction import Compactor
 from coordinator.config import Config
 from coordinator.metrics import Metrics
-from coordinator.shard import Shard, ShardState
+from coordinator.shard import Shard, ShardHooks, ShardState
+from coordinator.timers import Clock, SystemClock
 from protocol.partitioning import partition_for
 from storage.log import PartitionLog, fsync_path
 
 log = logging.getLogger(__name__)
 
+LogFactory = Callable[[Path, int], PartitionLog]  # tests pass one that injects faults
 OFFSETS_TOPIC = "__consumer_offsets"
 META_FILE = "kcoord.meta.json"
 LOADER_THREADS = 2
@@ -34,7 +38,18 @@ class ConfigMismatch(Exception):
 
 
 def check_data_dir(data_dir: Path, partitions: int) -> None:
+    """Creates the data directory or checks the one there: writable, and holding the same partition
+    count (recorded in ``kcoord.meta.json``)."""
     data_dir.mkdir(parents=True, exist_ok=True)
+    probe = data_dir / ".kcoord-write-probe"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0")
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigMismatch(f"data directory {data_dir} is not writable ({exc.strerror}); "
+                             "kcoord needs to write its logs there") from exc
     meta = data_dir / META_FILE
     if meta.exists():
         try:
@@ -65,52 +80,65 @@ class Runtime:
     its appends, fsyncs and compactions stay in order, while different shards fsync in parallel) and
     a small loader pool, so one huge partition loading does not hold up the others."""
 
-    def __init__(self, config: Config, metrics: Metrics | None = None) -> None:
+    def __init__(self, config: Config, metrics: Metrics | None = None, clock: Clock | None = None,
+                 log_factory: LogFactory = PartitionLog, hooks: ShardHooks | None = None) -> None:
         self.config = config
         self.metrics = metrics or Metrics()
+        self.clock: Clock = clock or SystemClock()
         self.shards: list[Shard] = []
+        self._log_factory = log_factory
+        self._hooks = hooks
         self._writers = [
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kcoord-writer-{i}")
             for i in range(min(WRITER_THREADS, config.offsets_partitions))
         ]
         self._loader = ThreadPoolExecutor(max_workers=LOADER_THREADS, thread_name_prefix="kcoord-loader")
         self._cleaner_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-cleaner")
+        self.compactors: list[Compactor] = []
         self._loads: list[asyncio.Task[None]] = []
         self._cleaner: asyncio.Task[None] | None = None
         self._load_report: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        """Creates every shard in LOADING state and starts loading them; returns at once so the
-        server can listen (and answer COORDINATOR_LOAD_IN_PROGRESS) while they load."""
+    def open(self) -> None:
+        """Checks the data directory and creates every shard (INITIAL). Separate from ``start`` so a
+        server can refuse to start (port in use) before anything is created on disk."""
         cfg = self.config
         check_data_dir(cfg.data_dir, cfg.offsets_partitions)
         for p in range(cfg.offsets_partitions):
-            plog = PartitionLog(cfg.data_dir / f"{OFFSETS_TOPIC}-{p}", cfg.segment_bytes)
+            plog = self._log_factory(cfg.data_dir / f"{OFFSETS_TOPIC}-{p}", cfg.segment_bytes)
             writer = self._writers[p % len(self._writers)]
-            self.shards.append(Shard(p, plog, writer, self._loader, self.metrics, self._cleaner_thread))
+            shard = Shard(p, plog, writer, self._loader, self.metrics, self.clock, self._hooks, self._log_factory)
+            self.shards.append(shard)
+            self.compactors.append(Compactor(shard, self._cleaner_thread, self.metrics))
+
+    def start(self) -> None:
+        """Starts loading every shard and returns at once, so the server can listen (and answer
+        COORDINATOR_LOAD_IN_PROGRESS) while they load."""
+        if not self.shards:
+            self.open()
         # Smallest logs first: many partitions become ACTIVE quickly while a big one is still loading.
         order = sorted(self.shards, key=lambda s: s.log.size_bytes)
         loop = asyncio.get_running_loop()
-        self._loads = [loop.create_task(s.load()) for s in order]
+        self._loads = [s.start() for s in order]
         self._cleaner = loop.create_task(self._clean_periodically())
         self._load_report = loop.create_task(self._report_loaded(loop.time()))
 
     async def _report_loaded(self, started: float) -> None:
         await self.wait_loaded()
         states = self.states()
-        log.info("all %d partitions loaded in %d ms (%d active, %d failed)", len(self.shards),
+        log.info("all %d partitions loaded in %d ms (%d active, %d read-only, %d failed)", len(self.shards),
                  (asyncio.get_running_loop().time() - started) * 1000, states[ShardState.ACTIVE],
-                 states[ShardState.FAILED])
+                 states[ShardState.READ_ONLY], states[ShardState.FAILED])
 
     async def _clean_periodically(self) -> None:
         """Kafka's cleaner backoff: look at every partition each interval; each shard decides."""
         while True:
             await asyncio.sleep(self.config.cleaner_interval_s)
-            for shard in self.shards:
+            for compactor in self.compactors:
                 try:
-                    await shard.compact(self.config.delete_retention_ms)
+                    await compactor.compact(self.config.delete_retention_ms)
                 except Exception:  # one partition's trouble must not stop cleaning the others
-                    log.exception("partition %d: compaction failed", shard.partition)
+                    log.exception("partition %d: compaction failed", compactor.shard.partition)
 
     def shard_for(self, group_id: str) -> Shard:
         return self.shards[_cached_partition(group_id, self.config.offsets_partitions)]
@@ -124,13 +152,17 @@ class Runtime:
             counts[shard.state] += 1
         return counts
 
-    async def stop(self) -> None:
+    async def stop(self, deadline: float) -> None:
+        """Closes every shard by ``deadline`` (event-loop time): pending batches get until then to
+        become durable; then the threads are released without waiting for a stuck one."""
         if self._cleaner is not None:
             self._cleaner.cancel()
-        await asyncio.gather(*(s.close() for s in self.shards))
+        for compactor in self.compactors:
+            compactor.stop()
+        await asyncio.gather(*(s.close(deadline) for s in self.shards))
         for task in self._loads:
             task.cancel()
-        self._cleaner_thread.shutdown(wait=True, cancel_futures=True)  # a running clean stops at its next batch
+        self._cleaner_thread.shutdown(wait=False, cancel_futures=True)  # a running clean stops at its next batch
         for writer in self._writers:
-            writer.shutdown(wait=True)
-        self._loader.shutdown(wait=True, cancel_futures=True)
+            writer.shutdown(wait=False, cancel_futures=True)
+        self._loader.shutdown(wait=False, cancel_futures=True)

@@ -1,23 +1,40 @@
-"""The TCP front: one ``asyncio.Protocol`` per connection (StreamReader measured ~4x slower here).
+"""The TCP front: one ``asyncio.Protocol`` per connection (StreamReader measured ~4x slower here) and one
+dispatcher that shares the event loop fairly between connections.
 
-A request's way: bytes -> frames -> header peek -> version check against the registry -> decode ->
-handler -> reply parked until its writes are durable -> encoded -> written in request order.
-Pipelined requests are answered strictly in order even when a later one is ready first. The
-connection stops reading while ``MAX_IN_FLIGHT`` replies are queued (until the backlog halves) and
-while the transport's send buffer is over its high-water mark, so a client that never reads its
-replies cannot make the server buffer without bound. Connections idle for ``MAX_IDLE_S`` are closed
-(Kafka's ``connections.max.idle.ms``).
+A request's way: bytes -> frame -> header peek -> version check against the registry -> decode ->
+handler -> reply waits until its writes are durable -> encoded -> written, in request order per
+connection, every reply ready in one loop pass joined into one write.
+
+Fairness and bounded memory (a client that pipelines without reading must not starve the others):
+
+* ``data_received`` only buffers. Connections with complete frames queue for the dispatcher, which
+  starts at most ``FRAMES_PER_PASS`` requests per pass before letting the loop poll sockets again,
+  shared round robin by the connections waiting (one each when many wait, up to ``FRAMES_PER_TURN``
+  for a lone one).
+* A connection stops starting requests while ``MAX_IN_FLIGHT`` of its replies are unsent or while its
+  transport's send buffer is over the high-water mark, and stops *reading* while it also has a backlog
+  of ``READ_BACKLOG_BYTES`` of complete frames, so its socket buffers push back on the client.
+* Bytes buffered across all connections stay within ``max_buffered_bytes``: a connection reserves its
+  head frame's whole declared size before reading it, or pauses until others release memory.
+* A request frame over ``BULK_FRAME_BYTES`` is decoded (and its API's ``prepare`` run) on a worker
+  thread, and its reply encoded there too, so one huge request does not freeze every other client.
 
 Bad input (a frame size outside [0, max], an unknown API or version, a body that does not parse, a
 connection that ends inside a frame) closes that connection with a log line; nothing else is touched.
+
+Stopping: stop accepting and stop starting requests, let the shards make pending batches durable
+(their requests are answered), write what is ready, then close every connection, all by a deadline.
 """
 
 import asyncio
+import concurrent.futures
 import logging
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
-from coordinator.apis import HANDLERS, Reply, RequestContext, load_all
+from coordinator.apis import APIS, Api, load_all
+from coordinator.request import PARKED, Lazy, Request, ShardUnavailable
 from coordinator.runtime import Runtime
 from protocol.framing import FrameError, FrameReader
 from protocol.header import HeaderError, peek_header
@@ -25,19 +42,14 @@ from protocol.registry import API_VERSIONS, REGISTRY, DecodeError, api_versions_
 
 log = logging.getLogger(__name__)
 
-MAX_IN_FLIGHT = 1024
-MAX_IDLE_S = 600.0
+MAX_IN_FLIGHT = 16
+FRAMES_PER_TURN = 16
+FRAMES_PER_PASS = 32
+READ_BACKLOG_BYTES = 256 * 1024
+BULK_FRAME_BYTES = 64 * 1024
+WRITE_BUFFER_HIGH = 256 * 1024
+MAX_IDLE_S = 600.0  # Kafka's connections.max.idle.ms
 IDLE_SWEEP_S = 30.0
-
-
-class _Slot:
-    """One request's place in the connection's reply order."""
-
-    __slots__ = ("data", "pending")
-
-    def __init__(self) -> None:
-        self.data: bytes | None = None
-        self.pending = 0
 
 
 class Connection(asyncio.Protocol):
@@ -45,13 +57,17 @@ class Connection(asyncio.Protocol):
         self._server = server
         self._runtime = server.runtime
         self._reader = FrameReader(server.runtime.config.max_frame_bytes)
-        self._queue: deque[_Slot] = deque()
+        self._queue: deque[Request] = deque()  # requests in reply order
         self._transport: asyncio.Transport | None = None
-        self._peer = "?"
-        self._paused = False
+        self.peer = "?"
+        self.closed = False
+        self.scheduled = False  # queued for the dispatcher
+        self.write_wanted = False  # queued for the next write pass
+        self._reading = True
         self._send_blocked = False
-        self._closed = False
-        self._write_scheduled = False
+        self._memory_blocked = False
+        self._reserved = 0  # bytes of the server's memory budget this connection holds
+        self._bulk: bytes | None = None  # a large frame being decoded on the bulk thread
         self.last_active = 0.0
 
     # -- asyncio callbacks ---------------------------------------------------------------------
@@ -59,34 +75,41 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
         self._transport = cast(asyncio.Transport, transport)
+        self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         peer = transport.get_extra_info("peername")
-        self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._server.connections.add(self)
-        self.last_active = asyncio.get_running_loop().time()
+        self.last_active = self._server.loop.time()
+        log.debug("%s: connected", self.peer)
+        if self._server.stopping:
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closed = True
+        self.closed = True
         self._server.connections.discard(self)
+        self._server.release(self._reserved)
+        self._reserved = 0
         if self._reader.buffered:
-            log.info("%s: connection ended inside a frame (%d bytes unread)", self._peer, self._reader.buffered)
+            log.info("%s: connection ended inside a frame (%d bytes unread)", self.peer, self._reader.buffered)
+        else:
+            log.debug("%s: disconnected (%s)", self.peer, exc or "closed")
 
     def data_received(self, data: bytes) -> None:
-        if self._closed:
+        if self.closed:
             return
-        self.last_active = asyncio.get_running_loop().time()
+        self.last_active = self._server.loop.time()
         try:
-            frames = self._reader.feed(data)
+            self._reader.feed(data)
         except FrameError as exc:
-            self._abort(str(exc))
+            self.abort(str(exc))
             return
-        for frame in frames:
-            if self._closed:
-                return
-            self._handle(frame)
-        self._write_ready()
+        self._account()
+        if self._reader.has_frame():
+            self._server.schedule(self)
+        self._update_reading()
 
     def eof_received(self) -> bool | None:
-        return None  # close when the peer half-closes; parked replies cannot be delivered anyway
+        return None  # close when the peer half-closes; unsent replies cannot be delivered anyway
 
     def pause_writing(self) -> None:
         self._send_blocked = True
@@ -94,156 +117,375 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._send_blocked = False
+        self._server.schedule(self)
         self._update_reading()
 
+    # -- flow control --------------------------------------------------------------------------
+
+    def _account(self) -> None:
+        """Holds in the server's budget what this connection's buffers need (see FrameReader.needed)."""
+        need = self._reader.needed() + (len(self._bulk) if self._bulk is not None else 0)
+        if need > self._reserved:
+            if self._server.reserve(need - self._reserved):
+                self._reserved = need
+                self._memory_blocked = False
+            elif not self._memory_blocked:
+                self._memory_blocked = True
+                self._server.memory_waiters.append(self)
+                log.debug("%s: buffered-bytes budget full: not reading until %d bytes are free", self.peer,
+                          need - self._reserved)
+        elif need < self._reserved:
+            self._server.release(self._reserved - need)
+            self._reserved = need
+
+    def memory_freed(self) -> None:
+        """Called once per release while waiting: retry the reservation (waiting again if it fails)."""
+        if not self.closed and self._memory_blocked:
+            self._memory_blocked = False
+            self._account()
+            self._update_reading()
+
+    def _can_start(self) -> bool:
+        return (not self._send_blocked and self._bulk is None and len(self._queue) < MAX_IN_FLIGHT
+                and not self._server.stopping)
+
     def _update_reading(self) -> None:
-        """Reads only while the peer takes its replies and the reply queue is not too deep."""
-        if self._transport is None or self._closed:
+        """Reads unless memory is short or a backlog of complete frames waits for the dispatcher (which
+        then also stops when the client does not take its replies: the socket pushes back)."""
+        if self._transport is None or self.closed:
             return
-        backlog = len(self._queue)
-        pause = self._send_blocked or backlog >= MAX_IN_FLIGHT or (self._paused and backlog >= MAX_IN_FLIGHT // 2)
-        if pause != self._paused:
-            self._paused = pause
-            if pause:
-                self._transport.pause_reading()
-            else:
+        backlog = self._reader.buffered >= READ_BACKLOG_BYTES and self._reader.has_frame()
+        read = not (self._memory_blocked or self._server.stopping or backlog)
+        if read != self._reading:
+            self._reading = read
+            if read:
                 self._transport.resume_reading()
+            else:
+                self._transport.pause_reading()
 
     # -- request handling ----------------------------------------------------------------------
 
-    def _handle(self, frame: bytes) -> None:
+    def run(self, budget: int) -> tuple[int, bool]:
+        """Starts up to ``budget`` requests; returns how many, and whether more are waiting."""
+        started = 0
+        reader = self._reader
+        while started < budget and self._can_start() and not self.closed:
+            try:
+                frame = reader.next_frame()
+            except FrameError as exc:
+                self.abort(str(exc))
+                break
+            if frame is None:
+                break
+            started += 1
+            self._start(frame)
+        if started:
+            self._account()
+            self._update_reading()
+        more = not self.closed and self._can_start() and reader.has_frame()
+        return started, more
+
+    def _start(self, frame: bytes) -> None:
         try:
             api_key, version, correlation_id = peek_header(frame)
         except HeaderError as exc:
-            self._abort(str(exc))
+            self.abort(str(exc))
             return
-        spec = REGISTRY.get(api_key)
-        if spec is None:
-            self._abort(f"unknown api key {api_key}")
+        api = APIS.get(api_key)
+        if api is None:
+            self.abort(f"unknown api key {api_key}")
             return
+        spec = api.spec
         if not spec.supports(version):
             if api_key == API_VERSIONS and version > spec.max_version:
-                slot = _Slot()
-                slot.data = api_versions_fallback(correlation_id)
-                self._queue.append(slot)
+                req = Request(self, api, 0, correlation_id)
+                req.released = True
+                req.data = api_versions_fallback(correlation_id)
+                self._queue.append(req)
+                self._server.want_write(self)
                 return
-            self._abort(f"{spec.name} v{version} is not supported ({spec.min_version}-{spec.max_version})")
+            self.abort(f"{spec.name} v{version} is not supported ({spec.min_version}-{spec.max_version})")
+            return
+        req = Request(self, api, version, correlation_id, "", self.peer)
+        self._queue.append(req)
+        if len(frame) > BULK_FRAME_BYTES:
+            req.large = True
+            self._bulk = frame
+            loop = self._server.loop
+            done = self._server.bulk.submit(_decode_and_prepare, self._runtime, api, frame, version)
+            done.add_done_callback(lambda f: loop.call_soon_threadsafe(self._bulk_done, req, f))
             return
         try:
-            request = spec.decode_request(frame, version)
+            req.client_id, body = spec.decode_request(frame, version)
         except DecodeError as exc:
-            self._abort(f"malformed request: {exc}")
+            self.abort(f"malformed request: {exc}")
             return
-        client_id = request.header.client_id or ""
-        ctx = RequestContext(version, correlation_id, client_id, self._peer)
-        self._runtime.metrics.request(api_key)
+        self._run(req, body, api.prepare(self._runtime, body, version) if api.prepare else body)
+
+    def _bulk_done(self, req: Request, done: "concurrent.futures.Future[tuple[str, Any, Any]]") -> None:
+        self._bulk = None
+        if self.closed:
+            return
+        self._account()
+        exc = done.exception()
+        if isinstance(exc, DecodeError):
+            self.abort(f"malformed request: {exc}")
+            return
+        if exc is not None:
+            log.error("%s: %s v%d could not be prepared: %r", self.peer, req.api.spec.name, req.version, exc)
+            self.abort("request preparation failed")
+            return
+        req.client_id, body, prepared = done.result()
+        self._run(req, body, prepared)
+        self._server.schedule(self)
+
+    def _run(self, req: Request, body: Any, prepared: Any) -> None:
+        api = req.api
+        req.body = body
+        if self._server.debug:
+            log.debug("%s: %s v%d correlation %d client %r", self.peer, api.spec.name, req.version,
+                      req.correlation_id, req.client_id)
+        self._runtime.metrics.request(api.spec.key, req.version)
         try:
-            reply = HANDLERS[api_key](self._runtime, ctx, request)
+            response = api.handle(self._runtime, req, prepared)
+        except ShardUnavailable as exc:
+            response = api.error_response(body, req.version, exc.error)
         except Exception:
-            log.exception("%s: %s v%d handler failed; closing the connection", self._peer, spec.name, version)
-            self._abort("handler error")
+            log.exception("%s: %s v%d handler failed; closing the connection", self.peer, api.spec.name, req.version)
+            self.abort("handler error")
             return
-        slot = _Slot()
-        self._queue.append(slot)  # data_received ends in _write_ready, which re-checks the backlog
-        if not reply.waits:
-            slot.data = spec.encode_response(reply.response, version, correlation_id)
+        if response is not PARKED:
+            req.response = response
+        if req.pending == 0 and not req.released:
+            req.released = True
+            self.reply_ready(req)
+
+    def reply_ready(self, req: Request) -> None:
+        """The request's response is final: encode it (off the loop if large), then queue a write."""
+        if self.closed:
             return
-        slot.pending = len(reply.waits)
-        for fut, fixup in reply.waits:
-            fut.add_done_callback(self._parked_done(slot, reply, fixup, spec, version, correlation_id))
+        if req.large:
+            loop = self._server.loop
+            done = self._server.bulk.submit(_encode, req)
+            done.add_done_callback(lambda f: loop.call_soon_threadsafe(self._encoded, req, f))
+            return
+        try:
+            req.data = _encode(req)
+        except Exception:
+            log.exception("%s: %s v%d response could not be encoded", self.peer, req.api.spec.name, req.version)
+            self.abort("response encoding failed")
+            return
+        self._server.want_write(self)
 
-    def _parked_done(self, slot: _Slot, reply: Reply, fixup: Any, spec: Any, version: int, correlation_id: int) -> Any:
-        def done(fut: "asyncio.Future[None]") -> None:
-            if fut.cancelled() or fut.exception() is not None:
-                fixup()
-            slot.pending -= 1
-            if slot.pending == 0:
-                slot.data = spec.encode_response(reply.response, version, correlation_id)
-                # One fsync releases many replies at once: write them with one send, not one each.
-                if not self._write_scheduled:
-                    self._write_scheduled = True
-                    asyncio.get_running_loop().call_soon(self._write_ready)
+    def _encoded(self, req: Request, done: "concurrent.futures.Future[bytes]") -> None:
+        if self.closed:
+            return
+        if done.exception() is not None:
+            log.error("%s: %s response could not be encoded: %r", self.peer, req.api.spec.name, done.exception())
+            self.abort("response encoding failed")
+            return
+        req.data = done.result()
+        self._server.want_write(self)
 
-        return done
-
-    def _write_ready(self) -> None:
-        """Writes every reply at the head of the queue that is ready, in request order."""
-        self._write_scheduled = False
+    def write_ready(self) -> None:
+        """Writes every reply at the head of the queue that is ready, in request order, in one send."""
+        self.write_wanted = False
         queue, transport = self._queue, self._transport
-        if transport is None or self._closed:
+        if transport is None or self.closed:
             return
         out = []
         while queue and queue[0].data is not None:
             out.append(queue.popleft().data)
-        if out:
-            transport.write(b"".join(out))  # type: ignore[arg-type]
+        if not out:
+            return
+        transport.write(b"".join(out))  # type: ignore[arg-type]
+        if self._reader.has_frame() or self._reading is False:
+            self._server.schedule(self)
         self._update_reading()
 
-    def _abort(self, why: str) -> None:
-        log.warning("%s: closing connection: %s", self._peer, why)
+    def abort(self, why: str) -> None:
+        log.warning("%s: closing connection: %s", self.peer, why)
         self._runtime.metrics.connection_closed_on_error()
-        self._closed = True
+        self.closed = True
         if self._transport is not None:
             self._transport.abort()
 
     @property
     def idle(self) -> bool:
-        return not self._queue
+        return not self._queue and self._bulk is None
 
     def close_if_idle_since(self, deadline: float) -> None:
-        if self.idle and self.last_active < deadline and self._transport is not None and not self._closed:
-            log.info("%s: closing connection idle for more than %d s", self._peer, MAX_IDLE_S)
+        if self.idle and self.last_active < deadline and self._transport is not None and not self.closed:
+            log.info("%s: closing connection idle for more than %d s", self.peer, MAX_IDLE_S)
             self._transport.close()
 
+    def stop_reading(self) -> None:
+        self._update_reading()
+
     def close(self) -> None:
-        if self._transport is not None and not self._closed:
+        if self._transport is not None and not self.closed:
             self._transport.close()
+
+    def kill(self) -> None:
+        if self._transport is not None:
+            self.closed = True
+            self._transport.abort()
+
+
+def _encode(req: Request) -> bytes:
+    """The framed reply; a Lazy response is built first (on the bulk thread for a large request)."""
+    response = req.response
+    if isinstance(response, Lazy):
+        response = response()
+    return req.api.spec.encode_response(response, req.version, req.correlation_id)
+
+
+def _decode_and_prepare(runtime: Runtime, api: Api, frame: bytes, version: int) -> tuple[str, Any, Any]:
+    """Bulk thread: a large request's decoding and its API's state-independent preparation."""
+    client_id, body = api.spec.decode_request(frame, version)
+    return client_id, body, api.prepare(runtime, body, version) if api.prepare else body
 
 
 class Server:
-    """Listens, and on stop: stops accepting, lets parked replies finish, flushes shards, closes."""
+    """Listens; dispatches fairly; on stop: stops taking requests, lets pending writes finish, closes."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.connections: set[Connection] = set()
+        self.memory_waiters: deque[Connection] = deque()
+        self.stopping = False
+        self.debug = log.isEnabledFor(logging.DEBUG)
+        self.bulk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-bulk")
+        self._budget = runtime.config.max_buffered_bytes
+        self._buffered = 0
+        self._ready: deque[Connection] = deque()
+        self._writes: list[Connection] = []
+        self._dispatch_scheduled = False
+        self._write_scheduled = False
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
-        handlers = load_all()
-        missing = set(REGISTRY) - set(handlers)
+        self.loop = asyncio.get_event_loop_policy().get_event_loop()
+        apis = load_all()
+        missing = set(REGISTRY) - set(apis)
         if missing:
             raise RuntimeError(f"APIs registered without a handler: {sorted(missing)}")
 
     async def start(self) -> tuple[str, int]:
+        """Binds first (a port in use fails before anything is created on disk), then opens the data
+        directory and starts loading every partition while already answering."""
         cfg = self.runtime.config
+        self.loop = asyncio.get_running_loop()
+        self._server = await self.loop.create_server(lambda: Connection(self), cfg.host, cfg.port,
+                                                     reuse_address=True, start_serving=False)
+        try:
+            self.runtime.open()
+        except BaseException:
+            self._server.close()
+            raise
         self.runtime.start()
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port, reuse_address=True)
-        self._sweeper = loop.create_task(self._close_idle_connections())
+        await self._server.start_serving()
+        self._sweeper = self.loop.create_task(self._close_idle_connections())
         sock = self._server.sockets[0].getsockname()
         log.info("kcoord listening on %s:%d (node %d, %d offsets partitions, data in %s)",
                  sock[0], sock[1], cfg.node_id, cfg.offsets_partitions, cfg.data_dir)
         return sock[0], sock[1]
 
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def schedule(self, conn: Connection) -> None:
+        if conn.scheduled or conn.closed:
+            return
+        conn.scheduled = True
+        self._ready.append(conn)
+        if not self._dispatch_scheduled:
+            self._dispatch_scheduled = True
+            self.loop.call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        """One pass: every waiting connection in turn gets to start a few requests."""
+        self._dispatch_scheduled = False
+        budget = FRAMES_PER_PASS
+        ready = self._ready
+        # One pass is shared by the connections waiting: many busy ones get a frame each, one alone gets
+        # up to FRAMES_PER_TURN (a loop iteration per request would cost a pipelining client dearly).
+        turn = max(1, min(FRAMES_PER_TURN, FRAMES_PER_PASS // max(len(ready), 1)))
+        for _ in range(len(ready)):
+            if budget <= 0:
+                break
+            conn = ready.popleft()
+            conn.scheduled = False
+            started, more = conn.run(min(turn, budget))
+            budget -= started
+            if more:
+                self.schedule(conn)
+        if ready and not self._dispatch_scheduled:
+            self._dispatch_scheduled = True
+            self.loop.call_soon(self._dispatch)
+        self._write_all()
+
+    def want_write(self, conn: Connection) -> None:
+        if conn.write_wanted:
+            return
+        conn.write_wanted = True
+        self._writes.append(conn)
+        if not self._write_scheduled:
+            self._write_scheduled = True
+            self.loop.call_soon(self._write_all)
+
+    def _write_all(self) -> None:
+        self._write_scheduled = False
+        writes, self._writes = self._writes, []
+        for conn in writes:
+            conn.write_ready()
+
+    # -- memory budget -------------------------------------------------------------------------
+
+    def reserve(self, nbytes: int) -> bool:
+        """Takes ``nbytes`` of the buffered-bytes budget if it fits (or if nothing else holds any)."""
+        if self._buffered + nbytes > self._budget and self._buffered > 0:
+            return False
+        self._buffered += nbytes
+        return True
+
+    def release(self, nbytes: int) -> None:
+        self._buffered -= nbytes
+        waiters = self.memory_waiters
+        for _ in range(len(waiters)):  # each waiter retries once; one that still does not fit re-queues
+            if self._buffered >= self._budget:
+                break
+            waiters.popleft().memory_freed()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
     async def _close_idle_connections(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(IDLE_SWEEP_S)
-            deadline = loop.time() - MAX_IDLE_S
+            deadline = self.loop.time() - MAX_IDLE_S
             for conn in list(self.connections):
                 conn.close_if_idle_since(deadline)
 
-    async def stop(self, drain_seconds: float = 5.0) -> None:
+    async def stop(self, timeout_s: float) -> bool:
+        """Stops within ``timeout_s``: returns False if something had to be abandoned at the deadline."""
+        deadline = self.loop.time() + timeout_s
+        self.stopping = True
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
-        # Parked writes finish (and are answered) while the shards drain their batches.
-        await self.runtime.stop()
-        deadline = asyncio.get_running_loop().time() + drain_seconds
-        while any(not c.idle for c in self.connections) and asyncio.get_running_loop().time() < deadline:
+        for conn in list(self.connections):
+            conn.stop_reading()
+        # Pending batches become durable (their requests are answered) or are failed at the deadline.
+        await self.runtime.stop(deadline)
+        self.bulk.shutdown(wait=False, cancel_futures=True)
+        self._write_all()
+        while any(not c.idle for c in self.connections) and self.loop.time() < deadline:
             await asyncio.sleep(0.01)
+        clean = all(c.idle for c in self.connections)
         for conn in list(self.connections):
             conn.close()
-        if self._server is not None:
-            await self._server.wait_closed()
-        log.info("kcoord stopped")
+        while self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        for conn in list(self.connections):
+            conn.kill()  # a peer that does not read its last replies does not hold up the exit
+        log.info("kcoord stopped%s", "" if clean else " (some requests were not answered by the deadline)")
+        return clean

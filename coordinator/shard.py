@@ -1,77 +1,149 @@
-"""The runtime of one ``__consumer_offsets`` partition: its state machine, write path and loader.
+"""The runtime of one ``__consumer_offsets`` partition: its lifecycle, its operations and its write path.
 
-Write path (group commit): a handler's records get the next log offsets and are replayed into memory at
-once, so the next operation sees them; they join the *open* batch and the caller receives the open
-batch's future. A single writer thread encodes the batch, appends it and fsyncs; the future resolves
-only then. While one batch is being written the next one fills up, so many commits share one fsync.
-Reads that produce no records wait on ``barrier()``: everything they could have seen is durable first.
+Operations (Kafka's ``CoordinatorRuntime`` shape): ``write(req, op, *args)`` runs a pure op against the
+state; the op returns records and a response; the records get the next log offsets and are replayed at
+once (the next op sees them) and join the *open* batch; the request waits on that batch. A single
+writer thread appends each batch as one Kafka v2 record batch and fsyncs it; then every request
+waiting on it is released together. ``read(req, fixup, op, *args)`` runs an op that writes nothing; it
+still waits for the newest pending batch, so no client sees state a failed fsync could take back.
+Timers are keyed per shard and their expiry runs an op through ``write``.
 
-Fail-stop: if an append or fsync fails, every parked request fails (answered NOT_COORDINATOR), the
-log is cut back to its last durable offset and the shard reloads from disk. No rollback logic: the
-in-memory state is rebuilt by the same ``replay`` the loader always uses.
+Fail-stop: if an append or fsync fails, every waiting request fails (NOT_COORDINATOR), the bytes this
+process appended past the durable end are dropped, and the shard reloads with the same ``replay`` the
+loader always uses. No rollback logic. If the disk is still not writable (full, read-only, no
+permission) the shard comes back READ_ONLY: acknowledged offsets stay readable while writes get a
+retriable error, and a probe finds out within seconds when writing works again.
 """
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from enum import Enum
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from coordinator.metrics import Metrics
+from coordinator.request import Fixup, Request, ShardUnavailable
 from coordinator.state import NO_PRODUCER, ShardData
+from coordinator.timers import Clock, Timers
 from protocol.errors import ErrorCode
 from protocol.records import Record, RecordError, UnknownRecord, decode_record, encode_record
 from storage.batch import COMMIT, BatchError, build_batch
-from storage.cleaner import CleanAborted, CleanStats, clean, cleanable_count, dirty_ratio
 from storage.log import LogCorruptError, PartitionLog
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH_BYTES = 1024 * 1024  # Kafka's max.message.bytes for the offsets topic, about 1 MiB
-MIN_CLEANABLE_DIRTY_RATIO = 0.5  # Kafka's min.cleanable.dirty.ratio
-RELOAD_BACKOFF_S = 0.5
-RELOAD_BACKOFF_MAX_S = 30.0
+APPEND_SLICE = 8192  # records replayed per loop pass for a huge operation (~4 ms)
+RETRY_BACKOFF_S = 0.5
+RETRY_BACKOFF_MAX_S = 30.0
+PROBE_INTERVAL_S = 1.0  # how soon a READ_ONLY partition notices the disk is writable again
+REPEAT_LOG_S = 60.0  # a failure that persists is logged again at most this often
+
+Entry = tuple[bytes, bytes | None]
 
 
 class ShardState(Enum):
-    """LOADING: the log is being replayed; requests get COORDINATOR_LOAD_IN_PROGRESS; -> ACTIVE or FAILED.
-    ACTIVE: serves reads and writes; -> FAILED on a write error, -> CLOSED on shutdown.
-    FAILED: requests get NOT_COORDINATOR; after a write error the shard reloads (-> LOADING), after
-    corruption found on load it stays FAILED until an operator repairs the log.
-    CLOSED: shut down; requests get NOT_COORDINATOR."""
+    """INITIAL: created, not loaded; requests get COORDINATOR_LOAD_IN_PROGRESS. -> LOADING, CLOSED.
+    LOADING: the log is being replayed; requests get COORDINATOR_LOAD_IN_PROGRESS. -> ACTIVE, READ_ONLY,
+    FAILED, CLOSED.
+    ACTIVE: serves reads and writes; timers armed. -> FAILED (a write failed), CLOSED.
+    READ_ONLY: loaded, but the log cannot be written (disk full, read-only, permission): reads are
+    served, writes get NOT_COORDINATOR (retriable); a probe retries. -> ACTIVE, FAILED, CLOSED.
+    FAILED: requests get NOT_COORDINATOR; after a write or I/O error the shard reloads (-> LOADING);
+    after corruption found on load it stays FAILED until an operator repairs the log. -> LOADING, CLOSED.
+    CLOSED: shut down; requests get NOT_COORDINATOR. Final."""
 
+    INITIAL = "initial"
     LOADING = "loading"
     ACTIVE = "active"
+    READ_ONLY = "read_only"
     FAILED = "failed"
     CLOSED = "closed"
 
 
-_STATE_ERRORS = {
+_FROM: dict[ShardState, frozenset[ShardState]] = {
+    ShardState.INITIAL: frozenset(),
+    ShardState.LOADING: frozenset({ShardState.INITIAL, ShardState.FAILED}),
+    ShardState.ACTIVE: frozenset({ShardState.LOADING, ShardState.READ_ONLY}),
+    ShardState.READ_ONLY: frozenset({ShardState.LOADING}),
+    ShardState.FAILED: frozenset({ShardState.INITIAL, ShardState.LOADING, ShardState.ACTIVE,
+                                  ShardState.READ_ONLY}),
+    ShardState.CLOSED: frozenset({ShardState.INITIAL, ShardState.LOADING, ShardState.ACTIVE,
+                                  ShardState.READ_ONLY, ShardState.FAILED}),
+}
+
+_READ_ERRORS = {
+    ShardState.INITIAL: ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
     ShardState.LOADING: ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
     ShardState.FAILED: ErrorCode.NOT_COORDINATOR,
     ShardState.CLOSED: ErrorCode.NOT_COORDINATOR,
 }
+_WRITE_ERRORS = {**_READ_ERRORS, ShardState.READ_ONLY: ErrorCode.NOT_COORDINATOR}
 
 
-class ShardFailed(Exception):
-    """The write a request was waiting for did not become durable."""
+class OpResult(NamedTuple):
+    """What an operation returns: records to append, the response, a fix-up for the response if the
+    records do not become durable, a callback once they are, and (for large requests prepared off
+    the event loop) the records already encoded."""
+
+    records: list[Record]
+    response: Any
+    fixup: Fixup | None = None
+    on_durable: Callable[[], None] | None = None
+    encoded: list[Entry] | None = None
+
+
+class ShardHooks:
+    """Domain code told when a shard starts serving writes (arm timers) and stops (answer parked
+    requests, forget soft state). The default does nothing."""
+
+    def on_loaded(self, shard: "Shard") -> None:
+        pass
+
+    def on_unloaded(self, shard: "Shard") -> None:
+        pass
+
+
+class _Batch:
+    __slots__ = ("callbacks", "entries", "waiters")
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.waiters: list[tuple[Request, Fixup | None]] = []
+        self.callbacks: list[Callable[[], None]] = []
+
+    def fail(self, error: ErrorCode) -> None:
+        for req, fixup in self.waiters:
+            req.done(fixup, error)
+        self.waiters.clear()
+        self.callbacks.clear()
 
 
 class LoadCancelled(Exception):
     pass
 
 
-class SwapRefused(Exception):
-    """A compaction's swap found the shard reloaded, failed or closed since the compaction began."""
+class _Repeated:
+    """Logs a persisting failure once, then at most every REPEAT_LOG_S, with the attempt count."""
 
+    def __init__(self) -> None:
+        self.attempts = 0
+        self._last = 0.0
 
-class SwapFailed(Exception):
-    """A compaction's swap failed part-way: the live files need the reopen path."""
+    def report(self, level: int, msg: str, *args: Any) -> None:
+        self.attempts += 1
+        now = time.monotonic()
+        if self.attempts == 1 or now - self._last >= REPEAT_LOG_S:
+            self._last = now
+            suffix = f" (attempt {self.attempts})" if self.attempts > 1 else ""
+            log.log(level, msg + suffix, *args)
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    def reset(self) -> None:
+        self.attempts = 0
 
 
 class Shard:
@@ -82,73 +154,158 @@ class Shard:
         writer: Executor,
         loader: Executor,
         metrics: Metrics,
-        cleaner: Executor | None = None,
+        clock: Clock,
+        hooks: ShardHooks | None = None,
+        log_factory: "Callable[[Path, int], PartitionLog] | None" = None,
     ) -> None:
         self.partition = partition
         self.log = partition_log
-        self.state = ShardState.LOADING
+        self.state = ShardState.INITIAL
         self.data = ShardData()
-        self._writer = writer
+        self.clock = clock
+        self.timers = Timers(clock)
+        self.hooks = hooks or ShardHooks()
+        self.writer = writer
+        self._log_factory = log_factory or PartitionLog
         self._loader = loader
-        self._cleaner = cleaner or writer
         self._metrics = metrics
         self._next_offset = 0
-        self._open: list[tuple[bytes, bytes | None]] = []  # encoded records of the open batch
-        self._open_future: asyncio.Future[None] | None = None
-        self._inflight: asyncio.Future[None] | None = None
+        self._open: _Batch | None = None
+        self._inflight: _Batch | None = None
         self._closing = False
-        self._reload: asyncio.Task[None] | None = None  # referenced so it is not collected mid-run
-        self._clean_end = 0  # offset up to which the last compaction left the log clean
-        self._last_clean_ms = now_ms()
+        self._task: asyncio.Task[None] | None = None  # the running reload or probe, kept referenced
+        self._trouble = _Repeated()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def _transition(self, to: ShardState) -> bool:
+        """The only place the state changes: refused (False) unless ``to`` may follow the current state,
+        so a close racing a reload ends CLOSED, never LOADING."""
+        if self.state not in _FROM[to]:
+            return False
+        was_active = self.state is ShardState.ACTIVE
+        self.state = to
+        self._metrics.shard_state(self.partition, to.value)
+        if was_active:
+            self.timers.cancel_all()
+            self.hooks.on_unloaded(self)
+        if to is ShardState.ACTIVE:
+            self.hooks.on_loaded(self)
+        return True
 
     @property
-    def error(self) -> ErrorCode | None:
-        """The error a request for this shard's groups gets now, or None when it is ACTIVE."""
-        return _STATE_ERRORS.get(self.state)
+    def read_error(self) -> ErrorCode | None:
+        """The error a read for this shard's groups gets now, or None when it can serve reads."""
+        return _READ_ERRORS.get(self.state)
+
+    # -- operations ----------------------------------------------------------------------------
+
+    def write(self, req: Request | None, op: Callable[..., OpResult], *args: Any) -> Any:
+        """Runs ``op(self.data, *args)``; its records are replayed and appended, and ``req`` waits until
+        they (or, with no records, all earlier writes) are durable. Raises ShardUnavailable unless ACTIVE."""
+        if self.state is not ShardState.ACTIVE:
+            raise ShardUnavailable(_WRITE_ERRORS[self.state])
+        result = op(self.data, *args)
+        batch: _Batch | None
+        if len(result.records) > APPEND_SLICE:
+            self._append_sliced(req, result, 0)
+            return result.response
+        if result.records:
+            batch = self._append(result.records, result.encoded)
+            if result.on_durable is not None:
+                batch.callbacks.append(result.on_durable)
+        else:
+            batch = self._open or self._inflight
+            if result.on_durable is not None:
+                if batch is None:
+                    result.on_durable()
+                else:
+                    batch.callbacks.append(result.on_durable)
+        if req is not None and batch is not None:
+            req.wait()
+            batch.waiters.append((req, result.fixup))
+        return result.response
+
+    def _append_sliced(self, req: Request | None, result: OpResult, start: int) -> None:
+        """Appends a huge result APPEND_SLICE records per loop pass, so replaying it never holds the event
+        loop for long; other operations may interleave (the log order is still the replay order). The
+        request waits on the batch of the last slice; if the shard stops serving first, the request
+        gets NOT_COORDINATOR for everything it wrote (some of it may be durable: a retry is harmless)."""
+        if start == 0 and req is not None:
+            req.wait()
+        if self.state is not ShardState.ACTIVE or self._closing:
+            if req is not None:
+                req.done(result.fixup, ErrorCode.NOT_COORDINATOR)
+            return
+        end = start + APPEND_SLICE
+        encoded = result.encoded[start:end] if result.encoded is not None else None
+        batch = self._append(result.records[start:end], encoded)
+        if end < len(result.records):
+            asyncio.get_running_loop().call_soon(self._append_sliced, req, result, end)
+            return
+        if result.on_durable is not None:
+            batch.callbacks.append(result.on_durable)
+        if req is not None:
+            batch.waiters.append((req, result.fixup))
+
+    def read(self, req: Request | None, fixup: Fixup | None, op: Callable[..., Any], *args: Any) -> Any:
+        """Runs ``op(self.data, *args)`` for its response; ``req`` waits for the newest pending write, if
+        any (``fixup`` turns its part of the response into an error should that write fail)."""
+        error = _READ_ERRORS.get(self.state)
+        if error is not None:
+            raise ShardUnavailable(error)
+        response = op(self.data, *args)
+        batch = self._open or self._inflight
+        if req is not None and batch is not None:
+            req.wait()
+            batch.waiters.append((req, fixup))
+        return response
+
+    def schedule(self, key: str, delay_ms: int, op: Callable[..., OpResult], *args: Any) -> None:
+        """A keyed timer whose expiry runs ``op`` through ``write`` (dropped if the shard stopped serving)."""
+        self.timers.schedule(key, delay_ms, self._timer_op, op, args)
+
+    def _timer_op(self, op: Callable[..., OpResult], args: tuple[Any, ...]) -> None:
+        try:
+            self.write(None, op, *args)
+        except ShardUnavailable:
+            pass
+        except Exception:
+            log.exception("partition %d: timer operation %s failed", self.partition, getattr(op, "__name__", op))
 
     # -- write path ----------------------------------------------------------------------------
 
-    def append(self, records: list[Record]) -> "asyncio.Future[None]":
-        """Replays ``records`` at the next offsets and returns a future that resolves once they are
-        durable (or fails with ShardFailed). Only valid while ACTIVE. Records are encoded first, so
-        one that cannot be encoded fails only its own request, never the batch it would have joined."""
-        assert self.state is ShardState.ACTIVE, self.state
-        encoded = [encode_record(r) for r in records]
-        data = self.data
-        offset = self._next_offset
-        for record in records:
-            data.replay(offset, record)
-            offset += 1
-        self._next_offset = offset
-        self._open.extend(encoded)
-        fut = self._open_future
-        if fut is None:
-            loop = asyncio.get_running_loop()
-            fut = self._open_future = loop.create_future()
+    def _append(self, records: list[Record], encoded: list[Entry] | None) -> _Batch:
+        """Encodes first (a record that cannot be encoded fails only its own request), then replays at
+        the next offsets and adds to the open batch, scheduling a flush if none is running."""
+        if encoded is None:
+            encoded = [encode_record(r) for r in records]
+        self.data.replay_records(self._next_offset, records)
+        self._next_offset += len(records)
+        batch = self._open
+        if batch is None:
+            batch = _Batch()
+            self._open = batch
             if self._inflight is None:
-                loop.call_soon(self._flush)
-        return fut
-
-    def barrier(self) -> "asyncio.Future[None] | None":
-        """The future of the newest write not yet durable, if any: a read waits for it."""
-        return self._open_future or self._inflight
+                asyncio.get_running_loop().call_soon(self._flush)
+        batch.entries.extend(encoded)
+        return batch
 
     def _flush(self) -> None:
-        if self._inflight is not None or self._open_future is None or self.state is not ShardState.ACTIVE:
+        batch = self._open
+        if self._inflight is not None or batch is None or self.state is not ShardState.ACTIVE:
             return
-        entries, fut = self._open, self._open_future
-        base = self._next_offset - len(entries)
-        self._open, self._open_future = [], None
-        self._inflight = fut
-        started = time.perf_counter()
+        base = self._next_offset - len(batch.entries)
+        self._open, self._inflight = None, batch
         loop = asyncio.get_running_loop()
-        done = loop.run_in_executor(self._writer, self._write, base, entries, now_ms())
-        done.add_done_callback(lambda t: self._flushed(t, fut, len(entries), started))
+        started = time.perf_counter()
+        done = self.writer.submit(self._write, base, batch.entries, self.clock.now_ms())
+        done.add_done_callback(lambda f: loop.call_soon_threadsafe(self._flushed, batch, f, started))
 
-    def _write(self, base: int, entries: list[tuple[bytes, bytes | None]], timestamp: int) -> int:
+    def _write(self, base: int, entries: list[Entry], timestamp: int) -> int:
         """Writer thread: batches of at most ~1 MiB, appended, then one fsync."""
         nbytes = 0
-        chunk: list[tuple[bytes, bytes | None]] = []
+        chunk: list[Entry] = []
         chunk_bytes = 0
         for entry in entries:
             size = len(entry[0]) + (len(entry[1]) if entry[1] is not None else 0) + 24
@@ -162,155 +319,153 @@ class Shard:
         self.log.sync()
         return nbytes
 
-    def _append_batch(self, base: int, entries: list[tuple[bytes, bytes | None]], timestamp: int) -> int:
+    def _append_batch(self, base: int, entries: list[Entry], timestamp: int) -> int:
         batch = build_batch(base, entries, timestamp)
         self.log.append(batch, base + len(entries) - 1)
         return len(batch)
 
-    def _flushed(self, task: "asyncio.Future[int]", fut: "asyncio.Future[None]", n: int, started: float) -> None:
+    def _flushed(self, batch: _Batch, done: "concurrent.futures.Future[int]", started: float) -> None:
         self._inflight = None
-        exc = task.exception()
+        exc = done.exception()
         if exc is not None:
-            self._fail(exc, fut)
+            batch.fail(ErrorCode.NOT_COORDINATOR)
+            self.fail_write(exc)
             return
-        fut.set_result(None)
-        self._metrics.batch_flushed(n, task.result(), time.perf_counter() - started)
-        if self._open_future is not None:
+        for callback in batch.callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("partition %d: on-durable callback failed", self.partition)
+        for req, _ in batch.waiters:
+            req.done()
+        self._metrics.batch_flushed(self.partition, len(batch.entries), done.result(), time.perf_counter() - started)
+        if self._open is not None:
             self._flush()
 
-    def _fail(self, exc: BaseException, inflight: "asyncio.Future[None] | None") -> None:
-        log.error("partition %d: write failed, failing parked requests and reloading: %r", self.partition, exc)
-        self._metrics.shard_failed(self.partition)
-        self.state = ShardState.FAILED
-        for fut in (inflight, self._open_future):
-            if fut is not None and not fut.done():
-                fut.set_exception(ShardFailed(str(exc)))
-                fut.exception()  # parked requests handle it; do not warn about it
-        self._open, self._open_future = [], None
-        # One reload at a time: a second failure while reloading must not reopen or truncate a log
-        # that the running reload is still recovering.
-        if not self._closing and (self._reload is None or self._reload.done()):
-            self._reload = asyncio.get_running_loop().create_task(self._reload_after_failure())
+    def _fail_pending(self, error: ErrorCode) -> None:
+        for batch in (self._inflight, self._open):
+            if batch is not None:
+                batch.fail(error)
+        self._open = None
 
-    async def _reload_after_failure(self) -> None:
-        """Reopens the log (retrying with backoff: a full disk may be freed) and loads it again."""
+    def fail_write(self, exc: BaseException) -> None:
+        log.error("partition %d: write failed (%s); failing the requests waiting on it, dropping what was not "
+                  "durable and reloading", self.partition, _describe(exc))
+        self._metrics.write_failed(self.partition)
+        if not self._transition(ShardState.FAILED):
+            self._fail_pending(ErrorCode.NOT_COORDINATOR)
+            return
+        self._fail_pending(ErrorCode.NOT_COORDINATOR)
+        if not self._closing and (self._task is None or self._task.done()):
+            self._task = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        """Cuts what never became durable (retrying with backoff: the disk may be full or gone), then
+        reloads. Only one recovery at a time: a second failure never truncates under a running one."""
         loop = asyncio.get_running_loop()
-        delay = RELOAD_BACKOFF_S
+        delay = RETRY_BACKOFF_S
+        trouble = _Repeated()
         while not self._closing:
             try:
-                await loop.run_in_executor(self._writer, self._reopen_log)
+                await loop.run_in_executor(self.writer, self._reopen_log)
                 break
-            except Exception as exc:
-                log.error("partition %d: cannot reopen its log (%r); retrying in %.1f s", self.partition, exc, delay)
+            except OSError as exc:
+                trouble.report(logging.ERROR, "partition %d: cannot cut its log back to the durable end (%s); "
+                               "retrying every %.1f s", self.partition, _describe(exc), delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, RELOAD_BACKOFF_MAX_S)
+                delay = min(delay * 2, RETRY_BACKOFF_MAX_S)
         else:
             return
-        await self.load()
+        await self._load()
 
     def _reopen_log(self) -> None:
-        """Writer thread: cut what never became durable, then reopen the directory so whatever an
+        """Writer thread: drop what never became durable, then reopen the directory so whatever an
         interrupted compaction left is finished or discarded."""
         if self.log.recovered:
             self.log.truncate_to_durable()
         self.log.close()
-        self.log = PartitionLog(self.log.directory, self.log.segment_bytes)
-
-    # -- compaction (a timer operation) ----------------------------------------------------------
-
-    async def compact(self, delete_retention_ms: int) -> CleanStats | None:
-        """Compacts closed segments when enough of the log is dirty, or when tombstones may have
-        passed their delete horizon. The in-memory state does not change: compaction keeps it equal.
-        The rewrite runs on the cleaner thread; only each swap runs on this shard's writer thread, so
-        commits on the partitions sharing that writer are held up for a rename, not a rewrite."""
-        if self.state is not ShardState.ACTIVE or self._closing:
-            return None
-        loop = asyncio.get_running_loop()
-        try:
-            stats = await loop.run_in_executor(self._cleaner, self._compact_if_due, now_ms(), delete_retention_ms)
-        except CleanAborted:
-            return None
-        except SwapRefused:
-            log.info("partition %d: compaction abandoned, the partition was reloaded or closed meanwhile",
-                     self.partition)
-            return None
-        except SwapFailed as exc:
-            if self.state is ShardState.ACTIVE:
-                self._fail(exc, None)
-            return None
-        except Exception as exc:  # the rewrite failed before touching live files: try again next time
-            log.error("partition %d: compaction failed, the log is unchanged: %r", self.partition, exc)
-            return None
-        if stats is not None:
-            self._metrics.log_cleaned(self.partition, stats)
-            log.info("partition %d: compacted %d segments into %d, %d -> %d bytes, %d records kept, %d dropped",
-                     self.partition, stats.segments_before, stats.segments_after, stats.bytes_before,
-                     stats.bytes_after, stats.records_kept, stats.records_dropped)
-        return stats
-
-    def _compact_if_due(self, now: int, delete_retention_ms: int) -> CleanStats | None:
-        if self.state is not ShardState.ACTIVE or not cleanable_count(self.log):
-            return None
-        dirty = dirty_ratio(self.log, self._clean_end) >= MIN_CLEANABLE_DIRTY_RATIO
-        if not dirty and now - self._last_clean_ms < delete_retention_ms:
-            return None
-        stats = clean(self.log, now, delete_retention_ms, self._swap_on_writer(self.log), lambda: self._closing)
-        self._clean_end = stats.clean_end_offset
-        self._last_clean_ms = now
-        return stats
+        self.log = self._log_factory(self.log.directory, self.log.segment_bytes)
 
     # -- loading -------------------------------------------------------------------------------
 
-    def _swap_on_writer(self, plog: PartitionLog) -> "Callable[[Callable[[], None]], None]":
-        """Runs a compaction swap on the writer thread, only if ``plog`` is still the live, active log."""
+    def start(self) -> "asyncio.Task[None]":
+        """Starts loading (INITIAL -> LOADING); the task ends once the shard serves or failed."""
+        self._task = asyncio.get_running_loop().create_task(self._load())
+        return self._task
 
-        def guarded(swap: Callable[[], None]) -> None:
-            if self.log is not plog or self.state is not ShardState.ACTIVE or self._closing:
-                raise SwapRefused()
-            try:
-                swap()
-            except Exception as exc:
-                raise SwapFailed(repr(exc)) from exc
-
-        def run(swap: Callable[[], None]) -> None:
-            self._writer.submit(guarded, swap).result()
-
-        return run
-
-    async def load(self) -> None:
-        """Replays the whole log (in the loader pool) into fresh state, then serves it."""
-        self.state = ShardState.LOADING
-        data = ShardData()
-        started = time.perf_counter()
+    async def _load(self) -> None:
+        """Replays the whole log (in the loader pool) into fresh state, then serves it: ACTIVE if the
+        log can be written, READ_ONLY otherwise. An I/O error retries with backoff; corruption stays
+        FAILED and says so."""
         loop = asyncio.get_running_loop()
-        try:
-            records = await loop.run_in_executor(self._loader, self._replay_log, data)
-        except LoadCancelled:
+        delay = RETRY_BACKOFF_S
+        while self._transition(ShardState.LOADING):
+            data = ShardData()
+            started = time.perf_counter()
+            try:
+                records = await loop.run_in_executor(self._loader, self._replay_log, data)
+            except LoadCancelled:
+                return
+            except (LogCorruptError, RecordError, BatchError) as exc:
+                log.error("partition %d: FAILED to load, not serving its groups until the log is repaired: %s",
+                          self.partition, exc)
+                self._transition(ShardState.FAILED)
+                return
+            except OSError as exc:
+                self._trouble.report(logging.ERROR, "partition %d: cannot read its log (%s); retrying every %.1f s",
+                                     self.partition, _describe(exc), delay)
+                self._transition(ShardState.FAILED)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_BACKOFF_MAX_S)
+                continue
+            except Exception:
+                log.exception("partition %d: FAILED to load (unexpected error), not serving its groups",
+                              self.partition)
+                self._transition(ShardState.FAILED)
+                return
+            if self.state is not ShardState.LOADING:
+                return  # closed meanwhile
+            self._trouble.reset()
+            elapsed = time.perf_counter() - started
+            self.data = data
+            self._next_offset = self.log.next_offset
+            self._metrics.partition_loaded(self.partition, records, elapsed)
+            log.log(logging.INFO if records else logging.DEBUG,
+                    "partition %d: loaded %d records (%d offsets, %d groups) in %d ms",
+                    self.partition, records, data.num_offsets, len(data.groups), elapsed * 1000)
+            await self._serve_if_writable()
             return
-        except (LogCorruptError, RecordError, BatchError, OSError) as exc:
-            log.error("partition %d: FAILED to load, not serving its groups: %s", self.partition, exc)
-            self._load_failed()
-            return
-        except Exception:
-            log.exception("partition %d: FAILED to load (unexpected error), not serving its groups", self.partition)
-            self._load_failed()
-            return
-        if self._closing:
-            return
-        elapsed = time.perf_counter() - started
-        self.data = data
-        self._next_offset = self.log.next_offset
-        self.state = ShardState.ACTIVE
-        self._metrics.partition_loaded(self.partition, records, elapsed)
-        log.log(
-            logging.INFO if records else logging.DEBUG,
-            "partition %d: loaded %d records (%d offsets, %d groups) in %d ms",
-            self.partition, records, data.num_offsets, len(data.groups), elapsed * 1000,
-        )
 
-    def _load_failed(self) -> None:
-        self.state = ShardState.FAILED
-        self._metrics.shard_failed(self.partition)
+    async def _serve_if_writable(self) -> None:
+        problem = await asyncio.get_running_loop().run_in_executor(self.writer, self._probe)
+        if problem is None:
+            self._transition(ShardState.ACTIVE)
+            return
+        if self._transition(ShardState.READ_ONLY):
+            log.error("partition %d: its log cannot be written (%s): serving reads only, commits to its groups "
+                      "get NOT_COORDINATOR until writing works again (checked every %.0f s)",
+                      self.partition, problem, PROBE_INTERVAL_S)
+            self._task = asyncio.get_running_loop().create_task(self._probe_until_writable())
+
+    def _probe(self) -> str | None:
+        """Writer thread: None if the log's directory takes a write + fsync, else what went wrong."""
+        try:
+            self.log.probe()
+        except OSError as exc:
+            return _describe(exc)
+        return None
+
+    async def _probe_until_writable(self) -> None:
+        loop = asyncio.get_running_loop()
+        trouble = _Repeated()
+        while self.state is ShardState.READ_ONLY and not self._closing:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            problem = await loop.run_in_executor(self.writer, self._probe)
+            if problem is None:
+                if self._transition(ShardState.ACTIVE):
+                    log.warning("partition %d: its log is writable again; serving commits", self.partition)
+                return
+            trouble.report(logging.WARNING, "partition %d: still cannot write its log (%s)", self.partition, problem)
 
     def _replay_log(self, data: ShardData) -> int:
         """Loader thread: the same ``replay`` as the live path, for every record read back."""
@@ -322,31 +477,62 @@ class Shard:
                 data.replay_end_transaction(batch.producer_id, batch.control_type == COMMIT)
                 continue
             producer = batch.producer_id if batch.is_transactional else NO_PRODUCER
+            run: list[Record] = []  # records at consecutive offsets (compaction leaves gaps)
+            run_start = next_expected = -1
             for rec in batch.records:
                 record = decode_record(rec.key, rec.value)
                 if isinstance(record, UnknownRecord):
                     unknown += 1
                     continue
-                data.replay(rec.offset, record, producer)
+                if rec.offset != next_expected and run:
+                    data.replay_records(run_start, run, producer)
+                    run = []
+                if not run:
+                    run_start = rec.offset
+                run.append(record)
+                next_expected = rec.offset + 1
                 records += 1
+            if run:
+                data.replay_records(run_start, run, producer)
         if unknown:
             log.warning("partition %d: skipped %d records of types kcoord does not model", self.partition, unknown)
         return records
 
     # -- shutdown ------------------------------------------------------------------------------
 
-    async def close(self) -> None:
-        """Lets parked writes finish (they are acknowledged if they become durable), then closes."""
+    @property
+    def idle(self) -> bool:
+        return self._open is None and self._inflight is None
+
+    async def close(self, deadline: float) -> None:
+        """Lets pending batches become durable (their requests are then answered) until ``deadline``
+        (event-loop time), then closes: anything still pending is answered NOT_COORDINATOR."""
         self._closing = True
-        while self.state is ShardState.ACTIVE and (self._inflight or self._open_future):
-            pending = self._inflight or self._open_future
-            assert pending is not None
-            await asyncio.wait([pending])
-        was_active = self.state is ShardState.ACTIVE
-        self.state = ShardState.CLOSED
-        await asyncio.get_running_loop().run_in_executor(self._writer, self._close_log, was_active)
+        loop = asyncio.get_running_loop()
+        while self.state is ShardState.ACTIVE and not self.idle and loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        clean = self.idle and self.state in (ShardState.ACTIVE, ShardState.READ_ONLY)
+        stuck = self._inflight is not None
+        self._transition(ShardState.CLOSED)
+        self._fail_pending(ErrorCode.NOT_COORDINATOR)
+        self.timers.cancel_all()
+        if stuck:
+            log.warning("partition %d: a write was still running at the shutdown deadline", self.partition)
+            return
+        remaining = max(deadline - loop.time(), 0.1)
+        try:
+            await asyncio.wait_for(loop.run_in_executor(self.writer, self._close_log, clean), remaining)
+        except (TimeoutError, OSError) as exc:
+            log.warning("partition %d: closing its log failed: %s", self.partition, _describe(exc))
 
     def _close_log(self, checkpoint: bool) -> None:
-        if checkpoint:
+        if checkpoint and self.log.recovered:
             self.log.checkpoint()  # a clean stop: everything on disk is known durable
         self.log.close()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    return repr(exc)

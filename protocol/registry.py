@@ -1,94 +1,114 @@
 """The one list of APIs and versions kcoord serves.
 
-Every API is registered here with its version range; the ApiVersions answer is built from this
-registry, and the server rejects any version outside it before decoding. kafka-python's classes
-accept every version from 0 up to the schema's max, so our floors and ceilings are enforced here.
+Each API module (``coordinator/apis/kNN_*.py``) registers itself once with its key, name and version
+range; that registration builds the API's generated codecs and is what the ApiVersions answer, the
+server's version check and the dispatcher all read, so they cannot drift apart. Schemas may define
+versions below our floor (kafka-python's schemas keep the fields of removed versions), so the floor and
+ceiling enforced here are ours, checked before anything is decoded.
 """
 
 import struct
 from dataclasses import dataclass
 from typing import Any
 
-from kafka.protocol.consumer.group import (
-    OffsetCommitRequest,
-    OffsetCommitResponse,
-    OffsetFetchRequest,
-    OffsetFetchResponse,
-)
-from kafka.protocol.metadata import (
-    ApiVersionsRequest,
-    ApiVersionsResponse,
-    FindCoordinatorRequest,
-    FindCoordinatorResponse,
-    MetadataRequest,
-    MetadataResponse,
-)
-
+from protocol.codec import DecodeError, MessageCodec, read_uvarint
 from protocol.header import response_header
-from protocol.validate import null_violation
+from protocol.schema import load_message
 
-__all__ = [
-    "API_VERSIONS", "FIND_COORDINATOR", "METADATA", "OFFSET_COMMIT", "OFFSET_FETCH", "REGISTRY",
-    "ApiSpec", "ApiVersionsResponse", "DecodeError", "FindCoordinatorResponse", "MetadataResponse",
-    "OffsetCommitResponse", "OffsetFetchResponse", "api_versions_fallback", "supported_versions",
-]
+__all__ = ["API_VERSIONS", "REGISTRY", "ApiSpec", "DecodeError", "api_versions_fallback", "register",
+           "supported_versions"]
 
+API_VERSIONS = 18
 _SIZE = struct.Struct(">i")
-
-
-class DecodeError(Exception):
-    """A request body that does not parse for the version its header claims."""
+_INT16 = struct.Struct(">h")
+_HEADER_FIXED = 8  # api key, api version, correlation id
 
 
 @dataclass(frozen=True)
 class ApiSpec:
-    """One API: its key, its served version range and its kafka-python message classes."""
+    """One served API: its key, name, version range and generated request/response codecs."""
 
     key: int
     name: str
-    request: Any
-    response: Any
     min_version: int
     max_version: int
+    request: MessageCodec
+    response: MessageCodec
 
     def supports(self, version: int) -> bool:
         return self.min_version <= version <= self.max_version
 
-    def decode_request(self, frame: bytes, version: int) -> Any:
-        """Decodes header + body; any failure is a DecodeError (the connection is then closed)."""
-        try:
-            request: Any = self.request.decode(frame, version=version, header=True)
-        except Exception as exc:  # kafka-python raises many types on malformed input
-            raise DecodeError(f"{self.name} v{version}: {exc!r}") from exc
-        null_field = null_violation(self.request, request, version)
-        if null_field is not None:
-            raise DecodeError(f"{self.name} v{version}: null {null_field} is not allowed at this version")
-        return request
+    def decode_request(self, frame: bytes, version: int) -> tuple[str, Any]:
+        """``(client id, body)`` of a whole request frame (header included); DecodeError if malformed.
+        Request header v2 (flexible versions) adds a tagged-field section after the client id, which is
+        always an int16-length string; a null client id reads as ""."""
+        pos, client_id = _read_client_id(frame)
+        flexible = self.request.spec.is_flexible(version)
+        if flexible:
+            pos = skip_tagged_fields(frame, pos)
+        body, _ = self.request.decode(frame, version, pos)
+        return client_id, body
 
-    def encode_response(self, response: Any, version: int, correlation_id: int) -> bytes:
-        """A framed response: size, header (v0 for ApiVersions per KIP-511, else by flexibility), body."""
-        flexible = self.key != API_VERSIONS and self.response.flexible_version_q(version)
-        body: bytes = response.encode(version=version)
+    def encode_response(self, body: Any, version: int, correlation_id: int) -> bytes:
+        """Size, header (v0 for ApiVersions per KIP-511, else v1 when flexible) and body."""
+        flexible = self.key != API_VERSIONS and self.response.spec.is_flexible(version)
+        payload = self.response.encode(body, version)
         head = response_header(correlation_id, flexible)
-        return _SIZE.pack(len(head) + len(body)) + head + body
+        return _SIZE.pack(len(head) + len(payload)) + head + payload
 
 
-API_VERSIONS = 18
-METADATA = 3
-FIND_COORDINATOR = 10
-OFFSET_COMMIT = 8
-OFFSET_FETCH = 9
+def _read_client_id(frame: bytes) -> tuple[int, str]:
+    try:
+        (n,) = _INT16.unpack_from(frame, _HEADER_FIXED)
+    except struct.error:
+        raise DecodeError("request header ends before its client id") from None
+    pos = _HEADER_FIXED + 2
+    if n < 0:
+        if n != -1:
+            raise DecodeError(f"client id length {n}")
+        return pos, ""
+    end = pos + n
+    if end > len(frame):
+        raise DecodeError("client id runs past the end of the frame")
+    try:
+        return end, frame[pos:end].decode()
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"client id is not UTF-8: {exc}") from None
 
-REGISTRY: dict[int, ApiSpec] = {
-    spec.key: spec
-    for spec in (
-        ApiSpec(API_VERSIONS, "ApiVersions", ApiVersionsRequest, ApiVersionsResponse, 0, 4),
-        ApiSpec(METADATA, "Metadata", MetadataRequest, MetadataResponse, 0, 12),
-        ApiSpec(FIND_COORDINATOR, "FindCoordinator", FindCoordinatorRequest, FindCoordinatorResponse, 0, 6),
-        ApiSpec(OFFSET_COMMIT, "OffsetCommit", OffsetCommitRequest, OffsetCommitResponse, 0, 9),
-        ApiSpec(OFFSET_FETCH, "OffsetFetch", OffsetFetchRequest, OffsetFetchResponse, 0, 9),
-    )
-}
+
+def skip_tagged_fields(buf: bytes, pos: int) -> int:
+    """Skips a tagged-field section without copying it; bounded like every other read."""
+    count, pos = read_uvarint(buf, pos)
+    if count > len(buf) - pos:
+        raise DecodeError("more tagged fields than bytes left")
+    for _ in range(count):
+        _, pos = read_uvarint(buf, pos)
+        size, pos = read_uvarint(buf, pos)
+        pos += size
+        if pos > len(buf):
+            raise DecodeError("tagged field runs past the end of the frame")
+    return pos
+
+
+REGISTRY: dict[int, ApiSpec] = {}
+
+
+def register(key: int, name: str, min_version: int, max_version: int) -> ApiSpec:
+    """Registers an API served at ``min_version``..``max_version`` and builds its codecs for every
+    version now, so a malformed schema fails at start-up rather than on some client's first request."""
+    request = MessageCodec(load_message(name + "Request"))
+    response = MessageCodec(load_message(name + "Response"))
+    for codec in (request, response):
+        if codec.spec.api_key != key:
+            raise ValueError(f"{codec.spec.name} has api key {codec.spec.api_key}, not {key}")
+        if max_version > codec.spec.valid[1]:
+            raise ValueError(f"{codec.spec.name} defines no v{max_version}")
+    for v in range(min_version, max_version + 1):
+        request.decoder(v)
+        response.encoder(v)
+    spec = ApiSpec(key, name, min_version, max_version, request, response)
+    REGISTRY[key] = spec
+    return spec
 
 
 def supported_versions() -> list[tuple[int, int, int]]:
@@ -100,8 +120,6 @@ def api_versions_fallback(correlation_id: int) -> bytes:
     """KIP-511 answer to a too-new ApiVersions: header v0, v0 body, UNSUPPORTED_VERSION(35) and only
     ApiVersions' own range, so the client retries with a version we speak."""
     spec = REGISTRY[API_VERSIONS]
-    entry = ApiVersionsResponse.ApiVersion(
-        api_key=API_VERSIONS, min_version=spec.min_version, max_version=spec.max_version
-    )
-    response = ApiVersionsResponse(error_code=35, api_keys=[entry])
-    return spec.encode_response(response, 0, correlation_id)
+    cls = spec.response.cls
+    entry = cls.ApiVersion(api_key=API_VERSIONS, min_version=spec.min_version, max_version=spec.max_version)
+    return spec.encode_response(cls(error_code=35, api_keys=[entry]), 0, correlation_id)

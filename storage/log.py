@@ -195,7 +195,11 @@ class PartitionLog:
         fsync_path(self.directory)
         self._mark_durable()
         self.recovered = True
-        self.checkpoint()
+        try:
+            self.checkpoint()
+        except OSError as exc:  # a read-only directory can still be served; the claim is just not recorded
+            log.warning("%s: could not record the recovery point (%s); the log is intact", self.directory,
+                        exc.strerror or exc)
 
     # -- writing -------------------------------------------------------------------------------
 

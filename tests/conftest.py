@@ -1,4 +1,6 @@
-"""Shared fixtures: a real kcoord server process per test that needs one."""
+"""Shared fixtures: a real kcoord server process per test that needs one, and a place for tests to
+report what they measured (latencies, memory, times to recover). Figures are printed at the end of the
+run; no test asserts a wall-clock time."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -6,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.kcoord_process import KcoordProcess
+
+_FIGURES: list[str] = []
 
 
 @pytest.fixture
@@ -15,3 +19,24 @@ def kcoord(tmp_path: Path) -> Iterator[KcoordProcess]:
     yield server
     if server.proc is not None and server.proc.poll() is None:
         server.kill()
+
+
+class Report:
+    def __init__(self, test: str) -> None:
+        self._test = test
+
+    def figure(self, what: str, value: float, unit: str) -> None:
+        _FIGURES.append(f"{self._test}: {what} = {value:,.1f} {unit}")
+
+
+@pytest.fixture
+def report(request: pytest.FixtureRequest) -> Report:
+    """``report.figure("bystander p99 commit latency", 12.5, "ms")``: shown in the run's summary."""
+    return Report(request.node.name)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _FIGURES:
+        terminalreporter.section("measured figures (reported, not asserted)")
+        for line in _FIGURES:
+            terminalreporter.write_line(line)

@@ -5,9 +5,8 @@ import socket
 import struct
 from typing import Any
 
+from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.consumer.group import OffsetCommitRequest, OffsetFetchRequest
-
-from protocol.registry import REGISTRY
 
 CommitTopic = OffsetCommitRequest.OffsetCommitRequestTopic
 CommitPartition = CommitTopic.OffsetCommitRequestPartition
@@ -53,13 +52,14 @@ class RawClient:
         return self._read_exactly(size)
 
     def receive(self, api_key: int, version: int) -> tuple[int, Any]:
-        """``(correlation id, decoded response)`` of the next response on the wire."""
-        spec = REGISTRY[api_key]
+        """``(correlation id, decoded response)`` of the next response on the wire, decoded with
+        kafka-python's classes (a stock codec, independent of ours)."""
+        response_class = response_class_for(api_key)
         frame = self.read_frame()
         correlation = struct.unpack(">i", frame[:4])[0]
-        flexible = api_key != 18 and spec.response.flexible_version_q(version)
+        flexible = api_key != 18 and response_class.flexible_version_q(version)
         body = frame[5:] if flexible else frame[4:]
-        return correlation, spec.response.decode(body, version=version)
+        return correlation, response_class.decode(body, version=version)
 
     def call(self, request: Any, version: int) -> Any:
         correlation = self.send(request, version)
@@ -79,3 +79,19 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def response_class_for(api_key: int) -> Any:
+    """kafka-python's response class for an API key."""
+    for cls in _all_subclasses(ApiMessage):
+        if getattr(cls, "API_KEY", None) == api_key and cls.__name__.endswith("Response"):
+            return cls
+    raise KeyError(api_key)
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    out = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out

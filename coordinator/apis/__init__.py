@@ -1,53 +1,56 @@
-"""One module per Kafka API, named by key. Each registers its handler here; the server refuses to
-start if the protocol registry lists an API without a handler, so the two cannot drift apart.
+"""One module per Kafka API, named by key (``k08_offset_commit.py``), each opening with a docstring of
+what every version adds. A module registers its API once, ``SPEC = register(key, name, min, max)``
+(which builds its codecs, protocol.registry), and marks its handler ``@handles(SPEC, ...)``; ApiVersions,
+the server's version check and dispatch all come from that one registration. Adding an API is one
+new file.
 
-A handler reads state and returns a ``Reply``: the response object, plus the futures it must wait for
-(writes to become durable, or reads to see only durable state) with a fix-up to apply if one fails.
+A handler gets the runtime, the ``Request`` (header facts, reply slot) and the decoded body (or what the
+API's ``prepare`` made of it) and returns the response. ``error_response`` is Kafka's
+``getErrorResponse``: the whole request answered with one error (a shard that is loading or failed).
+``prepare(runtime, body, version)`` is an optional function of the body alone (it must not read shard
+state); for a large request the server runs it off the event loop together with decoding, so one huge
+request does not hold up every other client.
 """
 
-import asyncio
+import importlib
+import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from coordinator.request import Request
 from coordinator.runtime import Runtime
+from protocol.errors import ErrorCode
+from protocol.registry import ApiSpec
+
+Handler = Callable[[Runtime, Request, Any], Any]
+ErrorResponse = Callable[[Any, int, ErrorCode], Any]
+Prepare = Callable[[Runtime, Any, int], Any]
 
 
 @dataclass(frozen=True, slots=True)
-class RequestContext:
-    api_version: int
-    correlation_id: int
-    client_id: str
-    client_host: str
+class Api:
+    spec: ApiSpec
+    handle: Handler
+    error_response: ErrorResponse
+    prepare: Prepare | None = None
 
 
-@dataclass(slots=True)
-class Reply:
-    response: Any
-    # (future, fix-up): when the future fails, the fix-up rewrites its part of the response as an error
-    waits: list[tuple["asyncio.Future[None]", Callable[[], None]]] = field(default_factory=list)
+APIS: dict[int, Api] = {}
 
 
-Handler = Callable[[Runtime, RequestContext, Any], Reply]
-HANDLERS: dict[int, Handler] = {}
-
-
-def handles(api_key: int) -> Callable[[Handler], Handler]:
-    def register(fn: Handler) -> Handler:
-        HANDLERS[api_key] = fn
+def handles(spec: ApiSpec, *, error_response: ErrorResponse, prepare: Prepare | None = None
+            ) -> Callable[[Handler], Handler]:
+    def register_handler(fn: Handler) -> Handler:
+        APIS[spec.key] = Api(spec, fn, error_response, prepare)
         return fn
 
-    return register
+    return register_handler
 
 
-def load_all() -> dict[int, Handler]:
-    """Imports every API module (each registers itself) and returns the handler table."""
-    from coordinator.apis import (  # noqa: F401
-        k03_metadata,
-        k08_offset_commit,
-        k09_offset_fetch,
-        k10_find_coordinator,
-        k18_api_versions,
-    )
-
-    return HANDLERS
+def load_all() -> dict[int, Api]:
+    """Imports every ``kNN_*`` module of this package (each registers itself) and returns the table."""
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("k"):
+            importlib.import_module(f"{__name__}.{info.name}")
+    return APIS

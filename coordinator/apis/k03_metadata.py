@@ -11,10 +11,14 @@ UNKNOWN_TOPIC_OR_PARTITION, never invented.
 import uuid
 from typing import Any
 
-from coordinator.apis import Reply, RequestContext, handles
+from coordinator.apis import handles
+from coordinator.request import Request
 from coordinator.runtime import OFFSETS_TOPIC, Runtime
 from protocol.errors import ErrorCode
-from protocol.registry import METADATA, MetadataResponse
+from protocol.registry import register
+
+SPEC = register(3, "Metadata", 0, 12)
+MetadataResponse = SPEC.response.cls
 
 CLUSTER_ID = "kcoord"
 OFFSETS_TOPIC_ID = uuid.uuid5(uuid.NAMESPACE_URL, "kcoord:" + OFFSETS_TOPIC)
@@ -34,17 +38,21 @@ def _offsets_topic(runtime: Runtime) -> Any:
                  partitions=partitions)
 
 
-def _unknown(name: str | None, topic_id: Any) -> Any:
-    return Topic(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name, topic_id=topic_id or _NO_ID,
-                 is_internal=False, partitions=[])
+def _unknown(name: str | None, topic_id: Any, error: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION) -> Any:
+    return Topic(error_code=error, name=name, topic_id=topic_id or _NO_ID, is_internal=False, partitions=[])
 
 
-@handles(METADATA)
-def metadata(runtime: Runtime, ctx: RequestContext, req: Any) -> Reply:
+def error_response(body: Any, version: int, error: ErrorCode) -> Any:
+    return MetadataResponse(throttle_time_ms=0, brokers=[], topics=[
+        _unknown(t.name, getattr(t, "topic_id", None), error) for t in (body.topics or [])])
+
+
+@handles(SPEC, error_response=error_response)
+def metadata(runtime: Runtime, req: Request, body: Any) -> Any:
     host, port = runtime.config.advertised
     node = runtime.config.node_id
-    requested = req.topics
-    everything = requested is None or (ctx.api_version == 0 and not requested)
+    requested = body.topics
+    everything = requested is None or (req.version == 0 and not requested)
     if everything:
         topics = [_offsets_topic(runtime)]
     else:
@@ -53,5 +61,5 @@ def metadata(runtime: Runtime, ctx: RequestContext, req: Any) -> Reply:
             for t in requested
         ]
     broker = MetadataResponse.MetadataResponseBroker(node_id=node, host=host, port=port, rack=None)
-    return Reply(MetadataResponse(throttle_time_ms=0, brokers=[broker], cluster_id=CLUSTER_ID, controller_id=node,
-                                  topics=topics))
+    return MetadataResponse(throttle_time_ms=0, brokers=[broker], cluster_id=CLUSTER_ID, controller_id=node,
+                            topics=topics)

@@ -9,21 +9,27 @@ No version has a top-level error: a group-level error is repeated on every parti
 
 from typing import Any
 
-from coordinator.apis import Reply, RequestContext, handles
+from coordinator.apis import handles
 from coordinator.offsets import (
     CommitRequest,
     PartitionCommit,
+    PreparedCommit,
     TopicErrors,
-    commit_offsets,
+    check_group,
     group_id_error,
+    prepare_commit,
     refuse_all,
 )
+from coordinator.request import Request
 from coordinator.runtime import Runtime
-from coordinator.shard import now_ms
+from coordinator.shard import OpResult
+from coordinator.state import ShardData
 from protocol.errors import ErrorCode
-from protocol.registry import OFFSET_COMMIT, OffsetCommitResponse
+from protocol.registry import register
 
-Topic = OffsetCommitResponse.OffsetCommitResponseTopic
+SPEC = register(8, "OffsetCommit", 0, 9)
+Response = SPEC.response.cls
+Topic = Response.OffsetCommitResponseTopic
 Partition = Topic.OffsetCommitResponsePartition
 
 
@@ -49,28 +55,55 @@ def build_response(results: TopicErrors) -> Any:
         Topic(name=name, partitions=[Partition(partition_index=p, error_code=e) for p, e in parts])
         for name, parts in results
     ]
-    return OffsetCommitResponse(throttle_time_ms=0, topics=topics)
+    return Response(throttle_time_ms=0, topics=topics)
 
 
-def set_all_errors(response: Any, error: ErrorCode) -> None:
-    for topic in response.topics:
-        for p in topic.partitions:
-            p.error_code = error
+class _Prepared:
+    """The request's group-independent part and, ready for the usual outcome, its response."""
+
+    __slots__ = ("bad_group", "commit", "response")
+
+    def __init__(self, commit: PreparedCommit | None, bad_group: ErrorCode, response: Any) -> None:
+        self.commit = commit
+        self.bad_group = bad_group
+        self.response = response
 
 
-@handles(OFFSET_COMMIT)
-def offset_commit(runtime: Runtime, ctx: RequestContext, req: Any) -> Reply:
-    commit = to_commit_request(ctx.api_version, req)
+def prepare(runtime: Runtime, body: Any, version: int) -> _Prepared:
+    commit = to_commit_request(version, body)
     bad_group = group_id_error(commit.group_id)
     if bad_group:
-        return Reply(build_response(refuse_all(commit, bad_group)))
-    shard = runtime.shard_for(commit.group_id)
-    if shard.error is not None:
-        return Reply(build_response(refuse_all(commit, shard.error)))
-    records, results = commit_offsets(shard.data, commit, now_ms(), runtime.config.offset_metadata_max_bytes)
-    response = build_response(results)
-    if not records:
-        return Reply(response)
-    runtime.metrics.offsets_committed(len(records))
-    durable = shard.append(records)
-    return Reply(response, [(durable, lambda: set_all_errors(response, ErrorCode.NOT_COORDINATOR))])
+        return _Prepared(None, bad_group, build_response(refuse_all(commit, bad_group)))
+    prepared = prepare_commit(commit, runtime.clock.now_ms(), runtime.config.offset_metadata_max_bytes)
+    return _Prepared(prepared, bad_group, build_response(prepared.results))
+
+
+def error_response(body: Any, version: int, error: ErrorCode) -> Any:
+    return build_response(refuse_all(to_commit_request(version, body), error))
+
+
+def _commit(data: ShardData, prepared: _Prepared) -> OpResult:
+    assert prepared.commit is not None
+    records, results = check_group(data, prepared.commit)
+    if results is not prepared.commit.results:  # the group refused it
+        return OpResult([], build_response(results))
+    response = prepared.response
+
+    def written_failed(error: ErrorCode) -> None:
+        # Only the partitions that were written get the write's error; refused ones keep their own.
+        for topic in response.topics:
+            for p in topic.partitions:
+                if p.error_code == ErrorCode.NONE:
+                    p.error_code = error
+
+    return OpResult(records, response, written_failed, None, prepared.commit.encoded)
+
+
+@handles(SPEC, error_response=error_response, prepare=prepare)
+def offset_commit(runtime: Runtime, req: Request, prepared: _Prepared) -> Any:
+    if prepared.commit is None:
+        return prepared.response
+    response = runtime.shard_for(prepared.commit.request.group_id).write(req, _commit, prepared)
+    if response is prepared.response:  # the group accepted the commit: its records were appended
+        runtime.metrics.offsets_committed(len(prepared.commit.records))
+    return response

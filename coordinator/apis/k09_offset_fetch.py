@@ -9,104 +9,86 @@ v0-v1 have no group-level error field: a group error is put on every requested p
 
 from typing import Any
 
-from coordinator.apis import Reply, RequestContext, handles
+from coordinator.apis import handles
 from coordinator.offsets import TopicOffsets, fetch_offsets
+from coordinator.request import Lazy, Request, ShardUnavailable
 from coordinator.runtime import Runtime
 from protocol.errors import ErrorCode
-from protocol.registry import OFFSET_FETCH, OffsetFetchResponse
+from protocol.registry import register
 
-Group = OffsetFetchResponse.OffsetFetchResponseGroup
+SPEC = register(9, "OffsetFetch", 0, 9)
+Response = SPEC.response.cls
+Group = Response.OffsetFetchResponseGroup
 GroupTopic = Group.OffsetFetchResponseTopics
 GroupPartition = GroupTopic.OffsetFetchResponsePartitions
-Topic = OffsetFetchResponse.OffsetFetchResponseTopic
+Topic = Response.OffsetFetchResponseTopic
 Partition = Topic.OffsetFetchResponsePartition
 
 Requested = list[tuple[str, list[int]]] | None
 
 
-def _partition(cls: Any, p: int, offset: int, epoch: int, metadata: str, error: int) -> Any:
-    return cls(partition_index=p, committed_offset=offset, committed_leader_epoch=epoch, metadata=metadata,
-               error_code=error)
-
-
 def _topics(topic_cls: Any, part_cls: Any, offsets: TopicOffsets) -> list[Any]:
     out = []
     for name, parts in offsets:
-        entries = [
-            _partition(part_cls, e.partition, e.value.offset, e.value.leader_epoch, e.value.metadata, e.error)
-            if e.value is not None
-            else _partition(part_cls, e.partition, -1, -1, "", e.error)
-            for e in parts
-        ]
+        entries = []
+        for partition, v, error in parts:
+            if v is not None:
+                entries.append(part_cls(partition, v.offset, v.leader_epoch, v.metadata, error))
+            else:
+                entries.append(part_cls(partition, -1, -1, "", error))
         out.append(topic_cls(name=name, partitions=entries))
     return out
 
 
-def _errored(requested: Requested, error: ErrorCode) -> list[Any]:
-    """v0-v1 carry a group error on every requested partition (offset -1), as older Kafka did."""
-    return [
-        Topic(name=name, partitions=[_partition(Partition, p, -1, -1, "", error) for p in parts])
-        for name, parts in (requested or [])
-    ]
-
-
-class _GroupFetch:
-    """One group's part of a request: answered now, or after its shard's pending write is durable."""
-
-    def __init__(self, runtime: Runtime, group_id: str, requested: Requested, require_stable: bool) -> None:
-        shard = runtime.shard_for(group_id)
-        self.error = shard.error
-        self.offsets: TopicOffsets = []
-        self.barrier = None
-        if self.error is None:
-            self.offsets = fetch_offsets(shard.data, group_id, requested, require_stable)
-            self.barrier = shard.barrier()
+def _response(offsets: TopicOffsets) -> Any:
+    return Response(topics=_topics(Topic, Partition, offsets), error_code=0)
 
 
 def _requested(topics: Any) -> Requested:
     return None if topics is None else [(t.name, list(t.partition_indexes)) for t in topics]
 
 
-@handles(OFFSET_FETCH)
-def offset_fetch(runtime: Runtime, ctx: RequestContext, req: Any) -> Reply:
-    v = ctx.api_version
-    stable = bool(req.require_stable) if v >= 7 else False
+def error_response(body: Any, version: int, error: ErrorCode) -> Any:
+    if version >= 8:
+        return Response(groups=[Group(group_id=g.group_id, topics=[], error_code=error) for g in body.groups])
+    if version >= 2:
+        return Response(topics=[], error_code=error)
+    # v0-v1 carry a group error on every requested partition (offset -1), as older Kafka did.
+    return Response(topics=[
+        Topic(name=name, partitions=[Partition(partition_index=p, committed_offset=-1, committed_leader_epoch=-1,
+                                               metadata="", error_code=error) for p in parts])
+        for name, parts in (_requested(body.topics) or [])
+    ])
+
+
+@handles(SPEC, error_response=error_response)
+def offset_fetch(runtime: Runtime, req: Request, body: Any) -> Any:
+    v = req.version
+    stable = bool(body.require_stable) if v >= 7 else False
     if v >= 8:
-        return _fetch_groups(runtime, req, stable)
-    requested = _requested(req.topics)
-    fetch = _GroupFetch(runtime, req.group_id, requested, stable)
-    response = OffsetFetchResponse(throttle_time_ms=0, topics=[], error_code=0)
-
-    def fail(error: ErrorCode) -> None:
-        if v >= 2:
-            response.topics, response.error_code = [], error
-        else:
-            response.topics = _errored(requested, error)
-
-    if fetch.error is not None:
-        fail(fetch.error)
-        return Reply(response)
-    response.topics = _topics(Topic, Partition, fetch.offsets)
-    if fetch.barrier is None:
-        return Reply(response)
-    return Reply(response, [(fetch.barrier, lambda: fail(ErrorCode.NOT_COORDINATOR))])
+        return _fetch_groups(runtime, req, body, stable)
+    shard = runtime.shard_for(body.group_id)
+    offsets = shard.read(req, None, fetch_offsets, body.group_id, _requested(body.topics), stable)
+    return Lazy(_response, offsets) if req.large else _response(offsets)
 
 
-def _fetch_groups(runtime: Runtime, req: Any, stable: bool) -> Reply:
+def _fetch_groups(runtime: Runtime, req: Request, body: Any, stable: bool) -> Any:
     groups: list[Any] = []
-    reply = Reply(OffsetFetchResponse(throttle_time_ms=0, groups=groups))
-    for g in req.groups:
-        fetch = _GroupFetch(runtime, g.group_id, _requested(g.topics), stable)
-        entry = Group(group_id=g.group_id, topics=_topics(GroupTopic, GroupPartition, fetch.offsets),
-                      error_code=fetch.error or 0)
+    for g in body.groups:
+        entry = Group(group_id=g.group_id, topics=[], error_code=0)
         groups.append(entry)
-        if fetch.barrier is not None:
-            reply.waits.append((fetch.barrier, _failer(entry)))
-    return reply
+        try:
+            offsets = runtime.shard_for(g.group_id).read(req, _failer(entry), fetch_offsets, g.group_id,
+                                                         _requested(g.topics), stable)
+        except ShardUnavailable as exc:
+            entry.error_code = exc.error
+            continue
+        entry.topics = _topics(GroupTopic, GroupPartition, offsets)
+    return Response(groups=groups)
 
 
 def _failer(entry: Any) -> Any:
-    def fail() -> None:
-        entry.topics, entry.error_code = [], ErrorCode.NOT_COORDINATOR
+    def fail(error: ErrorCode) -> None:
+        entry.topics, entry.error_code = [], error
 
     return fail

@@ -10,10 +10,14 @@ Like Kafka, FindCoordinator never reports loading: clients learn that from the g
 
 from typing import Any
 
-from coordinator.apis import Reply, RequestContext, handles
+from coordinator.apis import handles
+from coordinator.request import Request
 from coordinator.runtime import Runtime
 from protocol.errors import ErrorCode
-from protocol.registry import FIND_COORDINATOR, FindCoordinatorResponse
+from protocol.registry import register
+
+SPEC = register(10, "FindCoordinator", 0, 6)
+Response = SPEC.response.cls
 
 GROUP, TRANSACTION, SHARE = 0, 1, 2
 
@@ -29,23 +33,28 @@ def resolve(key_type: int) -> tuple[ErrorCode, str | None]:
     return ErrorCode.INVALID_REQUEST, f"unknown coordinator key type {key_type}"
 
 
-@handles(FIND_COORDINATOR)
-def find_coordinator(runtime: Runtime, ctx: RequestContext, req: Any) -> Reply:
-    host, port = runtime.config.advertised
-    node = runtime.config.node_id
-    key_type = req.key_type if ctx.api_version >= 1 else GROUP
-    error, message = resolve(key_type)
-    found = error is ErrorCode.NONE
-    # On error the node is Kafka's Node.noNode(): id -1, host "", port -1.
-    node_id, node_host, node_port = (node, host, port) if found else (-1, "", -1)
-    if ctx.api_version < 4:
+def _answer(version: int, keys: list[str], error: ErrorCode, message: str | None, node: tuple[int, str, int]) -> Any:
+    node_id, host, port = node if error is ErrorCode.NONE else (-1, "", -1)  # on error: Node.noNode()
+    if version < 4:
         # Kafka fills a v1-v3 success with the error's name, "NONE"; clients print it.
-        return Reply(FindCoordinatorResponse(throttle_time_ms=0, error_code=error,
-                                             error_message="NONE" if found else message,
-                                             node_id=node_id, host=node_host, port=node_port))
-    coordinators = [
-        FindCoordinatorResponse.Coordinator(key=key, node_id=node_id, host=node_host, port=node_port,
-                                            error_code=error, error_message=message)
-        for key in req.coordinator_keys
-    ]
-    return Reply(FindCoordinatorResponse(throttle_time_ms=0, coordinators=coordinators))
+        return Response(throttle_time_ms=0, error_code=error,
+                        error_message="NONE" if error is ErrorCode.NONE else message,
+                        node_id=node_id, host=host, port=port)
+    return Response(throttle_time_ms=0, coordinators=[
+        Response.Coordinator(key=key, node_id=node_id, host=host, port=port, error_code=error, error_message=message)
+        for key in keys
+    ])
+
+
+def error_response(body: Any, version: int, error: ErrorCode) -> Any:
+    keys = list(body.coordinator_keys) if version >= 4 else [body.key]
+    return _answer(version, keys, error, error.name, (-1, "", -1))
+
+
+@handles(SPEC, error_response=error_response)
+def find_coordinator(runtime: Runtime, req: Request, body: Any) -> Any:
+    host, port = runtime.config.advertised
+    key_type = body.key_type if req.version >= 1 else GROUP
+    error, message = resolve(key_type)
+    keys = list(body.coordinator_keys) if req.version >= 4 else [body.key]
+    return _answer(req.version, keys, error, message, (runtime.config.node_id, host, port))

@@ -8,10 +8,14 @@ A too-new version never reaches here: the server answers it with the KIP-511 v0 
 import re
 from typing import Any
 
-from coordinator.apis import Reply, RequestContext, handles
+from coordinator.apis import handles
+from coordinator.request import Request
 from coordinator.runtime import Runtime
 from protocol.errors import ErrorCode
-from protocol.registry import API_VERSIONS, ApiVersionsResponse, supported_versions
+from protocol.registry import API_VERSIONS, register, supported_versions
+
+SPEC = register(API_VERSIONS, "ApiVersions", 0, 4)
+Response = SPEC.response.cls
 
 _SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 
@@ -20,14 +24,15 @@ def _valid_software(value: str | None) -> bool:
     return value is not None and _SOFTWARE.fullmatch(value) is not None
 
 
-@handles(API_VERSIONS)
-def api_versions(runtime: Runtime, ctx: RequestContext, req: Any) -> Reply:
-    if ctx.api_version >= 3 and not (
-        _valid_software(req.client_software_name) and _valid_software(req.client_software_version)
+def error_response(body: Any, version: int, error: ErrorCode) -> Any:
+    return Response(error_code=error, api_keys=[], throttle_time_ms=0)
+
+
+@handles(SPEC, error_response=error_response)
+def api_versions(runtime: Runtime, req: Request, body: Any) -> Any:
+    if req.version >= 3 and not (
+        _valid_software(body.client_software_name) and _valid_software(body.client_software_version)
     ):
-        return Reply(ApiVersionsResponse(error_code=ErrorCode.INVALID_REQUEST, api_keys=[], throttle_time_ms=0))
-    keys = [
-        ApiVersionsResponse.ApiVersion(api_key=key, min_version=lo, max_version=hi)
-        for key, lo, hi in supported_versions()
-    ]
-    return Reply(ApiVersionsResponse(error_code=ErrorCode.NONE, api_keys=keys, throttle_time_ms=0))
+        return error_response(body, req.version, ErrorCode.INVALID_REQUEST)
+    keys = [Response.ApiVersion(api_key=key, min_version=lo, max_version=hi) for key, lo, hi in supported_versions()]
+    return Response(error_code=ErrorCode.NONE, api_keys=keys, throttle_time_ms=0)

@@ -1,10 +1,15 @@
+import argparse
 import io
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from coordinator.cli import dump_log, main
-from coordinator.config import config_from_args
+from coordinator.config import Config, ConfigError, add_serve_arguments, config_from_args
 from protocol.records import (
     GroupMetadata,
     GroupMetadataRecord,
@@ -15,6 +20,7 @@ from protocol.records import (
 )
 from storage.batch import build_batch
 from storage.log import PartitionLog, list_segments
+from tests.kcoord_process import REPO
 
 
 def write_partition(directory: Path) -> None:
@@ -53,46 +59,90 @@ def test_dump_log_reports_damage(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "CRC mismatch" in capsys.readouterr().out
 
 
-def parse(argv: list[str]) -> object:
-    import argparse
-
-    from coordinator.config import add_serve_arguments
-
+def parse(argv: list[str], environ: dict[str, str] | None = None) -> Config:
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
-    return config_from_args(parser.parse_args(argv))
+    return config_from_args(parser.parse_args(argv), environ or {})
 
 
-def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KCOORD_OFFSETS_PARTITIONS", "7")
-    monkeypatch.setenv("KCOORD_LISTEN", "0.0.0.0:19000")
-    cfg = parse(["--advertised-listener", "PLAINTEXT://kcoord.example:9093", "--node-id", "3"])
-    assert (cfg.offsets_partitions, cfg.host, cfg.port) == (7, "0.0.0.0", 19000)  # type: ignore[attr-defined]
-    assert cfg.advertised == ("kcoord.example", 9093)  # type: ignore[attr-defined]
-    assert cfg.node_id == 3  # type: ignore[attr-defined]
+def test_flags_and_environment() -> None:
+    env = {"KCOORD_OFFSETS_PARTITIONS": "7", "KCOORD_LISTEN": "0.0.0.0:19000", "KCOORD_NODE_ID": "9"}
+    cfg = parse(["--advertised-listener", "PLAINTEXT://kcoord.example:9093", "--node-id", "3"], env)
+    assert (cfg.offsets_partitions, cfg.host, cfg.port) == (7, "0.0.0.0", 19000)
+    assert cfg.advertised == ("kcoord.example", 9093)
+    assert cfg.node_id == 3  # a flag beats its variable
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--listen", "nohost"], "HOST:PORT"),
+        (["--listen", "nohost"], "--listen='nohost': expected HOST:PORT"),
         (["--listen", "h:99999"], "outside 0-65535"),
-        (["--offsets-partitions", "0"], "outside"),
+        (["--offsets-partitions", "0"], "--offsets-partitions='0': 0 is outside"),
         (["--segment-bytes", "ten"], "not an integer"),
-        (["--log-level", "loud"], "invalid choice"),
+        (["--log-level", "loud"], "--log-level='loud': 'loud' is not one of DEBUG, INFO, WARNING, ERROR"),
         (["--offset-metadata-max-bytes", "20000"], "outside [0, 10922]"),
+        (["--max-frame-bytes", "64"], "64 is outside [8192,"),
+        (["--max-frame-bytes", "100000", "--max-buffered-bytes", "90000"], "must be at least --max-frame-bytes"),
+        (["--shutdown-timeout-ms", "-1"], "outside [0, 3600000]"),
     ],
 )
-def test_bad_values_are_clear_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
+def test_bad_values_are_clear_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
         parse(argv)
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("KCOORD_NODE_ID", "-4", "KCOORD_NODE_ID='-4': -4 is outside"),
+    ("KCOORD_LOG_LEVEL", "bogus", "KCOORD_LOG_LEVEL='bogus': 'bogus' is not one of"),
+    ("KCOORD_MAX_FRAME_BYTES", "64", "KCOORD_MAX_FRAME_BYTES='64'"),
+])
+def test_bad_environment_values_name_the_variable(variable: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse([], {variable: value})
+
+
+def test_cli_reports_a_bad_variable_without_a_traceback(capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KCOORD_LOG_LEVEL", "bogus")
+    with pytest.raises(SystemExit) as exc:
+        main(["serve"])
     assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "KCOORD_LOG_LEVEL='bogus'" in err and "Traceback" not in err
 
 
-def test_bad_environment_value_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("KCOORD_NODE_ID", "-4")
-    with pytest.raises(SystemExit):
-        parse([])
-    assert "outside" in capsys.readouterr().err
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("kcoord ")
+
+
+def test_dump_log_of_a_data_directory_prints_every_partition(tmp_path: Path) -> None:
+    write_partition(tmp_path / "__consumer_offsets-3")
+    write_partition(tmp_path / "__consumer_offsets-10")
+    (tmp_path / "__consumer_offsets-4").mkdir()
+    out = io.StringIO()
+    assert dump_log(tmp_path, out) == 0
+    lines = out.getvalue().splitlines()
+    assert [line for line in lines if line.startswith("#")] == [
+        "# __consumer_offsets-3", "# __consumer_offsets-4", "# __consumer_offsets-10"]
+    assert len(lines) == 3 + 2 * 4
+
+
+def test_dump_log_of_a_directory_without_logs_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["dump-log", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "holds no log segments" in capsys.readouterr().err
+
+
+def test_dump_log_into_a_closed_pipe_stops_quietly(tmp_path: Path) -> None:
+    for p in range(3):
+        write_partition(tmp_path / f"__consumer_offsets-{p}")
+    cmd = f"{sys.executable} -m coordinator.cli dump-log {tmp_path} | head -n 1"
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=REPO, capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.stdout == "# __consumer_offsets-0\n"
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr

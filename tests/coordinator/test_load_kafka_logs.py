@@ -8,12 +8,11 @@ from pathlib import Path
 import crc32c
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from coordinator.config import Config
-from coordinator.runtime import Runtime
 from coordinator.shard import ShardState
 from protocol.partitioning import partition_for
 from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, encode_record
 from storage.log import PartitionLog
+from tests.coordinator.harness import OK, append, config, started, stop
 
 T = 1_700_000_000_000
 GZIP, TRANSACTIONAL, CONTROL = 1, 0x10, 0x20
@@ -61,9 +60,7 @@ async def test_compressed_transactional_and_control_batches(tmp_path: Path) -> N
     plog.sync()
     plog.close()
 
-    runtime = Runtime(Config(data_dir=tmp_path, offsets_partitions=1))
-    runtime.start()
-    await runtime.wait_loaded()
+    runtime = await started(config(tmp_path))
     shard = runtime.shards[0]
     assert shard.state is ShardState.ACTIVE
     data = shard.data
@@ -72,7 +69,7 @@ async def test_compressed_transactional_and_control_batches(tmp_path: Path) -> N
     assert data.committed(group, "t", 2) == OffsetAndMetadata(11, -1, "", T)  # committed transaction
     assert data.committed(group, "t", 3) is None and data.has_pending(OffsetKey(group, "t", 3))
     # new writes continue after the last offset Kafka wrote
-    await shard.append([OffsetCommitRecord(OffsetKey(group, "t", 0), OffsetAndMetadata(20, -1, "", T))])
-    await runtime.stop()
+    assert await append(shard, [OffsetCommitRecord(OffsetKey(group, "t", 0), OffsetAndMetadata(20, -1, "", T))]) == OK
+    await stop(runtime)
     offsets = [r.offset for b in PartitionLog(tmp_path / f"__consumer_offsets-{p}").recover() for r in b.records]
     assert offsets == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]

@@ -3,7 +3,6 @@
 from coordinator.offsets import (
     CommitRequest,
     PartitionCommit,
-    PartitionOffset,
     commit_offsets,
     fetch_offsets,
     group_id_error,
@@ -107,19 +106,19 @@ def test_fetch_unknown_partitions_and_groups() -> None:
     data = ShardData()
     data.replay(0, OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(7, 2, "m", NOW)))
     assert fetch_offsets(data, "g", [("t", [0, 1])], False) == [
-        ("t", [PartitionOffset(0, OffsetAndMetadata(7, 2, "m", NOW), E.NONE), PartitionOffset(1, None, E.NONE)])
+        ("t", [(0, OffsetAndMetadata(7, 2, "m", NOW), E.NONE), (1, None, E.NONE)])
     ]
     assert fetch_offsets(data, "nobody", None, False) == []
-    assert fetch_offsets(data, "g", None, False) == [("t", [PartitionOffset(0, OffsetAndMetadata(7, 2, "m", NOW),
+    assert fetch_offsets(data, "g", None, False) == [("t", [(0, OffsetAndMetadata(7, 2, "m", NOW),
                                                                             E.NONE)])]
 
 
 def test_require_stable_reports_pending_transactional_offsets() -> None:
     data = ShardData()
     data.replay(0, OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(7, -1, "", NOW)), producer_id=9)
-    assert fetch_offsets(data, "g", [("t", [0])], True) == [("t", [PartitionOffset(0, None,
+    assert fetch_offsets(data, "g", [("t", [0])], True) == [("t", [(0, None,
                                                                                     E.UNSTABLE_OFFSET_COMMIT)])]
-    assert fetch_offsets(data, "g", [("t", [0])], False) == [("t", [PartitionOffset(0, None, E.NONE)])]
+    assert fetch_offsets(data, "g", [("t", [0])], False) == [("t", [(0, None, E.NONE)])]
 
 
 def test_partitions_that_cannot_exist_are_refused_before_group_checks() -> None:

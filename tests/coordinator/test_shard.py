@@ -1,5 +1,6 @@
 """The shard runtime over real files: durability before acknowledgement, group commit, fail-stop,
-and the property that live state equals state reloaded from the log."""
+recovery from a full disk, the guarded lifecycle, and the property that live state equals state
+reloaded from the log."""
 
 import asyncio
 import threading
@@ -11,11 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import coordinator.compaction
 import coordinator.shard
-from coordinator.config import Config
+from coordinator.compaction import SwapFailed
+from coordinator.request import ShardUnavailable
 from coordinator.runtime import Runtime
-from coordinator.shard import ShardFailed, ShardState, SwapFailed
+from coordinator.shard import ShardState
 from coordinator.state import ShardData
+from protocol.errors import ErrorCode
 from protocol.records import (
     GroupMetadata,
     GroupMetadataRecord,
@@ -25,21 +29,7 @@ from protocol.records import (
     Record,
 )
 from storage.log import PartitionLog, list_segments
-
-
-def config(data_dir: Path, partitions: int = 1, **kw: Any) -> Config:
-    return Config(data_dir=data_dir, offsets_partitions=partitions, **kw)
-
-
-async def started(cfg: Config) -> Runtime:
-    runtime = Runtime(cfg)
-    runtime.start()
-    await runtime.wait_loaded()
-    return runtime
-
-
-def commit(group: str, partition: int, offset: int) -> OffsetCommitRecord:
-    return OffsetCommitRecord(OffsetKey(group, "t", partition), OffsetAndMetadata(offset, -1, "m", 1))
+from tests.coordinator.harness import OK, Faults, append, commit, config, started, stop, wait_state
 
 
 def snapshot(data: ShardData) -> tuple[Any, ...]:
@@ -47,77 +37,106 @@ def snapshot(data: ShardData) -> tuple[Any, ...]:
     return data.offsets, groups, data.num_offsets
 
 
+def on_disk(directory: Path) -> list[int]:
+    return [r.offset for b in PartitionLog(directory).recover() for r in b.records]
+
+
 async def test_acknowledged_only_after_the_records_are_on_disk(tmp_path: Path) -> None:
     runtime = await started(config(tmp_path))
     shard = runtime.shards[0]
-    durable = shard.append([commit("g", 0, 5), commit("g", 1, 6)])
+    durable = append(shard, [commit("g", 0, 5), commit("g", 1, 6)])
     assert shard.data.committed("g", "t", 0) is not None  # replayed at once, visible to the next op
-    assert shard.barrier() is durable
-    await durable
-    on_disk = [r.offset for b in PartitionLog(shard.log.directory).recover() for r in b.records]
-    assert on_disk == [0, 1]
-    await runtime.stop()
+    assert not durable.done()
+    assert await durable == OK
+    assert on_disk(shard.log.directory) == [0, 1]
+    await stop(runtime)
 
 
 async def test_concurrent_commits_share_batches(tmp_path: Path) -> None:
     runtime = await started(config(tmp_path))
     shard = runtime.shards[0]
-    futures = [shard.append([commit("g", i, i)]) for i in range(200)]
-    await asyncio.gather(*futures)
+    assert await asyncio.gather(*[append(shard, [commit("g", i, i)]) for i in range(200)]) == [OK] * 200
     assert runtime.metrics.counters["batch_records"] == 200
     assert runtime.metrics.counters["batches"] <= 2
-    await runtime.stop()
+    await stop(runtime)
 
 
-async def test_fsync_failure_fails_parked_requests_and_reloads(tmp_path: Path) -> None:
-    runtime = await started(config(tmp_path))
+async def test_fsync_failure_fails_waiting_requests_drops_the_tail_and_reloads(tmp_path: Path) -> None:
+    faults = Faults()
+    runtime = await started(config(tmp_path), faults.factory)
     shard = runtime.shards[0]
-    await shard.append([commit("g", 0, 1)])
-    real_sync = shard.log.sync
-    calls = 0
-
-    def failing_sync() -> None:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            raise OSError(5, "injected EIO")
-        real_sync()
-
-    shard.log.sync = failing_sync  # type: ignore[method-assign]
-    lost = shard.append([commit("g", 0, 2)])
-    try:
-        await lost
-        raise AssertionError("a write whose fsync failed was acknowledged")
-    except ShardFailed:
-        pass
-    assert shard.state in (ShardState.FAILED, ShardState.LOADING)
-    for _ in range(200):
-        if shard.state is ShardState.ACTIVE:
-            break
-        await asyncio.sleep(0.01)
-    assert shard.state is ShardState.ACTIVE
+    assert await append(shard, [commit("g", 0, 1)]) == OK
+    faults.fail_next_sync = True
+    assert await append(shard, [commit("g", 0, 2)]) == ErrorCode.NOT_COORDINATOR
+    await wait_state(shard, ShardState.ACTIVE)
     assert shard.data.committed("g", "t", 0) == OffsetAndMetadata(1, -1, "m", 1)  # the unsynced write is gone
-    assert list(shard.log.directory.glob("*.tr"))  # its bytes were kept aside
-    await shard.append([commit("g", 0, 3)])
-    await runtime.stop()
+    assert on_disk(shard.log.directory) == [0]  # its bytes were dropped: nobody was told about them
+    assert not list(shard.log.directory.glob("*.tr"))
+    assert await append(shard, [commit("g", 0, 3)]) == OK
+    await stop(runtime)
     reloaded = await started(config(tmp_path))
     assert reloaded.shards[0].data.committed("g", "t", 0) == OffsetAndMetadata(3, -1, "m", 1)
-    await reloaded.stop()
+    await stop(reloaded)
+
+
+async def test_a_full_disk_keeps_acknowledged_offsets_readable_and_recovers_without_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(coordinator.shard, "PROBE_INTERVAL_S", 0.05)
+    faults = Faults()
+    runtime = await started(config(tmp_path), faults.factory)
+    shard = runtime.shards[0]
+    assert await asyncio.gather(*[append(shard, [commit("g", i, i)]) for i in range(10)]) == [OK] * 10
+    faults.disk_full = True
+    assert await append(shard, [commit("g", 0, 100)]) == ErrorCode.NOT_COORDINATOR  # short write + ENOSPC
+    await wait_state(shard, ShardState.READ_ONLY)
+    # Acknowledged offsets stay readable; commits get a retriable error while the disk is full.
+    assert shard.read(None, None, lambda data: data.committed("g", "t", 0)) == OffsetAndMetadata(0, -1, "m", 1)
+    with pytest.raises(ShardUnavailable) as refused:
+        append(shard, [commit("g", 0, 101)])
+    assert refused.value.error is ErrorCode.NOT_COORDINATOR
+    faults.disk_full = False  # space is freed
+    await wait_state(shard, ShardState.ACTIVE)
+    assert await append(shard, [commit("g", 0, 102)]) == OK
+    assert on_disk(shard.log.directory) == list(range(11))  # the partial batch was cut, nothing else
+    await stop(runtime)
+
+
+async def test_close_racing_a_reload_ends_closed(tmp_path: Path) -> None:
+    faults = Faults()
+    runtime = await started(config(tmp_path), faults.factory)
+    shard = runtime.shards[0]
+    assert await append(shard, [commit("g", 0, 1)]) == OK
+    faults.fail_next_sync = True
+    assert await append(shard, [commit("g", 0, 2)]) == ErrorCode.NOT_COORDINATOR
+    await wait_state(shard, ShardState.LOADING, ShardState.FAILED)
+    await stop(runtime)
+    for _ in range(20):  # whatever the reload was doing, it must not bring the shard back
+        await asyncio.sleep(0.01)
+        assert shard.state is ShardState.CLOSED
+
+
+async def test_transitions_are_checked() -> None:
+    from coordinator.shard import _FROM
+
+    assert ShardState.LOADING not in _FROM[ShardState.LOADING]
+    assert not any(ShardState.CLOSED in allowed for allowed in _FROM.values())  # CLOSED is final
+    assert _FROM[ShardState.ACTIVE] == {ShardState.LOADING, ShardState.READ_ONLY}
 
 
 async def test_corrupt_partition_fails_while_others_serve(tmp_path: Path) -> None:
     runtime = await started(config(tmp_path, partitions=3))
     for shard in runtime.shards:
-        await shard.append([commit("g", i, i) for i in range(5)])
-    await runtime.stop()
+        assert await append(shard, [commit("g", i, i) for i in range(5)]) == OK
+    await stop(runtime)
     seg = list_segments(tmp_path / "__consumer_offsets-1")[0].path
     data = bytearray(seg.read_bytes())
     data[70] ^= 0xFF
     seg.write_bytes(bytes(data))
     runtime = await started(config(tmp_path, partitions=3))
     assert [s.state for s in runtime.shards] == [ShardState.ACTIVE, ShardState.FAILED, ShardState.ACTIVE]
-    assert runtime.shards[1].error is not None
-    await runtime.stop()
+    assert runtime.shards[1].read_error is ErrorCode.NOT_COORDINATOR
+    await stop(runtime)
 
 
 OPS = st.lists(
@@ -152,13 +171,12 @@ def test_live_state_equals_reloaded_state(tmp_path_factory: Any, ops: list[tuple
         runtime = await started(cfg)
         shard = runtime.shards[0]
         records = [to_record(*op) for op in ops]
-        futures = [shard.append(records[i : i + batch_size]) for i in range(0, len(records), batch_size)]
-        await asyncio.gather(*futures)
+        await asyncio.gather(*[append(shard, records[i : i + batch_size]) for i in range(0, len(records), batch_size)])
         live = snapshot(shard.data)
-        await runtime.stop()
+        await stop(runtime)
         reloaded = await started(cfg)
         assert snapshot(reloaded.shards[0].data) == live
-        await reloaded.stop()
+        await stop(reloaded)
 
     asyncio.run(scenario())
 
@@ -168,59 +186,49 @@ async def test_compaction_shrinks_the_log_and_keeps_the_state(tmp_path: Path) ->
     runtime = await started(cfg)
     shard = runtime.shards[0]
     for round_ in range(60):
-        await shard.append([commit("g", p, round_ * 10 + p) for p in range(4)])
-    await shard.append([OffsetCommitRecord(OffsetKey("g", "t", 3), None)])
+        await append(shard, [commit("g", p, round_ * 10 + p) for p in range(4)])
+    await append(shard, [OffsetCommitRecord(OffsetKey("g", "t", 3), None)])
     before = snapshot(shard.data)
     size_before = shard.log.size_bytes
-    stats = await shard.compact(delete_retention_ms=60_000)
+    stats = await runtime.compactors[0].compact(delete_retention_ms=60_000)
     assert stats is not None and stats.records_dropped > 0
     assert shard.log.size_bytes < size_before / 2
     assert snapshot(shard.data) == before
-    await shard.append([commit("g", 0, 10_000)])  # writes go on after a compaction
+    assert await append(shard, [commit("g", 0, 10_000)]) == OK  # writes go on after a compaction
     live = snapshot(shard.data)
-    await runtime.stop()
+    await stop(runtime)
     reloaded = await started(cfg)
     assert snapshot(reloaded.shards[0].data) == live
-    await reloaded.stop()
+    await stop(reloaded)
 
 
 async def test_two_failures_in_a_row_start_one_reload_and_lose_nothing(tmp_path: Path) -> None:
     """A compaction I/O error and then a failing write queued behind it on the same writer thread:
     the second failure must not start a second reload that truncates the log being recovered."""
-    runtime = await started(config(tmp_path, segment_bytes=4096))
+    faults = Faults()
+    runtime = await started(config(tmp_path, segment_bytes=4096), faults.factory)
     shard = runtime.shards[0]
     for i in range(200):
-        await shard.append([commit(f"g{i}", 0, i)])
+        await append(shard, [commit(f"g{i}", 0, i)])
+    compactor = runtime.compactors[0]
 
     def failing_compaction(now: int, retention: int) -> None:
         time.sleep(0.2)
         raise SwapFailed("injected EIO while swapping a compacted segment")
 
-    shard._compact_if_due = failing_compaction  # type: ignore[method-assign,assignment]
-    compaction = asyncio.create_task(shard.compact(0))
+    compactor._compact_if_due = failing_compaction  # type: ignore[method-assign,assignment]
+    compaction = asyncio.create_task(compactor.compact(0))
     await asyncio.sleep(0.05)
-
-    def failing_append(batch: bytes, last_offset: int) -> None:
-        raise OSError(5, "injected EIO in append")
-
-    shard.log.append = failing_append  # type: ignore[method-assign]
-    late = shard.append([commit("late", 0, 1)])
+    faults.fail_next_append = True
+    late = append(shard, [commit("late", 0, 1)])
     await compaction
-    try:
-        await late
-        raise AssertionError("a failed write was acknowledged")
-    except ShardFailed:
-        pass
-    for _ in range(500):
-        if shard.state is ShardState.ACTIVE and shard._reload is not None and shard._reload.done():
-            break
-        await asyncio.sleep(0.01)
-    assert shard.state is ShardState.ACTIVE
+    assert await late == ErrorCode.NOT_COORDINATOR
+    await wait_state(shard, ShardState.ACTIVE)
     assert shard.data.num_offsets == 200
-    await runtime.stop()
+    await stop(runtime)
     reloaded = await started(config(tmp_path, segment_bytes=4096))
     assert reloaded.shards[0].data.num_offsets == 200
-    await reloaded.stop()
+    await stop(reloaded)
 
 
 async def compaction_held_open(
@@ -230,16 +238,16 @@ async def compaction_held_open(
     runtime = await started(config(tmp_path, segment_bytes=2048))
     shard = runtime.shards[0]
     for round_ in range(40):
-        await shard.append([commit("g", p, round_ * 10 + p) for p in range(4)])
+        await append(shard, [commit("g", p, round_ * 10 + p) for p in range(4)])
     release = threading.Event()
-    real_clean = coordinator.shard.clean
+    real_clean = coordinator.compaction.clean
 
     def slow_clean(*args: Any) -> Any:
         assert release.wait(10)
         return real_clean(*args)
 
-    monkeypatch.setattr(coordinator.shard, "clean", slow_clean)
-    compaction = asyncio.create_task(shard.compact(60_000))
+    monkeypatch.setattr(coordinator.compaction, "clean", slow_clean)
+    compaction = asyncio.create_task(runtime.compactors[0].compact(60_000))
     await asyncio.sleep(0.05)
     return runtime, compaction, release
 
@@ -249,32 +257,29 @@ async def test_commits_are_acknowledged_while_a_compaction_rewrite_runs(
 ) -> None:
     runtime, compaction, release = await compaction_held_open(tmp_path, monkeypatch)
     shard = runtime.shards[0]
-    await asyncio.wait_for(shard.append([commit("g", 0, 999)]), 5)  # not held up by the rewrite
+    assert await asyncio.wait_for(append(shard, [commit("g", 0, 999)]), 5) == OK  # not held up by the rewrite
     assert not compaction.done()
     release.set()
     stats = await compaction
     assert stats is not None and stats.records_dropped > 0
     live = snapshot(shard.data)
-    await runtime.stop()
+    await stop(runtime)
     reloaded = await started(config(tmp_path, segment_bytes=2048))
     assert snapshot(reloaded.shards[0].data) == live
-    await reloaded.stop()
+    await stop(reloaded)
 
 
 async def test_a_swap_is_refused_after_the_shard_reloaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runtime, compaction, release = await compaction_held_open(tmp_path, monkeypatch)
     shard = runtime.shards[0]
     before = snapshot(shard.data)
-    shard._fail(OSError(5, "injected"), None)  # a write failure: the shard reopens and reloads its log
-    for _ in range(500):
-        if shard.state is ShardState.ACTIVE:
-            break
-        await asyncio.sleep(0.01)
+    shard.fail_write(OSError(5, "injected"))  # a write failure: the shard reopens and reloads its log
+    await wait_state(shard, ShardState.ACTIVE)
     release.set()
     assert await compaction is None  # its swap would have replaced files under the new log object
     assert snapshot(shard.data) == before
     assert not list(shard.log.directory.glob("*.cleaned"))
-    await runtime.stop()
+    await stop(runtime)
     reloaded = await started(config(tmp_path, segment_bytes=2048))
     assert snapshot(reloaded.shards[0].data) == before
-    await reloaded.stop()
+    await stop(reloaded)

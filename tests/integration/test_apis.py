@@ -6,10 +6,13 @@ import pytest
 from kafka.protocol.consumer.group import OffsetFetchRequest
 from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest
 
+from coordinator.apis import load_all
 from protocol.errors import ErrorCode
 from protocol.registry import supported_versions
 from tests.kcoord_process import KcoordProcess
 from tests.rawclient import RawClient, commit_request, fetch_request
+
+load_all()  # every API module registers itself: the registry is what kcoord serves
 
 
 @pytest.fixture

@@ -234,14 +234,17 @@ def test_truncated_frame_then_close(kcoord: KcoordProcess, bystanders: Bystander
 
 
 def test_frame_size_limit_is_inclusive(tmp_path: Path) -> None:
-    """With --max-frame-bytes 1024 a 1024-byte request is served and a 1025-byte one closes the connection."""
-    server = KcoordProcess(tmp_path / "data", "--max-frame-bytes", "1024").start()
+    """With --max-frame-bytes 8192 (the lowest accepted) a request of exactly 8192 bytes is served and
+    one of 8193 closes the connection."""
+    limit = 8192
+    server = KcoordProcess(tmp_path / "data", "--max-frame-bytes", str(limit),
+                           "--offset-metadata-max-bytes", "10000").start()
     try:
         # metadata of 200+ chars: its compact length prefix is 2 bytes whatever the exact size
         base = len(encode(commit_request("limit", "raw-topic", 0, 7, "m" * 200), 8, 1)) - 4 - 200
-        at_limit = encode(commit_request("limit", "raw-topic", 0, 7, "m" * (1024 - base)), 8, 1)
-        over = encode(commit_request("limit", "raw-topic", 0, 8, "m" * (1025 - base)), 8, 2)
-        assert (len(at_limit), len(over)) == (4 + 1024, 4 + 1025)
+        at_limit = encode(commit_request("limit", "raw-topic", 0, 7, "m" * (limit - base)), 8, 1)
+        over = encode(commit_request("limit", "raw-topic", 0, 8, "m" * (limit + 1 - base)), 8, 2)
+        assert (len(at_limit), len(over)) == (4 + limit, 4 + limit + 1)
         with connect(server) as sock:
             sock.sendall(at_limit)
             resp = OffsetCommitResponse.decode(read_frame(sock), version=8, header=True)

@@ -96,8 +96,12 @@ def test_big_partition_loads_while_others_serve(tmp_path: Path) -> None:
         client = RawClient(server.port, timeout=60)  # the fetch-all below builds a 1M-partition answer
         first = client.call(fetch_request(big, {"topic-0": [0]}), 7)
         assert first.error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        # Another partition is already serving while the big one loads.
-        small_commit = client.call(commit_request(small, {("t", 0): 5}), 8)
+        # Another partition serves while the big one loads. Like a client, retry 14 until the small
+        # partition (loaded before the big one: smallest logs load first) is ready; no sleep-based timing.
+        while True:
+            small_commit = client.call(commit_request(small, {("t", 0): 5}), 8)
+            if small_commit.topics[0].partitions[0].error_code != ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+                break
         assert small_commit.topics[0].partitions[0].error_code == 0
         still_loading = client.call(fetch_request(big, {"topic-0": [0]}), 7)
         assert still_loading.error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS

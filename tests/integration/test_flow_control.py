@@ -1,43 +1,118 @@
-"""A client that pipelines requests and never reads its replies must not make kcoord buffer without
-bound or starve other clients: the server stops reading from it."""
+"""Clients that pipeline requests and never read their replies must not make kcoord buffer without bound
+or starve other clients: the server stops starting their requests and stops reading from them, and
+shares the event loop round robin. A bystander's latency and the server's memory are reported."""
 
 import socket
+import threading
 import time
+from pathlib import Path
 
 from kafka.protocol.metadata import MetadataRequest
 
+from tests.conftest import Report
+from tests.integration.load import Bystander
 from tests.kcoord_process import KcoordProcess
-from tests.rawclient import RawClient
+from tests.rawclient import RawClient, commit_request
+
+NON_READERS = 20
 
 
-def rss_kib(pid: int) -> int:
+def memory_kib(pid: int, field: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+    raise RuntimeError(f"no {field}")
 
 
-def test_a_client_that_never_reads_is_throttled(kcoord: KcoordProcess) -> None:
+def flood(port: int, frame: bytes, stop: threading.Event, sent: list[int]) -> None:
+    """Pipelines ``frame`` as fast as the server takes it, never reading a reply."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setblocking(False)
+        burst = frame * 64
+        total = 0
+        while not stop.is_set():
+            try:
+                total += sock.send(burst)
+            except BlockingIOError:
+                time.sleep(0.005)  # the server stopped reading from us: our send buffer is full
+        sent.append(total)
+
+
+def test_clients_that_never_read_do_not_starve_others_or_grow_memory(kcoord: KcoordProcess, report: Report) -> None:
     assert kcoord.proc is not None
-    flooder = RawClient(kcoord.port)
-    _, frame = flooder.encode(MetadataRequest(topics=None), 4)  # ~1 KB answer per 30-byte request
-    flooder.sock.setblocking(False)
-    sent = 0
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            sent += flooder.sock.send(frame * 64)
-        except BlockingIOError:
-            time.sleep(0.01)  # the server stopped reading from us: our own send buffer is full
-    rss_after_flood = rss_kib(kcoord.proc.pid)
-    # Unthrottled, 5 s of this grows the server by hundreds of MiB (measured in review).
-    assert rss_after_flood < 200 * 1024, f"server RSS {rss_after_flood} KiB after the flood"
-    other = RawClient(kcoord.port)
-    answer = other.call(MetadataRequest(topics=None), 4)
+    pid = kcoord.proc.pid
+    encoder = RawClient(kcoord.port)
+    frames = [encoder.encode(commit_request(f"flood-{i}", {("t", 0): i}), 8)[1] if i % 2 else
+              encoder.encode(MetadataRequest(topics=None), 4)[1] for i in range(NON_READERS)]
+    encoder.close()
+    rss_before = memory_kib(pid, "VmRSS")
+    stop = threading.Event()
+    sent: list[int] = []
+    flooders = [threading.Thread(target=flood, args=(kcoord.port, f, stop, sent), daemon=True) for f in frames]
+    with Bystander(kcoord.port) as bystander:
+        for t in flooders:
+            t.start()
+        time.sleep(5)
+        fresh_started = time.perf_counter()
+        fresh = RawClient(kcoord.port)  # a new client gets its answer while the flood goes on
+        answer = fresh.call(MetadataRequest(topics=None), 4)
+        fresh_ms = (time.perf_counter() - fresh_started) * 1000
+        fresh.close()
+        rss_during = memory_kib(pid, "VmRSS")
+        stop.set()
+        for t in flooders:
+            t.join(30)
+    time.sleep(1)
+    rss_after = memory_kib(pid, "VmRSS")
+    peak = memory_kib(pid, "VmHWM")
     assert answer.topics[0].name == "__consumer_offsets"
-    other.close()
-    flooder.sock.close()
-    assert sent > 0
+    assert not bystander.errors
+    assert sum(sent) > 0
+    report.figure(f"bystander p99 commit latency with {NON_READERS} non-readers",
+                  bystander.percentile_ms(0.99, commits_only=True), "ms")
+    report.figure(f"bystander p99 commit+fetch round trip with {NON_READERS} non-readers",
+                  bystander.percentile_ms(0.99), "ms")
+    report.figure(f"bystander worst round trip with {NON_READERS} non-readers", bystander.worst_ms(), "ms")
+    report.figure("a new connection's first Metadata answer during the flood", fresh_ms, "ms")
+    report.figure("server RSS before / during / after the flood",
+                  rss_before / 1024, f"MiB / {rss_during / 1024:.1f} MiB / {rss_after / 1024:.1f} MiB")
+    report.figure("server peak RSS (VmHWM)", peak / 1024, "MiB")
+    report.figure("bytes the non-readers got the server to take", sum(sent) / 1e6, "MB")
+    # Memory is bounded per connection (read backlog, in-flight replies, send buffer): 20 connections
+    # may hold a few MiB each at most; unbounded, this flood grew the server by hundreds of MiB.
+    assert rss_during - rss_before < 64 * 1024, f"RSS grew {(rss_during - rss_before) / 1024:.0f} MiB"
     with socket.create_connection(("127.0.0.1", kcoord.port), timeout=5):
         pass  # still accepting
+
+
+def test_frames_as_large_as_the_memory_budget_wait_their_turn(tmp_path: Path, report: Report) -> None:
+    """--max-buffered-bytes equal to --max-frame-bytes: two clients each send a frame that needs the
+    whole budget. One is read while the other waits; both are answered (no deadlock)."""
+    from tests.integration.test_stalls import read_frame
+
+    limit = 1_000_000
+    server = KcoordProcess(tmp_path / "data", "--max-frame-bytes", str(limit), "--max-buffered-bytes",
+                           str(limit), "--log-level", "DEBUG").start()
+    try:
+        encoder = RawClient(server.port)
+        frames = []
+        for g in ("budget-a", "budget-b"):
+            n = 40_000
+            _, frame = encoder.encode(commit_request(g, {("t", i): i for i in range(n)}), 8)
+            frames.append(frame)
+        encoder.close()
+        assert all(limit * 0.6 < len(f) <= limit for f in frames), [len(f) for f in frames]
+        socks = [socket.create_connection(("127.0.0.1", server.port), timeout=60) for _ in frames]
+        for sock, frame in zip(socks, frames, strict=True):
+            sock.sendall(frame[: len(frame) // 2])  # both frames have started: one holds the budget
+        time.sleep(0.2)
+        for sock, frame in zip(socks, frames, strict=True):
+            threading.Thread(target=sock.sendall, args=(frame[len(frame) // 2:],), daemon=True).start()
+        answers = [read_frame(sock) for sock in socks]
+        assert all(len(a) > 40_000 * 6 for a in answers)
+        for sock in socks:
+            sock.close()
+        assert "buffered-bytes budget full" in server.log()  # one of them did wait
+    finally:
+        assert server.stop() == 0

@@ -4,8 +4,11 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from collections import deque
 from pathlib import Path
 
+from tests.conftest import Report
 from tests.kcoord_process import REPO, KcoordProcess
 from tests.rawclient import RawClient, commit_request, fetch_request
 
@@ -13,7 +16,14 @@ from tests.rawclient import RawClient, commit_request, fetch_request
 def test_sigterm_finishes_parked_commits_and_exits_0(kcoord: KcoordProcess) -> None:
     client = RawClient(kcoord.port)
     frames = [client.encode(commit_request("graceful", {("t", 0): i}), 8)[1] for i in range(2000)]
-    threading.Thread(target=lambda: [client.sock.sendall(f) for f in frames], daemon=True).start()
+    def send_all() -> None:
+        try:
+            for f in frames:
+                client.sock.sendall(f)
+        except OSError:
+            pass  # the server stopped and closed the connection: expected once SIGTERM is sent
+
+    threading.Thread(target=send_all, daemon=True).start()
     acked = -1
     for _ in range(300):
         _, response = client.receive(8, 8)
@@ -60,3 +70,62 @@ def test_a_damaged_meta_file_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "kcoord.meta.json is damaged" in result.stderr
+
+
+class _AckTracker(threading.Thread):
+    """One connection committing increasing offsets to its own partition of a shared group, keeping
+    ``window`` requests in flight; remembers the highest offset acknowledged (replies come back in
+    request order, so each one answers the oldest offset still outstanding)."""
+
+    def __init__(self, port: int, partition: int, window: int = 16) -> None:
+        super().__init__(daemon=True)
+        self.client = RawClient(port, timeout=30)
+        self.partition = partition
+        self.window = window
+        self.acked = -1
+
+    def run(self) -> None:
+        outstanding: deque[int] = deque()
+        offset = 0
+
+        def send_next() -> None:
+            nonlocal offset
+            offset += 1
+            outstanding.append(offset)
+            self.client.send(commit_request("busy", {("t", self.partition): offset}), 8)
+
+        try:
+            for _ in range(self.window):
+                send_next()
+            while True:
+                _, resp = self.client.receive(8, 8)
+                answered = outstanding.popleft()
+                if resp.topics[0].partitions[0].error_code == 0:
+                    self.acked = answered
+                send_next()
+        except (ConnectionError, OSError):
+            pass
+
+
+def test_sigterm_under_load_stops_promptly_and_loses_nothing(kcoord: KcoordProcess, report: Report) -> None:
+    assert kcoord.proc is not None
+    committers = [_AckTracker(kcoord.port, p) for p in range(32)]
+    for c in committers:
+        c.start()
+    time.sleep(2)
+    signalled = time.monotonic()
+    kcoord.proc.send_signal(signal.SIGTERM)
+    code = kcoord.proc.wait(30)
+    report.figure("SIGTERM to exit with 32 connections committing to one group", (time.monotonic() - signalled) * 1000,
+                  "ms")
+    assert code == 0
+    for c in committers:
+        c.join(10)
+    assert all(c.acked > 0 for c in committers)
+    kcoord.start()
+    reader = RawClient(kcoord.port)
+    got = reader.call(fetch_request("busy", {"t": list(range(32))}), 7)
+    committed = {p.partition_index: p.committed_offset for p in got.topics[0].partitions}
+    for c in committers:
+        assert committed[c.partition] >= c.acked, (c.partition, committed[c.partition], c.acked)
+    reader.close()

@@ -1,21 +1,18 @@
-"""Every served version of every API decodes what a client encodes, and encodes what a client decodes."""
+"""The registry: whole request frames (header included) decode as kafka-python encodes them, responses
+frame with the right header version, and the reference byte vectors hold."""
 
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.protocol.consumer.group import OffsetCommitRequest
 
-from protocol.registry import (
-    API_VERSIONS,
-    FIND_COORDINATOR,
-    OFFSET_COMMIT,
-    OFFSET_FETCH,
-    REGISTRY,
-    ApiSpec,
-    DecodeError,
-    api_versions_fallback,
-    supported_versions,
-)
+from coordinator.apis import load_all
+from protocol.registry import REGISTRY, ApiSpec, DecodeError, api_versions_fallback, supported_versions
+from tests.protocol.test_codec import assert_same, message_strategy, reference_class
 
+load_all()
 ALL_VERSIONS = [(spec, v) for spec in REGISTRY.values() for v in range(spec.min_version, spec.max_version + 1)]
 
 
@@ -23,49 +20,30 @@ def _ids(item: tuple[ApiSpec, int]) -> str:
     return f"{item[0].name}-v{item[1]}"
 
 
-def sample_request(spec: ApiSpec, version: int) -> Any:
-    cls = spec.request
-    if spec.key == OFFSET_COMMIT:
-        t = cls.OffsetCommitRequestTopic
-        part = t.OffsetCommitRequestPartition(partition_index=3, committed_offset=42, committed_leader_epoch=7,
-                                              commit_timestamp=5, committed_metadata="meta")
-        return cls(group_id="g", generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
-                   retention_time_ms=-1, topics=[t(name="topic", partitions=[part])])
-    if spec.key == OFFSET_FETCH:
-        if version >= 8:
-            g = cls.OffsetFetchRequestGroup
-            topic = g.OffsetFetchRequestTopics(name="topic", partition_indexes=[0, 1])
-            return cls(groups=[g(group_id="g", member_id=None, member_epoch=-1, topics=[topic])], require_stable=True)
-        topic = cls.OffsetFetchRequestTopic(name="topic", partition_indexes=[0, 1])
-        return cls(group_id="g", topics=[topic], require_stable=False)
-    if spec.key == FIND_COORDINATOR:
-        return cls(key="g", key_type=0, coordinator_keys=["g", "h"])
-    if spec.key == API_VERSIONS:
-        return cls(client_software_name="kcoord-test", client_software_version="1.0")
-    return cls(topics=[cls.MetadataRequestTopic(name="__consumer_offsets")], allow_auto_topic_creation=False,
-               include_topic_authorized_operations=False)
-
-
+@settings(max_examples=5, deadline=None)
 @pytest.mark.parametrize("item", ALL_VERSIONS, ids=_ids)
-def test_request_round_trip(item: tuple[ApiSpec, int]) -> None:
+@given(data=st.data(), client_id=st.sampled_from(["client", "", None, "clïent-ünicode"]))
+def test_whole_frames_decode_like_kafka_python(item: tuple[ApiSpec, int], data: st.DataObject,
+                                               client_id: str | None) -> None:
     spec, version = item
-    req = sample_request(spec, version)
-    req.with_header(correlation_id=99, client_id="client")
-    frame = bytes(req.encode(version=version, header=True))
-    decoded = spec.decode_request(frame, version)
-    assert decoded.header.correlation_id == 99
-    assert decoded.header.client_id == "client"
-    assert decoded.to_dict() == spec.request.decode(frame, version=version, header=True).to_dict()
-    assert bytes(decoded.encode(version=version)) == bytes(req.encode(version=version))
+    message = data.draw(message_strategy(spec.name + "Request", version))
+    body = spec.request.encode(message, version)
+    ref = reference_class(spec.name + "Request").decode(body, version=version)
+    ref.with_header(correlation_id=99, client_id=client_id)
+    frame = bytes(ref.encode(version=version, header=True))
+    got_client, decoded = spec.decode_request(frame, version)
+    assert got_client == (client_id or "")  # a null client id reads as "", as Kafka does
+    assert_same(spec.request.spec.root, version, decoded, ref)
 
 
-def test_truncated_body_is_a_decode_error() -> None:
-    spec = REGISTRY[OFFSET_COMMIT]
-    req = sample_request(spec, 8)
-    req.with_header(correlation_id=1, client_id="c")
+def test_truncated_frames_are_decode_errors() -> None:
+    spec = REGISTRY[8]
+    req = OffsetCommitRequest(group_id="g", topics=[])
+    req.with_header(correlation_id=1, client_id="client")
     frame = bytes(req.encode(version=8, header=True))
-    with pytest.raises(DecodeError):
-        spec.decode_request(frame[:-6], 8)
+    for cut in range(8, len(frame)):
+        with pytest.raises(DecodeError):
+            spec.decode_request(frame[:cut], 8)
 
 
 def test_served_ranges() -> None:
@@ -78,18 +56,25 @@ def test_api_versions_fallback_vector() -> None:
 
 
 def test_find_coordinator_v0_and_v3_response_vectors() -> None:
-    spec = REGISTRY[FIND_COORDINATOR]
-    v0 = spec.response(error_code=0, node_id=1, host="localhost", port=9092)
+    spec = REGISTRY[10]
+    response: Any = spec.response.cls
+    v0 = response(error_code=0, node_id=1, host="localhost", port=9092)
     assert spec.encode_response(v0, 0, 2).hex() == "000000190000000200000000000100096c6f63616c686f737400002384"
-    v3 = spec.response(throttle_time_ms=0, error_code=0, error_message="NONE", node_id=1, host="localhost", port=9092)
+    v3 = response(throttle_time_ms=0, error_code=0, error_message="NONE", node_id=1, host="localhost", port=9092)
     assert spec.encode_response(v3, 3, 3).hex() == (
         "000000230000000300000000000000054e4f4e45000000010a6c6f63616c686f73740000238400"
     )
 
 
+def test_api_versions_request_vector() -> None:
+    # Reference 19.4: ApiVersions v3, correlation 1, client "test", software kcoord / 0.1 (header v2).
+    frame = bytes.fromhex("001200030000000100047465737400076b636f6f726404302e3100")
+    client_id, body = REGISTRY[18].decode_request(frame, 3)
+    assert (client_id, body.client_software_name, body.client_software_version) == ("test", "kcoord", "0.1")
+
+
 def test_api_versions_response_always_uses_header_v0() -> None:
-    spec = REGISTRY[API_VERSIONS]
-    resp = spec.response(error_code=0, api_keys=[], throttle_time_ms=0)
-    framed = spec.encode_response(resp, 3, 5)
+    spec = REGISTRY[18]
+    framed = spec.encode_response(spec.response.cls(error_code=0, api_keys=[], throttle_time_ms=0), 3, 5)
     assert framed[4:8] == b"\x00\x00\x00\x05"
     assert framed[8:10] == b"\x00\x00"  # the body's error code follows the correlation id at once

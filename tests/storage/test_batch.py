@@ -1,6 +1,10 @@
 """Record batch bytes from reference section 19.3 (reproduced there with Java's CRC32C)."""
 
+import struct
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from storage.batch import DELETE_HORIZON_FLAG, BatchError, build_batch, decode_batch, rebuild_batch
@@ -86,3 +90,20 @@ def test_rebuild_with_a_delete_horizon_keeps_record_timestamps() -> None:
     rebuilt = decode_batch(rebuild_batch(batch, {41, 42}, T + 5000))
     assert rebuilt.attributes & DELETE_HORIZON_FLAG and rebuilt.base_timestamp == T + 5000
     assert [(r.offset, r.timestamp, r.value) for r in rebuilt.records] == [(41, T, None), (42, T, b"")]
+
+
+@settings(max_examples=100)
+@given(entries=st.lists(st.tuples(st.binary(max_size=40), st.one_of(st.none(), st.binary(max_size=80))),
+                        min_size=1, max_size=50),
+       base=st.integers(0, 2**40), timestamp=st.integers(0, 2**42))
+def test_batches_are_byte_identical_to_kafka_pythons_builder(entries: list[tuple[bytes, bytes | None]], base: int,
+                                                             timestamp: int) -> None:
+    from kafka.record.default_records import DefaultRecordBatchBuilder as Reference
+
+    ref = Reference(magic=2, compression_type=0, is_transactional=False, producer_id=-1, producer_epoch=-1,
+                    base_sequence=-1, batch_size=1 << 62)
+    for delta, (key, value) in enumerate(entries):
+        ref.append(delta, timestamp, key, value, [])
+    expected = ref.build()
+    struct.pack_into(">qii", expected, 0, base, len(expected) - 12, 0)
+    assert build_batch(base, entries, timestamp) == bytes(expected)

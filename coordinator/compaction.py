@@ -1,0 +1,102 @@
+"""Log compaction of one shard, run periodically (Kafka's cleaner backoff) by the runtime.
+
+The in-memory state does not change: compaction keeps it equal. The rewrite runs on the cleaner thread;
+only each swap runs on the shard's writer thread, and only if the shard still serves the same log, so
+commits on partitions sharing that writer are held up for a rename, not a rewrite.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor
+
+from coordinator.metrics import Metrics
+from coordinator.shard import Shard, ShardState
+from storage.cleaner import CleanAborted, CleanStats, clean, cleanable_count, dirty_ratio
+from storage.log import PartitionLog
+
+log = logging.getLogger(__name__)
+
+MIN_CLEANABLE_DIRTY_RATIO = 0.5  # Kafka's min.cleanable.dirty.ratio
+
+
+class SwapRefused(Exception):
+    """A compaction's swap found the shard reloaded, failed or closed since the compaction began."""
+
+
+class SwapFailed(Exception):
+    """A compaction's swap failed part-way: the live files need the shard's reopen path."""
+
+
+class Compactor:
+    """Compaction bookkeeping of one shard: where the clean part ends and when it was last cleaned."""
+
+    def __init__(self, shard: Shard, cleaner: Executor, metrics: Metrics) -> None:
+        self.shard = shard
+        self._cleaner = cleaner
+        self._metrics = metrics
+        self._clean_end = 0
+        self._last_clean_ms = shard.clock.now_ms()
+        self._stopping = False
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    async def compact(self, delete_retention_ms: int) -> CleanStats | None:
+        """Compacts closed segments when enough of the log is dirty, or when tombstones may have
+        passed their delete horizon."""
+        shard = self.shard
+        if shard.state is not ShardState.ACTIVE or self._stopping:
+            return None
+        loop = asyncio.get_running_loop()
+        now = shard.clock.now_ms()
+        try:
+            stats = await loop.run_in_executor(self._cleaner, self._compact_if_due, now, delete_retention_ms)
+        except CleanAborted:
+            return None
+        except SwapRefused:
+            log.info("partition %d: compaction abandoned, the partition was reloaded or closed meanwhile",
+                     shard.partition)
+            return None
+        except SwapFailed as exc:
+            if shard.state is ShardState.ACTIVE:
+                shard.fail_write(exc)
+            return None
+        except Exception as exc:  # the rewrite failed before touching live files: try again next time
+            log.error("partition %d: compaction failed, the log is unchanged: %r", shard.partition, exc)
+            return None
+        if stats is not None:
+            self._metrics.log_cleaned(shard.partition, stats)
+            log.info("partition %d: compacted %d segments into %d, %d -> %d bytes, %d records kept, %d dropped",
+                     shard.partition, stats.segments_before, stats.segments_after, stats.bytes_before,
+                     stats.bytes_after, stats.records_kept, stats.records_dropped)
+        return stats
+
+    def _compact_if_due(self, now: int, delete_retention_ms: int) -> CleanStats | None:
+        plog = self.shard.log
+        if self.shard.state is not ShardState.ACTIVE or not cleanable_count(plog):
+            return None
+        dirty = dirty_ratio(plog, self._clean_end) >= MIN_CLEANABLE_DIRTY_RATIO
+        if not dirty and now - self._last_clean_ms < delete_retention_ms:
+            return None
+        stats = clean(plog, now, delete_retention_ms, self._swap_on_writer(plog), lambda: self._stopping)
+        self._clean_end = stats.clean_end_offset
+        self._last_clean_ms = now
+        return stats
+
+    def _swap_on_writer(self, plog: PartitionLog) -> Callable[[Callable[[], None]], None]:
+        """Runs a swap on the writer thread, only if ``plog`` is still the live log of an active shard."""
+        shard = self.shard
+
+        def guarded(swap: Callable[[], None]) -> None:
+            if shard.log is not plog or shard.state is not ShardState.ACTIVE or self._stopping:
+                raise SwapRefused()
+            try:
+                swap()
+            except Exception as exc:
+                raise SwapFailed(repr(exc)) from exc
+
+        def run(swap: Callable[[], None]) -> None:
+            shard.writer.submit(guarded, swap).result()
+
+        return run

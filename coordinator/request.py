@@ -1,0 +1,89 @@
+"""One request in flight, from its decoding to its reply, and the contract between handlers and shards.
+
+A handler returns the response object. If that response may only be sent later (its records are not
+durable yet, it read state a pending write could still take back, or it is a JoinGroup waiting for the
+rebalance), something calls ``wait()`` before the handler returns and ``done()`` exactly once later;
+the reply leaves when the last wait is done. There is no future or callback per request: a shard keeps
+``(request, fixup)`` pairs per batch and releases them all when the batch is durable.
+"""
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from coordinator.apis import Api
+
+Fixup = Callable[[ErrorCode], None]
+
+
+class ReplySink(Protocol):
+    def reply_ready(self, request: "Request") -> None: ...
+
+
+class Lazy:
+    """A response built only when it is encoded: for a large request that happens on the bulk thread,
+    so hundreds of thousands of response objects are not made on the event loop."""
+
+    __slots__ = ("_args", "_build")
+
+    def __init__(self, build: Callable[..., Any], *args: Any) -> None:
+        self._build = build
+        self._args = args
+
+    def __call__(self) -> Any:
+        return self._build(*self._args)
+
+
+PARKED: Any = object()  # a handler's return value when its response arrives later through ``complete``
+
+
+class ShardUnavailable(Exception):
+    """The shard of a group cannot serve it now: the API's error response carries ``error``."""
+
+    def __init__(self, error: ErrorCode) -> None:
+        super().__init__(error.name)
+        self.error = error
+
+
+class Request:
+    __slots__ = ("api", "body", "client_host", "client_id", "correlation_id", "data", "large", "pending",
+                 "released", "response", "sink", "version")
+
+    def __init__(self, sink: ReplySink | None, api: "Api", version: int, correlation_id: int,
+                 client_id: str = "", client_host: str = "") -> None:
+        self.sink = sink
+        self.api = api
+        self.version = version
+        self.correlation_id = correlation_id
+        self.client_id = client_id
+        self.client_host = client_host
+        self.body: Any = None
+        self.response: Any = None
+        self.data: bytes | None = None  # the encoded reply, once it may be sent
+        self.pending = 0
+        self.released = False  # handed to the sink for encoding: happens once
+        self.large = False  # a large request: its reply is encoded off the event loop
+
+    def wait(self) -> None:
+        """The response must also wait for one more ``done()``."""
+        self.pending += 1
+
+    def done(self, fixup: Fixup | None = None, error: ErrorCode | None = None) -> None:
+        """One wait is over; with ``error`` the part of the response it guarded becomes an error (through
+        ``fixup``, or the whole response becomes the API's error response)."""
+        if error is not None:
+            if fixup is not None:
+                fixup(error)
+            else:
+                self.response = self.api.error_response(self.body, self.version, error)
+        self.pending -= 1
+        if self.pending == 0 and self.sink is not None and not self.released:
+            self.released = True
+            self.sink.reply_ready(self)
+
+    def complete(self, response: Any) -> None:
+        """Ends a wait by supplying the response itself (a parked JoinGroup or SyncGroup)."""
+        self.response = response
+        self.done()

@@ -1,0 +1,118 @@
+"""Helpers to drive a real Runtime (real files, real threads) from tests: writes through the shard's
+``write`` operation as a request would, and a partition log that injects faults through the log-factory
+seam (fail the next fsync, tear the next append, a disk that is full until told otherwise)."""
+
+import asyncio
+import errno
+from pathlib import Path
+from typing import Any
+
+from coordinator.config import Config
+from coordinator.request import Request
+from coordinator.runtime import LogFactory, Runtime
+from coordinator.shard import OpResult, Shard, ShardState
+from coordinator.state import ShardData
+from protocol.errors import ErrorCode
+from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, Record
+from storage.log import PartitionLog
+
+OK = "ok"
+
+
+def config(data_dir: Path, partitions: int = 1, **kw: Any) -> Config:
+    return Config(data_dir=data_dir, offsets_partitions=partitions, **kw)
+
+
+async def started(cfg: Config, log_factory: LogFactory = PartitionLog, **kw: Any) -> Runtime:
+    runtime = Runtime(cfg, log_factory=log_factory, **kw)
+    runtime.start()
+    await runtime.wait_loaded()
+    return runtime
+
+
+async def stop(runtime: Runtime) -> None:
+    await runtime.stop(asyncio.get_running_loop().time() + 10)
+
+
+def commit(group: str, partition: int, offset: int) -> OffsetCommitRecord:
+    return OffsetCommitRecord(OffsetKey(group, "t", partition), OffsetAndMetadata(offset, -1, "m", 1))
+
+
+class _TestApi:
+    """Stands in for an API module: a failed write answers with the bare error code."""
+
+    def error_response(self, body: Any, version: int, error: ErrorCode) -> Any:
+        return error
+
+
+class FutureSink:
+    """A connection stand-in: the reply's release resolves a future with the response."""
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def reply_ready(self, request: Request) -> None:
+        self.future.set_result(request.response)
+
+
+def _records_op(data: ShardData, records: list[Record]) -> OpResult:
+    return OpResult(records, OK)
+
+
+def append(shard: Shard, records: list[Record]) -> "asyncio.Future[Any]":
+    """Writes ``records`` as a request would; the future gives OK once durable, else the error code."""
+    sink = FutureSink()
+    req = Request(sink, _TestApi(), 0, 0)  # type: ignore[arg-type]
+    req.response = shard.write(req, _records_op, records)
+    if req.pending == 0:
+        req.released = True
+        sink.reply_ready(req)
+    return sink.future
+
+
+async def wait_state(shard: Shard, *states: ShardState, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while shard.state not in states:
+        assert asyncio.get_running_loop().time() < deadline, f"shard stuck in {shard.state}, wanted {states}"
+        await asyncio.sleep(0.005)
+
+
+class Faults:
+    """Fault switches shared by every log a shard opens (it reopens its log after a failure):
+    fail the next append or fsync, or a full disk (appends write part of the batch, then ENOSPC;
+    the writability probe fails)."""
+
+    def __init__(self) -> None:
+        self.fail_next_sync = False
+        self.fail_next_append = False
+        self.disk_full = False
+
+    def factory(self, directory: Path, segment_bytes: int) -> PartitionLog:
+        return FaultyLog(directory, segment_bytes, self)
+
+
+class FaultyLog(PartitionLog):
+    def __init__(self, directory: Path, segment_bytes: int, faults: Faults) -> None:
+        super().__init__(directory, segment_bytes)
+        self.faults = faults
+
+    def append(self, batch: bytes, last_offset: int) -> None:
+        faults = self.faults
+        if faults.fail_next_append:
+            faults.fail_next_append = False
+            raise OSError(errno.EIO, "injected EIO in append")
+        if faults.disk_full:
+            super().append(batch[: len(batch) // 2], last_offset)  # a short write, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        super().append(batch, last_offset)
+
+    def sync(self) -> None:
+        if self.faults.fail_next_sync:
+            self.faults.fail_next_sync = False
+            raise OSError(errno.EIO, "injected EIO in fsync")
+        super().sync()
+
+    def probe(self) -> None:
+        if self.faults.disk_full:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)", str(self.directory))
+        super().probe()

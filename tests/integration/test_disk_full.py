@@ -1,0 +1,99 @@
+"""A full disk, for real: kcoord's data directory on a small tmpfs. Acknowledged offsets stay readable
+while the disk is full, commits get a retriable error, and commits resume without a restart once space
+is freed; nothing acknowledged is lost across a restart. Needs root to mount; skipped otherwise."""
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from protocol.errors import ErrorCode
+from tests.conftest import Report
+from tests.kcoord_process import KcoordProcess
+from tests.rawclient import RawClient, commit_request, fetch_request
+
+RETRIABLE = {ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ErrorCode.COORDINATOR_NOT_AVAILABLE}
+GROUP, TOPIC, PARTITIONS = "disk-full", "t", 64
+METADATA = "m" * 2000  # big records fill the disk quickly
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.decode().strip()}): ENOSPC is covered by the "
+                    "injected short write + ENOSPC in tests/coordinator/test_shard.py")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def commit_all(client: RawClient, value: int) -> dict[int, int]:
+    """Commits ``value`` to every partition; returns the error code of each."""
+    resp = client.call(commit_request(GROUP, {(TOPIC, p): value for p in range(PARTITIONS)}, METADATA), 8)
+    return {p.partition_index: p.error_code for p in resp.topics[0].partitions}
+
+
+def fetch_all(client: RawClient, deadline: float) -> dict[int, int]:
+    """Committed offsets of every partition, retrying errors a client retries."""
+    while True:
+        resp = client.call(fetch_request(GROUP, {TOPIC: list(range(PARTITIONS))}), 7)
+        if resp.error_code == 0:
+            return {p.partition_index: p.committed_offset for p in resp.topics[0].partitions}
+        assert resp.error_code in RETRIABLE, resp
+        assert time.monotonic() < deadline, "fetches never recovered"
+        time.sleep(0.05)
+
+
+def test_full_disk_keeps_offsets_readable_and_commits_resume_when_space_returns(small_disk: Path,
+                                                                               report: Report) -> None:
+    data = small_disk / "data"
+    server = KcoordProcess(data, "--offsets-partitions", "4")
+    server.log_path = small_disk.parent / "kcoord.log"  # the log must not land on the full disk
+    server.start()
+    client = RawClient(server.port, timeout=30)
+    try:
+        filler = small_disk / "filler"
+        free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+        with open(filler, "wb") as f:
+            f.write(b"\0" * max(free - 1_500_000, 0))
+        acked = value = 0
+        while True:
+            value += 1
+            errors = commit_all(client, value)
+            if set(errors.values()) == {0}:
+                acked = value
+                continue
+            assert set(errors.values()) <= RETRIABLE | {0}, errors
+            break
+        assert acked > 0
+        # Full: what was acknowledged is still served; commits get retriable errors.
+        deadline = time.monotonic() + 30
+        assert set(fetch_all(client, deadline).values()) == {acked}
+        assert set(commit_all(client, value + 1).values()) <= RETRIABLE
+        assert set(fetch_all(client, deadline).values()) == {acked}
+        # Space comes back: commits resume without a restart.
+        filler.unlink()
+        freed = time.monotonic()
+        while set(commit_all(client, value + 2).values()) != {0}:
+            assert time.monotonic() - freed < 60, "commits never resumed"
+            time.sleep(0.05)
+        report.figure("commits resuming after space was freed", (time.monotonic() - freed) * 1000, "ms")
+        assert set(fetch_all(client, time.monotonic() + 30).values()) == {value + 2}
+        client.close()
+        assert server.stop() == 0
+        server.start()
+        reader = RawClient(server.port)
+        assert set(fetch_all(reader, time.monotonic() + 30).values()) == {value + 2}
+        reader.close()
+        log = server.log()
+        assert "cannot be written" in log and "writable again" in log, log
+        assert "Traceback" not in log
+    finally:
+        server.kill() if server.proc is not None and server.proc.poll() is None else None

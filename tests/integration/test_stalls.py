@@ -1,0 +1,133 @@
+"""No single frame stalls the server: crafted frames are refused in time linear in their size, and huge
+legal requests are decoded and answered off the event loop. A bystander client commits and reads back
+throughout; its worst round trip is reported (not asserted), and it must never see an error."""
+
+import dataclasses
+import socket
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kafka.protocol.consumer.group import OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse
+
+from protocol.codec import MessageCodec
+from protocol.schema import load_message
+from tests.conftest import Report
+from tests.integration.load import Bystander
+from tests.kcoord_process import KcoordProcess
+from tests.protocol.test_codec import with_junk
+
+PARTITIONS = 150_000
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KcoordProcess]:
+    proc = KcoordProcess(tmp_path_factory.mktemp("stalls") / "data").start()
+    yield proc
+    proc.kill()
+
+
+def header(api_key: int, version: int, correlation_id: int, flexible: bool) -> bytes:
+    return struct.pack(">hhih", api_key, version, correlation_id, 1) + b"x" + (b"\x00" if flexible else b"")
+
+
+def framed(payload: bytes) -> bytes:
+    return struct.pack(">i", len(payload)) + payload
+
+
+def big_commit(group: str, unknown_tag: bool) -> bytes:
+    """An OffsetCommit v8 of PARTITIONS partitions (~2.7 MB), optionally with an unknown tagged field
+    on every partition (~3.3 MB): legal, as unknown tags must be skipped."""
+    real = MessageCodec(load_message("OffsetCommitRequest"))
+    codec = MessageCodec(dataclasses.replace(real.spec, root=with_junk(real.spec.root, real.spec.flexible))) \
+        if unknown_tag else real
+    cls = codec.cls
+    topic = cls.OffsetCommitRequestTopic
+    extra = {"junk_tag": "x"} if unknown_tag else {}
+    parts = [topic.OffsetCommitRequestPartition(partition_index=i, committed_offset=i, committed_metadata="", **extra)
+             for i in range(PARTITIONS)]
+    body = codec.encode(cls(group_id=group, topics=[topic(name="big", partitions=parts)]), 8)
+    return framed(header(8, 8, 7, True) + body)
+
+
+def big_fetch(group: str) -> bytes:
+    req = OffsetFetchRequest(group_id=group, topics=[
+        OffsetFetchRequest.OffsetFetchRequestTopic(name="big", partition_indexes=list(range(PARTITIONS)))])
+    req.with_header(correlation_id=8, client_id="x")
+    return bytes(req.encode(version=7, header=True, framed=True))
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    def exactly(n: int) -> bytes:
+        chunks, left = [], n
+        while left:
+            chunk = sock.recv(min(left, 1 << 20))
+            if not chunk:
+                raise ConnectionError("closed")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    return exactly(struct.unpack(">i", exactly(4))[0])
+
+
+def attack(server: KcoordProcess, frame: bytes) -> bytes | None:
+    """Sends one frame; returns the response frame, or None if the server closed the connection."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
+        sock.sendall(frame)
+        try:
+            return read_frame(sock)
+        except (ConnectionError, OSError):
+            return None
+
+
+@pytest.mark.parametrize("run_bytes", [400_000, 500_000])
+def test_a_run_of_varint_continuation_bytes_is_refused_at_once(server: KcoordProcess, report: Report,
+                                                                run_bytes: int) -> None:
+    frame = framed(header(8, 8, 1, True) + b"\xff" * run_bytes)
+    with Bystander(server.port) as bystander:
+        assert attack(server, frame) is None  # closed, no response
+    assert not bystander.errors
+    report.figure(f"bystander worst round trip during a {run_bytes // 1000} KB varint run", bystander.worst_ms(), "ms")
+    assert "varint longer than 5 bytes" in server.log()
+
+
+@pytest.mark.parametrize("unknown_tag", [False, True], ids=["legal-2.7MB", "unknown-tag-per-partition-3MB"])
+def test_a_huge_legal_commit_is_answered_without_freezing_others(server: KcoordProcess, report: Report,
+                                                                 unknown_tag: bool) -> None:
+    group = f"huge-{unknown_tag}"
+    frame = big_commit(group, unknown_tag)
+    with Bystander(server.port) as bystander:
+        answer = attack(server, frame)
+    assert answer is not None
+    assert not bystander.errors
+    what = "unknown tag on each of" if unknown_tag else "legal commit of"
+    report.figure(f"bystander worst round trip during a {len(frame) / 1e6:.1f} MB {what} {PARTITIONS} partitions",
+                  bystander.worst_ms(), "ms")
+    resp = OffsetCommitResponse.decode(answer[5:], version=8)
+    errors = [p.error_code for p in resp.topics[0].partitions]
+    assert len(errors) == PARTITIONS and set(errors) == {0}
+    fetched = attack(server, big_fetch(group))
+    assert fetched is not None
+    offsets = OffsetFetchResponse.decode(fetched[5:], version=7)  # v7 is flexible: header v1
+    assert [p.committed_offset for p in offsets.topics[0].partitions] == list(range(PARTITIONS))
+
+
+def test_a_huge_fetch_does_not_freeze_others(server: KcoordProcess, report: Report) -> None:
+    frame = big_fetch("nobody")
+    with Bystander(server.port) as bystander:
+        answer = attack(server, frame)
+    assert answer is not None and not bystander.errors
+    report.figure(f"bystander worst round trip during a fetch of {PARTITIONS} partitions", bystander.worst_ms(), "ms")
+
+
+def test_bystander_baseline(server: KcoordProcess, report: Report, tmp_path: Path) -> None:
+    """The same bystander with nobody else around, for comparison with the figures above."""
+    import time
+
+    with Bystander(server.port) as bystander:
+        time.sleep(2)
+    assert not bystander.errors
+    report.figure("bystander worst round trip, idle server", bystander.worst_ms(), "ms")
+    report.figure("bystander p99 round trip, idle server", bystander.percentile_ms(0.99), "ms")
