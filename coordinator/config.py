@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from coordinator.groups.messages import GroupConfig
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from storage.log import DEFAULT_SEGMENT_BYTES
 
@@ -43,8 +44,24 @@ class Config:
     max_buffered_bytes: int = 2 * DEFAULT_MAX_FRAME_BYTES
     delete_retention_ms: int = 24 * 3600 * 1000
     shutdown_timeout_ms: int = 10_000
+    group_initial_rebalance_delay_ms: int = 3000
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1_800_000
+    group_max_size: int = INT31
+    offsets_retention_minutes: int = 10080
+    offsets_retention_check_interval_ms: int = 600_000
     cleaner_interval_s: float = 15.0
     log_level: str = "INFO"
+
+    def groups(self) -> GroupConfig:
+        return GroupConfig(
+            initial_rebalance_delay_ms=self.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms=self.group_min_session_timeout_ms,
+            max_session_timeout_ms=self.group_max_session_timeout_ms,
+            max_size=self.group_max_size,
+            offsets_retention_ms=self.offsets_retention_minutes * 60_000,
+            offsets_retention_check_interval_ms=self.offsets_retention_check_interval_ms,
+        )
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -131,6 +148,18 @@ OPTIONS: list[Option] = [
            _field("delete_retention_ms"), "how long the cleaner keeps tombstones (default 86400000)"),
     Option("--shutdown-timeout-ms", "KCOORD_SHUTDOWN_TIMEOUT_MS", bounded_int(0, 3_600_000),
            _field("shutdown_timeout_ms"), "longest a stop may take to finish pending writes (default 10000)"),
+    Option("--group-initial-rebalance-delay-ms", "KCOORD_GROUP_INITIAL_REBALANCE_DELAY_MS", bounded_int(0),
+           _field("group_initial_rebalance_delay_ms"), "how long a new group waits for more members (default 3000)"),
+    Option("--group-min-session-timeout-ms", "KCOORD_GROUP_MIN_SESSION_TIMEOUT_MS", bounded_int(0),
+           _field("group_min_session_timeout_ms"), "shortest session timeout a member may ask for (default 6000)"),
+    Option("--group-max-session-timeout-ms", "KCOORD_GROUP_MAX_SESSION_TIMEOUT_MS", bounded_int(0),
+           _field("group_max_session_timeout_ms"), "longest session timeout a member may ask for (default 1800000)"),
+    Option("--group-max-size", "KCOORD_GROUP_MAX_SIZE", bounded_int(1), _field("group_max_size"),
+           "most members a group may have (default 2147483647: unbounded)"),
+    Option("--offsets-retention-minutes", "KCOORD_OFFSETS_RETENTION_MINUTES", bounded_int(1),
+           _field("offsets_retention_minutes"), "how long offsets of an idle group are kept (default 10080)"),
+    Option("--offsets-retention-check-interval-ms", "KCOORD_OFFSETS_RETENTION_CHECK_INTERVAL_MS", bounded_int(1),
+           _field("offsets_retention_check_interval_ms"), "how often expired offsets are removed (default 600000)"),
     Option("--log-level", "KCOORD_LOG_LEVEL", log_level, _field("log_level"),
            "DEBUG, INFO, WARNING or ERROR (default INFO)", "LEVEL"),
 ]
@@ -159,6 +188,9 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
         except ValueError as exc:
             raise ConfigError(f"{source}={raw!r}: {exc}") from None
     config = replace(Config(), **values)
+    if config.group_min_session_timeout_ms > config.group_max_session_timeout_ms:
+        raise ConfigError(f"--group-min-session-timeout-ms ({config.group_min_session_timeout_ms}) is above "
+                          f"--group-max-session-timeout-ms ({config.group_max_session_timeout_ms})")
     if config.max_buffered_bytes < config.max_frame_bytes:
         raise ConfigError(f"--max-buffered-bytes ({config.max_buffered_bytes}) must be at least "
                           f"--max-frame-bytes ({config.max_frame_bytes}), or no frame that large could be read")

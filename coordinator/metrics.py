@@ -19,6 +19,9 @@ class Metrics:
     def offsets_committed(self, count: int) -> None:
         self.counters["offset_commits"] += count
 
+    def offsets_expired(self, partition: int, count: int) -> None:
+        self.counters["offsets_expired"] += count
+
     def batch_flushed(self, partition: int, records: int, nbytes: int, seconds: float) -> None:
         self.counters["batches"] += 1
         self.counters["batch_records"] += records

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from coordinator.compaction import Compactor
 from coordinator.config import Config
+from coordinator.groups.hooks import GroupHooks
 from coordinator.metrics import Metrics
-from coordinator.shard import Shard, ShardHooks, ShardState
+from coordinator.shard import Shard, ShardState
 from coordinator.timers import Clock, SystemClock
 from protocol.partitioning import partition_for
 from storage.log import PartitionLog, fsync_path
@@ -81,13 +82,14 @@ class Runtime:
     a small loader pool, so one huge partition loading does not hold up the others."""
 
     def __init__(self, config: Config, metrics: Metrics | None = None, clock: Clock | None = None,
-                 log_factory: LogFactory = PartitionLog, hooks: ShardHooks | None = None) -> None:
+                 log_factory: LogFactory = PartitionLog) -> None:
         self.config = config
+        self.group_config = config.groups()
         self.metrics = metrics or Metrics()
         self.clock: Clock = clock or SystemClock()
         self.shards: list[Shard] = []
+        self.groups: list[GroupHooks] = []  # the group side of each shard
         self._log_factory = log_factory
-        self._hooks = hooks
         self._writers = [
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kcoord-writer-{i}")
             for i in range(min(WRITER_THREADS, config.offsets_partitions))
@@ -107,8 +109,11 @@ class Runtime:
         for p in range(cfg.offsets_partitions):
             plog = self._log_factory(cfg.data_dir / f"{OFFSETS_TOPIC}-{p}", cfg.segment_bytes)
             writer = self._writers[p % len(self._writers)]
-            shard = Shard(p, plog, writer, self._loader, self.metrics, self.clock, self._hooks, self._log_factory)
+            shard = Shard(p, plog, writer, self._loader, self.metrics, self.clock, None, self._log_factory)
+            groups = GroupHooks(shard, self.group_config, self.metrics)
+            shard.hooks = groups
             self.shards.append(shard)
+            self.groups.append(groups)
             self.compactors.append(Compactor(shard, self._cleaner_thread, self.metrics))
 
     def start(self) -> None:
@@ -142,6 +147,9 @@ class Runtime:
 
     def shard_for(self, group_id: str) -> Shard:
         return self.shards[_cached_partition(group_id, self.config.offsets_partitions)]
+
+    def groups_for(self, group_id: str) -> GroupHooks:
+        return self.groups[_cached_partition(group_id, self.config.offsets_partitions)]
 
     async def wait_loaded(self) -> None:
         await asyncio.gather(*self._loads)

@@ -246,6 +246,7 @@ class Connection(asyncio.Protocol):
             log.debug("%s: %s v%d correlation %d client %r", self.peer, api.spec.name, req.version,
                       req.correlation_id, req.client_id)
         self._runtime.metrics.request(api.spec.key, req.version)
+        req.wait()  # the handler's own: whatever it completes is not sent before its writes are waited on
         try:
             response = api.handle(self._runtime, req, prepared)
         except ShardUnavailable as exc:
@@ -256,9 +257,7 @@ class Connection(asyncio.Protocol):
             return
         if response is not PARKED:
             req.response = response
-        if req.pending == 0 and not req.released:
-            req.released = True
-            self.reply_ready(req)
+        req.done()
 
     def reply_ready(self, req: Request) -> None:
         """The request's response is final: encode it (off the loop if large), then queue a write."""
@@ -337,6 +336,8 @@ def _encode(req: Request) -> bytes:
     response = req.response
     if isinstance(response, Lazy):
         response = response()
+    if req.api.render is not None:
+        response = req.api.render(response, req.version)
     return req.api.spec.encode_response(response, req.version, req.correlation_id)
 
 

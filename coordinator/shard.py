@@ -87,14 +87,16 @@ _WRITE_ERRORS = {**_READ_ERRORS, ShardState.READ_ONLY: ErrorCode.NOT_COORDINATOR
 
 class OpResult(NamedTuple):
     """What an operation returns: records to append, the response, a fix-up for the response if the
-    records do not become durable, a callback once they are, and (for large requests prepared off
-    the event loop) the records already encoded."""
+    records do not become durable, a callback once they are, (for large requests prepared off the
+    event loop) the records already encoded, and whether the records are replayed (Kafka's
+    ``replayRecords``: classic-group metadata written at a generation boundary is not; loading does)."""
 
     records: list[Record]
     response: Any
     fixup: Fixup | None = None
     on_durable: Callable[[], None] | None = None
     encoded: list[Entry] | None = None
+    replay: bool = True  # False: the op already changed the state these records persist (group metadata)
 
 
 class ShardHooks:
@@ -211,7 +213,7 @@ class Shard:
             self._append_sliced(req, result, 0)
             return result.response
         if result.records:
-            batch = self._append(result.records, result.encoded)
+            batch = self._append(result.records, result.encoded, result.replay)
             if result.on_durable is not None:
                 batch.callbacks.append(result.on_durable)
         else:
@@ -275,12 +277,13 @@ class Shard:
 
     # -- write path ----------------------------------------------------------------------------
 
-    def _append(self, records: list[Record], encoded: list[Entry] | None) -> _Batch:
+    def _append(self, records: list[Record], encoded: list[Entry] | None, replay: bool = True) -> _Batch:
         """Encodes first (a record that cannot be encoded fails only its own request), then replays at
         the next offsets and adds to the open batch, scheduling a flush if none is running."""
         if encoded is None:
             encoded = [encode_record(r) for r in records]
-        self.data.replay_records(self._next_offset, records)
+        if replay:
+            self.data.replay_records(self._next_offset, records)
         self._next_offset += len(records)
         batch = self._open
         if batch is None:

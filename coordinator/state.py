@@ -6,50 +6,19 @@ Handlers only read this state; they return records, and the runtime replays them
 """
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from enum import Enum
 
+from coordinator.groups.model import ClassicGroup, GroupState
 from protocol.records import (
-    GroupMetadata,
     GroupMetadataRecord,
-    MemberMetadata,
     OffsetAndMetadata,
     OffsetCommitRecord,
     OffsetKey,
     Record,
 )
 
+__all__ = ["NO_PRODUCER", "ClassicGroup", "GroupState", "ShardData", "TopicPartition"]
+
 NO_PRODUCER = -1
-
-
-class GroupState(Enum):
-    """Classic group states (``ClassicGroupState``).
-
-    EMPTY: no members; offsets may be committed by anyone with generation -1 ("simple" commits).
-    PREPARING_REBALANCE / COMPLETING_REBALANCE / STABLE: a membership protocol is running; commits must
-    name a member and its generation (COMPLETING_REBALANCE refuses them with REBALANCE_IN_PROGRESS).
-    DEAD: the group is being removed; nothing is accepted.
-    A loaded group is EMPTY without members, else STABLE (reference 7.5).
-    """
-
-    EMPTY = "Empty"
-    PREPARING_REBALANCE = "PreparingRebalance"
-    COMPLETING_REBALANCE = "CompletingRebalance"
-    STABLE = "Stable"
-    DEAD = "Dead"
-
-
-@dataclass(slots=True)
-class ClassicGroup:
-    group_id: str
-    state: GroupState = GroupState.EMPTY
-    generation: int = 0
-    protocol_type: str | None = None
-    protocol: str | None = None
-    leader: str | None = None
-    current_state_timestamp: int = -1
-    members: dict[str, MemberMetadata] = field(default_factory=dict)
-    static_members: dict[str, str] = field(default_factory=dict)  # group instance id -> member id
 
 
 TopicPartition = tuple[str, int]
@@ -105,7 +74,7 @@ class ShardData:
                 if record.value is None:
                     self.groups.pop(record.group, None)
                 else:
-                    self.groups[record.group] = _group_from_record(record.group, record.value)
+                    self.groups[record.group] = ClassicGroup.from_record(record.group, record.value)
             offset += 1
 
     def replay_end_transaction(self, producer_id: int, commit: bool) -> None:
@@ -168,18 +137,3 @@ class ShardData:
         else:
             self.pending_count.pop(key, None)
             self.contested.pop(key, None)
-
-
-def _group_from_record(group_id: str, value: GroupMetadata) -> ClassicGroup:
-    members = {m.member_id: m for m in value.members}
-    return ClassicGroup(
-        group_id=group_id,
-        state=GroupState.STABLE if members else GroupState.EMPTY,
-        generation=value.generation,
-        protocol_type=value.protocol_type or None,
-        protocol=value.protocol,
-        leader=value.leader,
-        current_state_timestamp=value.current_state_timestamp,
-        members=members,
-        static_members={m.group_instance_id: m.member_id for m in value.members if m.group_instance_id},
-    )

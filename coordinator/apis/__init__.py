@@ -9,7 +9,9 @@ API's ``prepare`` made of it) and returns the response. ``error_response`` is Ka
 ``getErrorResponse``: the whole request answered with one error (a shard that is loading or failed).
 ``prepare(runtime, body, version)`` is an optional function of the body alone (it must not read shard
 state); for a large request the server runs it off the event loop together with decoding, so one huge
-request does not hold up every other client.
+request does not hold up every other client. ``render(result, version)`` is for APIs whose handlers and
+group operations produce version-independent results (a parked JoinGroup is answered by whatever
+completes the rebalance): it makes the wire response when the reply is encoded.
 """
 
 import importlib
@@ -26,6 +28,7 @@ from protocol.registry import ApiSpec
 Handler = Callable[[Runtime, Request, Any], Any]
 ErrorResponse = Callable[[Any, int, ErrorCode], Any]
 Prepare = Callable[[Runtime, Any, int], Any]
+Render = Callable[[Any, int], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +37,16 @@ class Api:
     handle: Handler
     error_response: ErrorResponse
     prepare: Prepare | None = None
+    render: Render | None = None
 
 
 APIS: dict[int, Api] = {}
 
 
-def handles(spec: ApiSpec, *, error_response: ErrorResponse, prepare: Prepare | None = None
-            ) -> Callable[[Handler], Handler]:
+def handles(spec: ApiSpec, *, error_response: ErrorResponse, prepare: Prepare | None = None,
+            render: Render | None = None) -> Callable[[Handler], Handler]:
     def register_handler(fn: Handler) -> Handler:
-        APIS[spec.key] = Api(spec, fn, error_response, prepare)
+        APIS[spec.key] = Api(spec, fn, error_response, prepare, render)
         return fn
 
     return register_handler

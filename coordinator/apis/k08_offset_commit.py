@@ -10,6 +10,7 @@ No version has a top-level error: a group-level error is repeated on every parti
 from typing import Any
 
 from coordinator.apis import handles
+from coordinator.groups.membership import Membership
 from coordinator.offsets import (
     CommitRequest,
     PartitionCommit,
@@ -82,11 +83,16 @@ def error_response(body: Any, version: int, error: ErrorCode) -> Any:
     return build_response(refuse_all(to_commit_request(version, body), error))
 
 
-def _commit(data: ShardData, prepared: _Prepared) -> OpResult:
-    assert prepared.commit is not None
-    records, results = check_group(data, prepared.commit)
-    if results is not prepared.commit.results:  # the group refused it
+def _commit(data: ShardData, prepared: _Prepared, membership: Membership) -> OpResult:
+    commit = prepared.commit
+    if commit is None:
+        raise ValueError("a commit refused before preparation has nothing to write")
+    records, results = check_group(data, commit)
+    if results is not commit.results:  # the group refused it
         return OpResult([], build_response(results))
+    group = data.groups.get(commit.request.group_id)
+    if group is not None and commit.request.member_id:
+        membership.touch(group, commit.request.member_id)  # a member's valid commit is also a heartbeat
     response = prepared.response
 
     def written_failed(error: ErrorCode) -> None:
@@ -96,14 +102,15 @@ def _commit(data: ShardData, prepared: _Prepared) -> OpResult:
                 if p.error_code == ErrorCode.NONE:
                     p.error_code = error
 
-    return OpResult(records, response, written_failed, None, prepared.commit.encoded)
+    return OpResult(records, response, written_failed, None, commit.encoded)
 
 
 @handles(SPEC, error_response=error_response, prepare=prepare)
 def offset_commit(runtime: Runtime, req: Request, prepared: _Prepared) -> Any:
     if prepared.commit is None:
         return prepared.response
-    response = runtime.shard_for(prepared.commit.request.group_id).write(req, _commit, prepared)
+    group_id = prepared.commit.request.group_id
+    response = runtime.shard_for(group_id).write(req, _commit, prepared, runtime.groups_for(group_id).membership)
     if response is prepared.response:  # the group accepted the commit: its records were appended
         runtime.metrics.offsets_committed(len(prepared.commit.records))
     return response

@@ -47,7 +47,10 @@ def test_truncated_frames_are_decode_errors() -> None:
 
 
 def test_served_ranges() -> None:
-    assert supported_versions() == [(3, 0, 12), (8, 0, 9), (9, 0, 9), (10, 0, 6), (18, 0, 4)]
+    assert supported_versions() == [
+        (3, 0, 12), (8, 0, 9), (9, 0, 9), (10, 0, 6), (11, 0, 9), (12, 0, 4), (13, 0, 5), (14, 0, 5), (15, 0, 5),
+        (16, 0, 5), (18, 0, 4), (42, 0, 2), (47, 0, 0),
+    ]
 
 
 def test_api_versions_fallback_vector() -> None:

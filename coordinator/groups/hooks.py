@@ -1,0 +1,32 @@
+"""The group side of one shard: its membership operations, and the timers armed while it serves writes
+(members' sessions, offset retention). Registered as the shard's hooks, so a shard that fails or closes
+answers its parked JoinGroup/SyncGroup requests NOT_COORDINATOR and forgets its timers."""
+
+from coordinator.groups.membership import Membership
+from coordinator.groups.messages import GroupConfig
+from coordinator.groups.retention import RETENTION_KEY, expire_offsets
+from coordinator.metrics import Metrics
+from coordinator.shard import OpResult, Shard, ShardHooks
+from coordinator.state import ShardData
+
+
+class GroupHooks(ShardHooks):
+    def __init__(self, shard: Shard, config: GroupConfig, metrics: Metrics) -> None:
+        self.shard = shard
+        self.config = config
+        self.metrics = metrics
+        self.membership = Membership(shard, config)
+
+    def on_loaded(self, shard: Shard) -> None:
+        self.membership.arm(shard.data)
+        shard.schedule(RETENTION_KEY, self.config.offsets_retention_check_interval_ms, self._expire)
+
+    def on_unloaded(self, shard: Shard) -> None:
+        self.membership.disarm(shard.data)
+
+    def _expire(self, data: ShardData) -> OpResult:
+        result = expire_offsets(data, self.shard.clock.now_ms(), self.config.offsets_retention_ms)
+        if result.response:
+            self.metrics.offsets_expired(self.shard.partition, result.response)
+        self.shard.schedule(RETENTION_KEY, self.config.offsets_retention_check_interval_ms, self._expire)
+        return result

@@ -1,0 +1,546 @@
+"""Classic group membership of one shard: JoinGroup, SyncGroup, Heartbeat, LeaveGroup and their timers,
+each an operation run through the shard (reference section 12; Kafka's classic-group paths in
+``GroupMetadataManager``).
+
+Responses are version-independent results (``JoinResult``, ``SyncResult``, an error code, ``LeaveResult``);
+the API modules render them per version. A JoinGroup or follower SyncGroup that has to wait is parked on
+the member (``req.wait()``) and completed when the rebalance gets there. GroupMetadata records written at
+generation boundaries are not replayed on the live path (``replay=False``): the group already is what
+they say. A leader's assignments are handed out only once their record is durable, and only if the
+group is still in the same state and generation by then.
+
+Timers, keyed per group: ``heartbeat:<group>:<member>`` (session, or the 5-minute new-member join timeout),
+``join:<group>`` (initial delay / rebalance timeout), ``sync:<group>`` (members that never sync).
+"""
+
+import uuid
+
+from coordinator.groups.messages import (
+    GroupConfig,
+    JoinRequest,
+    JoinResult,
+    LeaveResult,
+    ShardOps,
+    SyncResult,
+)
+from coordinator.groups.model import ClassicGroup, GroupMember, GroupState
+from coordinator.request import PARKED, Request
+from coordinator.shard import OpResult
+from coordinator.state import ShardData
+from protocol.errors import ErrorCode
+from protocol.records import GroupMetadataRecord, Record
+
+NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000  # Kafka's classicGroupNewMemberJoinTimeoutMs (KAFKA-7610)
+
+
+def heartbeat_key(group_id: str, member_id: str) -> str:
+    return f"heartbeat:{group_id}:{member_id}"
+
+
+def join_key(group_id: str) -> str:
+    return f"join:{group_id}"
+
+
+def sync_key(group_id: str) -> str:
+    return f"sync:{group_id}"
+
+
+def validate_member(group: ClassicGroup, member_id: str, instance_id: str | None) -> ErrorCode:
+    """Kafka's ``validateMember``: a static instance must map to this member id; the member must exist."""
+    if instance_id is not None:
+        owner = group.static_members.get(instance_id)
+        if owner is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if owner != member_id:
+            return ErrorCode.FENCED_INSTANCE_ID
+    if member_id not in group.members:
+        return ErrorCode.UNKNOWN_MEMBER_ID
+    return ErrorCode.NONE
+
+
+class Membership:
+    """Membership operations of one shard. Stateless itself: groups live in the shard's data, so a
+    reload (new data) leaves nothing stale here; timers are the shard's and are cancelled on unload."""
+
+    def __init__(self, shard: ShardOps, config: GroupConfig) -> None:
+        self.shard = shard
+        self.config = config
+
+    # -- entry points (called by the API modules) ------------------------------------------------
+
+    def join(self, req: Request, join: JoinRequest) -> object:
+        return self.shard.write(req, self._join, req, join)
+
+    def sync(self, req: Request, group_id: str, generation: int, member_id: str, instance_id: str | None,
+             protocol_type: str | None, protocol: str | None, assignments: dict[str, bytes]) -> object:
+        return self.shard.write(req, self._sync, req, group_id, generation, member_id, instance_id, protocol_type,
+                                protocol, assignments)
+
+    def heartbeat(self, req: Request, group_id: str, generation: int, member_id: str,
+                  instance_id: str | None) -> object:
+        return self.shard.write(req, self._heartbeat, group_id, generation, member_id, instance_id)
+
+    def leave(self, req: Request, group_id: str, members: list[tuple[str, str | None]]) -> object:
+        return self.shard.write(req, self._leave, group_id, members)
+
+    def touch(self, group: ClassicGroup, member_id: str) -> None:
+        """A valid member commit counts as a heartbeat (Stable and PreparingRebalance groups)."""
+        member = group.members.get(member_id)
+        if member is not None and group.is_in(GroupState.STABLE, GroupState.PREPARING_REBALANCE):
+            self._reschedule_heartbeat(group, member)
+
+    # -- JoinGroup ---------------------------------------------------------------------------------
+
+    def _join(self, data: ShardData, req: Request, j: JoinRequest) -> OpResult:
+        records: list[Record] = []
+        group = data.groups.get(j.group_id)
+        if group is None:
+            if j.member_id:
+                return OpResult([], JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, j.member_id))
+            group = ClassicGroup(j.group_id, current_state_timestamp=self.shard.clock.now_ms())
+            data.groups[j.group_id] = group
+            # Kafka writes an empty-group record for a group a JoinGroup creates.
+            records.append(GroupMetadataRecord(group.group_id, group.to_record()))
+        if not self._accepts(group, j.member_id):
+            over = group.members.get(j.member_id)
+            if over is not None:  # the group shrank below its members (a lower group.max.size)
+                self._drop_member(group, over)
+            return OpResult(records, JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED), replay=False)
+        if not j.member_id:
+            result = self._join_new(data, req, group, j)
+        else:
+            result = self._join_existing(data, req, group, j)
+        return OpResult(records + result.records, result.response, on_durable=result.on_durable, replay=False)
+
+    def _accepts(self, group: ClassicGroup, member_id: str) -> bool:
+        """``group.max.size``: a new member is refused once the group is full (counting the members
+        awaiting join while a rebalance gathers them)."""
+        if group.is_in(GroupState.EMPTY, GroupState.DEAD):
+            return True
+        member = group.members.get(member_id)
+        if group.is_in(GroupState.PREPARING_REBALANCE):
+            if member_id in group.pending_members or (member is not None and member.awaiting_join is not None):
+                return True
+            return group.awaiting_join < self.config.max_size
+        return member is not None or len(group.members) < self.config.max_size
+
+    def _join_new(self, data: ShardData, req: Request, group: ClassicGroup, j: JoinRequest) -> OpResult:
+        if group.is_in(GroupState.DEAD):
+            return OpResult([], JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+        if not group.supports(j.protocol_type, j.protocols):
+            return OpResult([], JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL))
+        if j.group_instance_id is not None:
+            new_id = f"{j.group_instance_id}-{uuid.uuid4()}"
+            previous = group.static_members.get(j.group_instance_id)
+            if previous is None:
+                return self._add_member_and_rebalance(data, req, group, j, new_id)
+            return self._replace_static_member(data, req, group, j, previous, new_id)
+        new_id = f"{j.client_id}-{uuid.uuid4()}"
+        if j.require_known_member_id:
+            # KIP-394: hand out an id and wait for the member to rejoin with it; an id never used
+            # again is dropped after the session timeout.
+            group.pending_members.add(new_id)
+            self.shard.schedule(heartbeat_key(group.group_id, new_id), j.session_timeout_ms, self._expire_heartbeat,
+                                group.group_id, new_id)
+            return OpResult([], JoinResult(ErrorCode.MEMBER_ID_REQUIRED, new_id))
+        return self._add_member_and_rebalance(data, req, group, j, new_id)
+
+    def _join_existing(self, data: ShardData, req: Request, group: ClassicGroup, j: JoinRequest) -> OpResult:
+        if group.is_in(GroupState.DEAD):
+            return OpResult([], JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, j.member_id))
+        if not group.supports(j.protocol_type, j.protocols):
+            return OpResult([], JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, j.member_id))
+        if j.member_id in group.pending_members:
+            return self._add_member_and_rebalance(data, req, group, j, j.member_id)
+        error = validate_member(group, j.member_id, j.group_instance_id)
+        if error:
+            return OpResult([], JoinResult(error, j.member_id))
+        member = group.members[j.member_id]
+        if group.is_in(GroupState.PREPARING_REBALANCE):
+            return self._update_member_and_rebalance(data, req, group, member, j)
+        if group.is_in(GroupState.COMPLETING_REBALANCE):
+            if member.matches(j.protocols):
+                # The same join again (its first answer was lost): the current generation, as it was.
+                return OpResult([], self._join_answer(group, member, group.leader == member.member_id))
+            return self._update_member_and_rebalance(data, req, group, member, j)
+        if group.is_in(GroupState.STABLE):
+            if group.leader == member.member_id or not member.matches(j.protocols):
+                # A rejoining leader may have seen metadata change that members' metadata does not show.
+                return self._update_member_and_rebalance(data, req, group, member, j)
+            return OpResult([], self._join_answer(group, member, False))
+        return OpResult([], JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, j.member_id))  # Empty: reset and rejoin
+
+    def _join_answer(self, group: ClassicGroup, member: GroupMember, with_members: bool,
+                     skip_assignment: bool = False) -> JoinResult:
+        members = [(m.member_id, m.group_instance_id, m.metadata(group.protocol)) for m in group.members.values()] \
+            if with_members else []
+        return JoinResult(ErrorCode.NONE, member.member_id, group.generation, group.protocol_type, group.protocol,
+                          group.leader or "", members, skip_assignment)
+
+    def _park_join(self, member: GroupMember, req: Request) -> None:
+        if member.awaiting_join is not None:
+            # A retried JoinGroup replaces the parked one; answer that one so its connection is not stuck.
+            member.awaiting_join.complete(JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, member.member_id))
+        req.wait()
+        member.awaiting_join = req
+
+    def _add_member_and_rebalance(self, data: ShardData, req: Request, group: ClassicGroup, j: JoinRequest,
+                                  member_id: str) -> OpResult:
+        member = GroupMember(member_id, j.group_instance_id, j.client_id, j.client_host, j.rebalance_timeout_ms,
+                             j.session_timeout_ms, j.protocol_type, j.protocols, is_new=True)
+        if group.is_in(GroupState.PREPARING_REBALANCE) and group.previous_state is GroupState.EMPTY:
+            group.new_member_added = True  # extends the initial delay
+        group.pending_members.discard(member_id)
+        group.add(member)
+        self._park_join(member, req)
+        # A new member cannot heartbeat (no id yet on its side) and a parked join hides disconnects: it is
+        # dropped after the new-member timeout instead, so retried joins cannot grow the group forever.
+        self._reschedule_heartbeat(group, member, NEW_MEMBER_JOIN_TIMEOUT_MS)
+        result = self._rebalance_or_complete_join(data, group)
+        return OpResult(result.records, PARKED, on_durable=result.on_durable)
+
+    def _update_member_and_rebalance(self, data: ShardData, req: Request, group: ClassicGroup, member: GroupMember,
+                                     j: JoinRequest) -> OpResult:
+        member.protocols = j.protocols
+        member.rebalance_timeout_ms = j.rebalance_timeout_ms
+        member.session_timeout_ms = j.session_timeout_ms
+        self._park_join(member, req)
+        result = self._rebalance_or_complete_join(data, group)
+        return OpResult(result.records, PARKED, on_durable=result.on_durable)
+
+    def _replace_static_member(self, data: ShardData, req: Request, group: ClassicGroup, j: JoinRequest,
+                               old_id: str, new_id: str) -> OpResult:
+        """KIP-345: a static member restarting (member id "") takes over its old entry. In a Stable group
+        whose protocol would not change, no rebalance: the group is stored with the new id and the member
+        gets the current generation (its old assignment comes back with SyncGroup)."""
+        leader_before = group.leader
+        old = group.members[old_id]
+        if old.awaiting_join is not None:  # the old incarnation's parked join is fenced
+            old.awaiting_join.complete(JoinResult(ErrorCode.FENCED_INSTANCE_ID, old_id))
+            old.awaiting_join = None
+        if old.awaiting_sync is not None:
+            old.awaiting_sync.complete(SyncResult(ErrorCode.FENCED_INSTANCE_ID))
+            old.awaiting_sync = None
+        self.shard.timers.cancel(heartbeat_key(group.group_id, old_id))
+        member = group.replace_static(j.group_instance_id or "", old_id, new_id)
+        member.client_id, member.client_host = j.client_id, j.client_host
+        member.protocols, member.rebalance_timeout_ms, member.session_timeout_ms = (
+            j.protocols, j.rebalance_timeout_ms, j.session_timeout_ms)
+        self._reschedule_heartbeat(group, member)
+        if group.is_in(GroupState.STABLE):
+            if group.select_protocol() == group.protocol:
+                is_leader = group.leader == new_id
+                if j.skip_assignment_supported:
+                    answer = self._join_answer(group, member, is_leader, skip_assignment=is_leader)
+                else:
+                    # The old leader id is returned: a replaced leader must not compute an assignment
+                    # that a Stable group would never hand out.
+                    answer = self._join_answer(group, member, False)
+                    answer.leader = leader_before or ""
+                # Answered once the new member id is durable; if that write fails the shard reloads
+                # the group as it was, which reverts the replacement.
+                return OpResult([GroupMetadataRecord(group.group_id, group.to_record())], answer, replay=False)
+            self._park_join(member, req)
+            result = self._prepare_rebalance(data, group)
+            return OpResult(result.records, PARKED, on_durable=result.on_durable)
+        self._park_join(member, req)
+        if group.is_in(GroupState.COMPLETING_REBALANCE):
+            # Its old id may already be in the leader's hands: only a new rebalance keeps them apart.
+            result = self._prepare_rebalance(data, group)
+        else:
+            result = self._maybe_complete_join(data, group)
+        return OpResult(result.records, PARKED, on_durable=result.on_durable)
+
+    # -- rebalance ---------------------------------------------------------------------------------
+
+    def _rebalance_or_complete_join(self, data: ShardData, group: ClassicGroup) -> OpResult:
+        if group.is_in(GroupState.STABLE, GroupState.COMPLETING_REBALANCE, GroupState.EMPTY):
+            return self._prepare_rebalance(data, group)
+        return self._maybe_complete_join(data, group)
+
+    def _prepare_rebalance(self, data: ShardData, group: ClassicGroup) -> OpResult:
+        if group.is_in(GroupState.COMPLETING_REBALANCE):
+            self._reset_and_propagate(group, ErrorCode.REBALANCE_IN_PROGRESS)
+        self.shard.timers.cancel(sync_key(group.group_id))
+        initial = group.is_in(GroupState.EMPTY)
+        group.transition(GroupState.PREPARING_REBALANCE, self.shard.clock.now_ms())
+        if initial:
+            delay = self.config.initial_rebalance_delay_ms
+            remaining = max(group.rebalance_timeout_ms() - delay, 0)
+            self.shard.schedule(join_key(group.group_id), delay, self._initial_delay_expired, group.group_id, delay,
+                                remaining)
+            return OpResult([], None)
+        if group.all_joined():
+            return self._complete_join(data, group)
+        self.shard.schedule(join_key(group.group_id), group.rebalance_timeout_ms(), self._join_expired, group.group_id)
+        return OpResult([], None)
+
+    def _maybe_complete_join(self, data: ShardData, group: ClassicGroup) -> OpResult:
+        """Completes the join phase once every known member rejoined, except in an initial rebalance,
+        which waits out its delay so that more members can come."""
+        if (group.is_in(GroupState.PREPARING_REBALANCE) and group.all_joined()
+                and group.previous_state is not GroupState.EMPTY):
+            return self._complete_join(data, group)
+        return OpResult([], None)
+
+    def _initial_delay_expired(self, data: ShardData, group_id: str, delay: int, remaining: int) -> OpResult:
+        group = data.groups.get(group_id)
+        if group is None or not group.is_in(GroupState.PREPARING_REBALANCE):
+            return OpResult([], None)
+        if group.new_member_added and remaining > 0:
+            group.new_member_added = False
+            next_delay = min(self.config.initial_rebalance_delay_ms, remaining)
+            self.shard.schedule(join_key(group_id), next_delay, self._initial_delay_expired, group_id, next_delay,
+                                max(remaining - delay, 0))
+            return OpResult([], None)
+        return self._complete_join(data, group)
+
+    def _join_expired(self, data: ShardData, group_id: str) -> OpResult:
+        group = data.groups.get(group_id)
+        if group is None or not group.is_in(GroupState.PREPARING_REBALANCE):
+            return OpResult([], None)
+        return self._complete_join(data, group)
+
+    def _complete_join(self, data: ShardData, group: ClassicGroup) -> OpResult:
+        """Ends the join phase: dynamic members that did not rejoin are dropped, a leader among the joined
+        is chosen, the generation advances and every waiting member gets its answer (the leader with
+        the member list); or the group becomes Empty, which is recorded."""
+        self.shard.timers.cancel(join_key(group.group_id))
+        for member in [m for m in group.members.values() if m.awaiting_join is None and m.group_instance_id is None]:
+            group.remove(member.member_id)
+            self.shard.timers.cancel(heartbeat_key(group.group_id, member.member_id))
+        if group.members and not self._elect_joined_leader(group):
+            # Only static members that have not rejoined are left: wait for them, or for their sessions.
+            self.shard.schedule(join_key(group.group_id), group.rebalance_timeout_ms(), self._join_expired,
+                                group.group_id)
+            return OpResult([], None)
+        now = self.shard.clock.now_ms()
+        group.generation += 1
+        group.pending_sync.clear()
+        if not group.members:
+            group.protocol = None
+            group.leader = None
+            group.transition(GroupState.EMPTY, now)
+            return OpResult([GroupMetadataRecord(group.group_id, group.to_record())], None)
+        group.protocol = group.select_protocol()
+        group.transition(GroupState.COMPLETING_REBALANCE, now)
+        for member in group.members.values():
+            parked, member.awaiting_join = member.awaiting_join, None
+            if parked is not None:
+                parked.complete(self._join_answer(group, member, group.leader == member.member_id))
+            self._reschedule_heartbeat(group, member)
+            member.is_new = False
+            group.pending_sync.add(member.member_id)
+        self.shard.schedule(sync_key(group.group_id), group.rebalance_timeout_ms(), self._sync_expired, group.group_id,
+                            group.generation)
+        return OpResult([], None)
+
+    @staticmethod
+    def _elect_joined_leader(group: ClassicGroup) -> bool:
+        leader = group.members.get(group.leader or "")
+        if leader is not None and leader.awaiting_join is not None:
+            return True
+        joined = next((m for m in group.members.values() if m.awaiting_join is not None), None)
+        if joined is None:
+            return False
+        group.leader = joined.member_id
+        return True
+
+    # -- SyncGroup ---------------------------------------------------------------------------------
+
+    def _sync(self, data: ShardData, req: Request, group_id: str, generation: int, member_id: str,
+              instance_id: str | None, protocol_type: str | None, protocol: str | None,
+              assignments: dict[str, bytes]) -> OpResult:
+        group = data.groups.get(group_id)
+        if group is None:
+            return OpResult([], SyncResult(ErrorCode.UNKNOWN_MEMBER_ID))
+        if group.is_in(GroupState.DEAD):
+            return OpResult([], SyncResult(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+        error = validate_member(group, member_id, instance_id)
+        if error:
+            return OpResult([], SyncResult(error))
+        if generation != group.generation:
+            return OpResult([], SyncResult(ErrorCode.ILLEGAL_GENERATION))
+        if _inconsistent(protocol_type, group.protocol_type) or _inconsistent(protocol, group.protocol):
+            return OpResult([], SyncResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL))
+        if group.is_in(GroupState.PREPARING_REBALANCE):
+            return OpResult([], SyncResult(ErrorCode.REBALANCE_IN_PROGRESS))
+        member = group.members[member_id]
+        if group.is_in(GroupState.STABLE):
+            self._synced(group, member_id)
+            return OpResult([], SyncResult(ErrorCode.NONE, member.assignment, group.protocol_type, group.protocol))
+        # CompletingRebalance: followers wait; the leader's assignments are stored, then handed out.
+        if member.awaiting_sync is not None:
+            member.awaiting_sync.complete(SyncResult(ErrorCode.REBALANCE_IN_PROGRESS))
+        req.wait()
+        member.awaiting_sync = req
+        self._synced(group, member_id)
+        if group.leader != member_id:
+            return OpResult([], PARKED)
+        assigned = {mid: assignments.get(mid, b"") for mid in group.members}  # missing ones: empty
+        stored = group.to_record(assigned)
+
+        def durable() -> None:
+            # Another member may have joined meanwhile: hand out only what this generation decided.
+            if group.is_in(GroupState.COMPLETING_REBALANCE) and group.generation == generation:
+                for mid, m in group.members.items():
+                    m.assignment = assigned.get(mid, b"")
+                self._propagate(group, ErrorCode.NONE)
+                group.transition(GroupState.STABLE, self.shard.clock.now_ms())
+
+        return OpResult([GroupMetadataRecord(group_id, stored)], PARKED, on_durable=durable, replay=False)
+
+    def _synced(self, group: ClassicGroup, member_id: str) -> None:
+        group.pending_sync.discard(member_id)
+        if not group.pending_sync or not group.is_in(GroupState.COMPLETING_REBALANCE, GroupState.STABLE):
+            self.shard.timers.cancel(sync_key(group.group_id))
+
+    def _reset_and_propagate(self, group: ClassicGroup, error: ErrorCode) -> None:
+        for member in group.members.values():
+            member.assignment = b""
+        self._propagate(group, error)
+
+    def _propagate(self, group: ClassicGroup, error: ErrorCode) -> None:
+        ok = error is ErrorCode.NONE
+        for member in group.members.values():
+            parked, member.awaiting_sync = member.awaiting_sync, None
+            if parked is not None:
+                parked.complete(SyncResult(error, member.assignment, group.protocol_type if ok else None,
+                                           group.protocol if ok else None))
+                self._reschedule_heartbeat(group, member)
+
+    def _sync_expired(self, data: ShardData, group_id: str, generation: int) -> OpResult:
+        """Members that joined but never synced within the rebalance timeout are removed."""
+        group = data.groups.get(group_id)
+        if (group is None or group.generation != generation
+                or not group.is_in(GroupState.COMPLETING_REBALANCE, GroupState.STABLE) or not group.pending_sync):
+            return OpResult([], None)
+        for member_id in list(group.pending_sync):
+            group.remove(member_id)
+            self.shard.timers.cancel(heartbeat_key(group_id, member_id))
+        return self._prepare_rebalance(data, group)
+
+    # -- Heartbeat ---------------------------------------------------------------------------------
+
+    def _heartbeat(self, data: ShardData, group_id: str, generation: int, member_id: str,
+                   instance_id: str | None) -> OpResult:
+        group = data.groups.get(group_id)
+        if group is None:
+            return OpResult([], ErrorCode.UNKNOWN_MEMBER_ID)
+        if group.is_in(GroupState.DEAD):
+            return OpResult([], ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        error = validate_member(group, member_id, instance_id)
+        if error:
+            return OpResult([], error)
+        if generation != group.generation:
+            return OpResult([], ErrorCode.ILLEGAL_GENERATION)
+        if group.is_in(GroupState.EMPTY):
+            return OpResult([], ErrorCode.UNKNOWN_MEMBER_ID)
+        self._reschedule_heartbeat(group, group.members[member_id])
+        if group.is_in(GroupState.PREPARING_REBALANCE):
+            return OpResult([], ErrorCode.REBALANCE_IN_PROGRESS)
+        return OpResult([], ErrorCode.NONE)
+
+    def _reschedule_heartbeat(self, group: ClassicGroup, member: GroupMember, timeout_ms: int | None = None) -> None:
+        self.shard.schedule(heartbeat_key(group.group_id, member.member_id),
+                            member.session_timeout_ms if timeout_ms is None else timeout_ms,
+                            self._expire_heartbeat, group.group_id, member.member_id)
+
+    def _expire_heartbeat(self, data: ShardData, group_id: str, member_id: str) -> OpResult:
+        group = data.groups.get(group_id)
+        if group is None or group.is_in(GroupState.DEAD):
+            return OpResult([], None)
+        if member_id in group.pending_members:
+            group.pending_members.discard(member_id)
+            if group.is_in(GroupState.PREPARING_REBALANCE) and group.all_joined():
+                return self._complete_join(data, group)
+            return OpResult([], None)
+        member = group.members.get(member_id)
+        if member is None:
+            return OpResult([], None)
+        if not member.is_new and (member.awaiting_join is not None or member.awaiting_sync is not None):
+            return OpResult([], None)  # waiting in a rebalance counts as alive; its timeouts apply instead
+        return self._remove_member(data, group, member)
+
+    def _remove_member(self, data: ShardData, group: ClassicGroup, member: GroupMember) -> OpResult:
+        self.shard.timers.cancel(heartbeat_key(group.group_id, member.member_id))
+        if member.awaiting_join is not None:
+            member.awaiting_join.complete(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID))
+            member.awaiting_join = None
+        group.remove(member.member_id)
+        if group.is_in(GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            return self._rebalance_or_complete_join(data, group)
+        if group.is_in(GroupState.PREPARING_REBALANCE) and group.all_joined():
+            return self._complete_join(data, group)
+        return OpResult([], None)
+
+    # -- LeaveGroup --------------------------------------------------------------------------------
+
+    def _leave(self, data: ShardData, group_id: str, members: list[tuple[str, str | None]]) -> OpResult:
+        group = data.groups.get(group_id)
+        if group is None:
+            return OpResult([], LeaveResult(ErrorCode.NONE, [(m, i, ErrorCode.UNKNOWN_MEMBER_ID) for m, i in members]))
+        if group.is_in(GroupState.DEAD):
+            return OpResult([], LeaveResult(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+        results: list[tuple[str, str | None, ErrorCode]] = []
+        left = False
+        for member_id, instance_id in members:
+            if not member_id:
+                # Administrative removal by instance id: whoever holds it now.
+                holder = group.static_members.get(instance_id) if instance_id is not None else None
+                if holder is None:
+                    results.append((member_id, instance_id, ErrorCode.UNKNOWN_MEMBER_ID))
+                    continue
+                self._drop_member(group, group.members[holder])
+            elif member_id in group.pending_members:
+                group.pending_members.discard(member_id)
+                self.shard.timers.cancel(heartbeat_key(group_id, member_id))
+            else:
+                error = validate_member(group, member_id, instance_id)
+                if error:
+                    results.append((member_id, instance_id, error))
+                    continue
+                self._drop_member(group, group.members[member_id])
+            results.append((member_id, instance_id, ErrorCode.NONE))
+            left = True
+        result = OpResult([], None)
+        if left:
+            if group.is_in(GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+                result = self._rebalance_or_complete_join(data, group)
+            elif group.is_in(GroupState.PREPARING_REBALANCE):
+                result = self._maybe_complete_join(data, group)
+        return OpResult(result.records, LeaveResult(ErrorCode.NONE, results), on_durable=result.on_durable,
+                        replay=False)
+
+    def _drop_member(self, group: ClassicGroup, member: GroupMember) -> None:
+        self.shard.timers.cancel(heartbeat_key(group.group_id, member.member_id))
+        if member.awaiting_join is not None:
+            member.awaiting_join.complete(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID))
+            member.awaiting_join = None
+        group.remove(member.member_id)
+
+    # -- the shard's lifecycle ---------------------------------------------------------------------
+
+    def arm(self, data: ShardData) -> None:
+        """The shard serves writes again: every loaded member gets a fresh session timer, and a group
+        larger than ``group.max.size`` is made to rebalance (the extra members are then refused)."""
+        for group in data.groups.values():
+            for member in group.members.values():
+                self._reschedule_heartbeat(group, member)
+            if len(group.members) > self.config.max_size and group.is_in(GroupState.STABLE):
+                self._prepare_rebalance(data, group)
+
+    def disarm(self, data: ShardData) -> None:
+        """The shard stopped serving: parked requests are answered NOT_COORDINATOR (they rediscover)."""
+        for group in data.groups.values():
+            for member in group.members.values():
+                if member.awaiting_join is not None:
+                    member.awaiting_join.complete(JoinResult(ErrorCode.NOT_COORDINATOR, member.member_id))
+                    member.awaiting_join = None
+                if member.awaiting_sync is not None:
+                    member.awaiting_sync.complete(SyncResult(ErrorCode.NOT_COORDINATOR))
+                    member.awaiting_sync = None
+
+
+def _inconsistent(requested: str | None, current: str | None) -> bool:
+    return requested is not None and current is not None and requested != current

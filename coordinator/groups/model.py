@@ -1,0 +1,248 @@
+"""A classic consumer group: its persistent part (what a GroupMetadata record holds) and its soft state.
+
+Kafka's classic groups (``ClassicGroup`` in the new coordinator) keep membership in memory and write a
+GroupMetadata record only at generation boundaries; the record is *not* replayed on the live path (the
+in-memory group already is what the record says, and more), only when a partition is loaded. Replay of
+a record therefore builds a group here (Empty without members, Stable with them), and membership
+handlers mutate the group directly: joins parked until the rebalance completes, syncs waiting for the
+leader, session deadlines. Everything soft is lost on reload, as on a Kafka failover; members rejoin.
+"""
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from protocol.codec import DecodeError, MessageCodec
+from protocol.records import GroupMetadata, MemberMetadata
+from protocol.schema import load_message
+
+if TYPE_CHECKING:
+    from coordinator.request import Request
+
+CONSUMER_PROTOCOL = "consumer"
+
+
+class IllegalTransition(RuntimeError):
+    """A group state change the state machine does not allow: a bug, never a client's doing."""
+
+
+class GroupState(Enum):
+    """Classic group states (``ClassicGroupState``).
+
+    EMPTY: no members; offsets may be committed by anyone with generation -1 ("simple" commits); a
+    JoinGroup from a new member starts a rebalance. -> PREPARING_REBALANCE, DEAD.
+    PREPARING_REBALANCE: joins are parked until every known member rejoined or the rebalance timeout;
+    heartbeats and syncs answer REBALANCE_IN_PROGRESS. -> COMPLETING_REBALANCE, EMPTY, DEAD.
+    COMPLETING_REBALANCE: waiting for the leader's SyncGroup; followers' syncs are parked; commits get
+    REBALANCE_IN_PROGRESS. -> STABLE, PREPARING_REBALANCE, DEAD.
+    STABLE: assignments handed out; syncs return them. -> PREPARING_REBALANCE, DEAD.
+    DEAD: the group is being removed; nothing is accepted.
+    A loaded group is EMPTY without members, else STABLE (reference 7.5).
+    """
+
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+_FROM: dict[GroupState, frozenset[GroupState]] = {
+    GroupState.EMPTY: frozenset({GroupState.PREPARING_REBALANCE}),
+    GroupState.PREPARING_REBALANCE: frozenset({GroupState.EMPTY, GroupState.STABLE,
+                                               GroupState.COMPLETING_REBALANCE}),
+    GroupState.COMPLETING_REBALANCE: frozenset({GroupState.PREPARING_REBALANCE}),
+    GroupState.STABLE: frozenset({GroupState.COMPLETING_REBALANCE}),
+    GroupState.DEAD: frozenset(GroupState),
+}
+
+
+@dataclass(slots=True, eq=False)
+class GroupMember:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    rebalance_timeout_ms: int
+    session_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]  # (name, metadata) in the member's order of preference
+    assignment: bytes = b""
+    awaiting_join: "Request | None" = None
+    awaiting_sync: "Request | None" = None
+    is_new: bool = False  # joined but not yet through a completed join phase (new-member timeout)
+
+    def metadata(self, protocol: str | None) -> bytes:
+        for name, meta in self.protocols:
+            if name == protocol:
+                return meta
+        return b""
+
+    def vote(self, candidates: set[str]) -> str:
+        """The member's most preferred protocol among those every member supports."""
+        return next(name for name, _ in self.protocols if name in candidates)
+
+    def matches(self, protocols: list[tuple[str, bytes]]) -> bool:
+        return self.protocols == protocols
+
+
+@dataclass(slots=True, eq=False)
+class ClassicGroup:
+    group_id: str
+    state: GroupState = GroupState.EMPTY
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol: str | None = None
+    leader: str | None = None
+    current_state_timestamp: int = -1
+    members: dict[str, GroupMember] = field(default_factory=dict)
+    static_members: dict[str, str] = field(default_factory=dict)  # group instance id -> member id
+    pending_members: set[str] = field(default_factory=set)  # KIP-394: ids handed out, rejoin awaited
+    pending_sync: set[str] = field(default_factory=set)  # joined this generation, no SyncGroup yet
+    new_member_added: bool = False  # extends the initial rebalance delay
+    previous_state: GroupState = GroupState.EMPTY
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def transition(self, to: GroupState, now_ms: int) -> None:
+        """The only place the state changes; a transition Kafka does not allow is a bug here."""
+        if self.state not in _FROM[to]:
+            raise IllegalTransition(f"group {self.group_id}: {self.state.value} -> {to.value}")
+        self.previous_state = self.state
+        self.state = to
+        self.current_state_timestamp = now_ms
+
+    def is_in(self, *states: GroupState) -> bool:
+        return self.state in states
+
+    # -- members -------------------------------------------------------------------------------
+
+    def add(self, member: GroupMember) -> None:
+        if not self.members:
+            self.protocol_type = member.protocol_type
+        self.members[member.member_id] = member
+        if member.group_instance_id is not None:
+            self.static_members[member.group_instance_id] = member.member_id
+        if self.leader is None:
+            self.leader = member.member_id
+
+    def remove(self, member_id: str) -> GroupMember | None:
+        member = self.members.pop(member_id, None)
+        if member is None:
+            return None
+        if member.group_instance_id is not None and self.static_members.get(member.group_instance_id) == member_id:
+            del self.static_members[member.group_instance_id]
+        self.pending_sync.discard(member_id)
+        if self.leader == member_id:
+            self.leader = next(iter(self.members), None)
+        return member
+
+    def replace_static(self, instance_id: str, old_id: str, new_id: str) -> GroupMember:
+        """A restarted static member takes over its old entry (assignment included) under a new id."""
+        member = self.members.pop(old_id)
+        member.member_id = new_id
+        self.members[new_id] = member
+        self.static_members[instance_id] = new_id
+        if self.leader == old_id:
+            self.leader = new_id
+        if old_id in self.pending_sync:
+            self.pending_sync.discard(old_id)
+            self.pending_sync.add(new_id)
+        return member
+
+    @property
+    def awaiting_join(self) -> int:
+        return sum(1 for m in self.members.values() if m.awaiting_join is not None)
+
+    def all_joined(self) -> bool:
+        return self.awaiting_join == len(self.members) and not self.pending_members
+
+    def rebalance_timeout_ms(self) -> int:
+        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+
+    # -- protocols -----------------------------------------------------------------------------
+
+    def candidate_protocols(self) -> set[str]:
+        counts: Counter[str] = Counter()
+        for m in self.members.values():
+            counts.update({name for name, _ in m.protocols})
+        return {name for name, n in counts.items() if n == len(self.members)}
+
+    def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
+        """Whether a joining member can be in this group: same protocol type, and a protocol every
+        current member also supports (any, for an empty group)."""
+        if not self.members:
+            return bool(protocol_type) and bool(protocols)
+        candidates = self.candidate_protocols()
+        return protocol_type == self.protocol_type and any(name in candidates for name, _ in protocols)
+
+    def select_protocol(self) -> str:
+        """The protocol most members vote for among those all support (ties: the leader's preference)."""
+        candidates = self.candidate_protocols()
+        votes = Counter(m.vote(candidates) for m in self.members.values())
+        best = max(votes.values())
+        preferred = self.members[self.leader] if self.leader in self.members else next(iter(self.members.values()))
+        order = [name for name, _ in preferred.protocols if name in candidates]
+        return next(name for name in order if votes.get(name) == best)
+
+    def subscribed_topics(self) -> set[str] | None:
+        """Topics the members of a ``consumer`` group subscribe to, decoded from their subscriptions
+        with Kafka's ConsumerProtocolSubscription schema; None when unknown (no protocol or members)."""
+        if self.protocol_type != CONSUMER_PROTOCOL or self.protocol is None or not self.members:
+            return None
+        topics: set[str] = set()
+        for member in self.members.values():
+            decoded = decode_subscription(member.metadata(self.protocol))
+            if decoded is None:
+                return None
+            topics.update(decoded)
+        return topics
+
+    # -- persistence ---------------------------------------------------------------------------
+
+    def to_record(self, assignments: dict[str, bytes] | None = None) -> GroupMetadata:
+        """The GroupMetadata value for the group as it is now, with its members' assignments (or the
+        given ones: a leader's SyncGroup stores them before they are handed out)."""
+        members = tuple(
+            MemberMetadata(m.member_id, m.group_instance_id, m.client_id, m.client_host, m.rebalance_timeout_ms,
+                           m.session_timeout_ms, m.metadata(self.protocol),
+                           m.assignment if assignments is None else assignments.get(m.member_id, b""))
+            for m in self.members.values()
+        )
+        return GroupMetadata(self.protocol_type or "", self.generation, self.protocol, self.leader,
+                             self.current_state_timestamp, members)
+
+    @classmethod
+    def from_record(cls, group_id: str, value: GroupMetadata) -> "ClassicGroup":
+        """A group as loading brings it back: Empty without members, Stable with them."""
+        group = cls(group_id=group_id, state=GroupState.STABLE if value.members else GroupState.EMPTY,
+                    generation=value.generation, protocol_type=value.protocol_type or None, protocol=value.protocol,
+                    leader=value.leader, current_state_timestamp=value.current_state_timestamp)
+        for m in value.members:
+            rebalance = m.rebalance_timeout if m.rebalance_timeout >= 0 else m.session_timeout
+            protocols = [(value.protocol, m.subscription)] if value.protocol is not None else []
+            group.members[m.member_id] = GroupMember(m.member_id, m.group_instance_id, m.client_id, m.client_host,
+                                                     rebalance, m.session_timeout, value.protocol_type, protocols,
+                                                     m.assignment)
+            if m.group_instance_id is not None:
+                group.static_members[m.group_instance_id] = m.member_id
+        return group
+
+
+_SUBSCRIPTION = MessageCodec(load_message("ConsumerProtocolSubscription"))
+
+
+def decode_subscription(metadata: bytes) -> list[str] | None:
+    """The topics of a consumer-protocol subscription (int16 version + struct); None if it does not parse.
+    A version newer than the schema's is read with the newest known layout (fields are only added)."""
+    if len(metadata) < 2:
+        return None
+    version = min(int.from_bytes(metadata[:2], "big", signed=True), _SUBSCRIPTION.spec.valid[1])
+    if version < 0:
+        return None
+    try:
+        sub, _ = _SUBSCRIPTION.decode(metadata, version, 2)
+    except DecodeError:
+        return None
+    return list(sub.topics or [])

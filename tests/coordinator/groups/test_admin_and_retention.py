@@ -1,0 +1,204 @@
+"""DescribeGroups, ListGroups, DeleteGroups, OffsetDelete per group state (reference 12.6-12.9, vectors
+19.5.14-15), and offset retention at its exact boundaries (reference 11, vector 19.5.16)."""
+
+import struct
+
+from coordinator.groups.admin import delete_groups, delete_offsets, describe_group, list_groups
+from coordinator.groups.model import GroupState
+from coordinator.groups.retention import expire_offsets
+from coordinator.offsets import commit_offsets
+from coordinator.state import ShardData
+from protocol.errors import ErrorCode
+from protocol.records import GroupMetadataRecord, OffsetCommitRecord, OffsetKey
+from tests.coordinator.groups.harness import T0, Client, GroupShard, stable_group
+from tests.coordinator.test_offsets import request
+
+E = ErrorCode
+WEEK = 7 * 24 * 3600 * 1000
+
+
+def subscription(*topics: str) -> bytes:
+    """A consumer-protocol subscription (v0: topics, user data), as clients encode it."""
+    out = struct.pack(">hi", 0, len(topics))
+    for t in topics:
+        out += struct.pack(">h", len(t)) + t.encode()
+    return out + struct.pack(">i", -1)
+
+
+def simple_commit(shard: GroupShard, group: str, partitions: list[int], at: int | None = None) -> None:
+    from coordinator.offsets import PartitionCommit
+
+    parts = [PartitionCommit(p, 10 + p, -1, -1, "") for p in partitions]
+    records, _ = commit_offsets(shard.data, request(group=group, parts=parts), at or shard.clock.now_ms(), 4096)
+    shard.data.replay_records(len(shard.log), records)
+    shard.log.extend(records)
+
+
+def consumer_group(shard: GroupShard, *topics: str) -> list[Client]:
+    clients = [Client(shard, client_id=f"c{i}", protocols=[("range", subscription(*topics))]) for i in range(2)]
+    stable_group(shard, *clients)
+    return clients
+
+
+# -- describe and list ---------------------------------------------------------------------------------
+
+def test_describe_shows_members_protocol_and_assignments_only_when_stable() -> None:
+    shard = GroupShard()
+    clients = consumer_group(shard, "orders")
+    d = describe_group(shard.data, "g")
+    assert (d.error, d.state, d.protocol_type, d.protocol) == (E.NONE, "Stable", "consumer", "range")
+    assert {m.client_id: (m.client_host, m.assignment) for m in d.members} == {
+        "c0": ("/127.0.0.1", b"assigned-c0"), "c1": ("/127.0.0.1", b"assigned-c1")}
+    assert all(m.metadata == subscription("orders") for m in d.members)
+    clients[0].join()  # PreparingRebalance: members listed, no protocol, metadata or assignment
+    d = describe_group(shard.data, "g")
+    assert (d.state, d.protocol) == ("PreparingRebalance", "")
+    assert len(d.members) == 2 and all(m.metadata == m.assignment == b"" for m in d.members)
+
+
+def test_describe_an_unknown_group_is_dead_without_error() -> None:
+    d = describe_group(ShardData(), "nobody")
+    assert (d.error, d.state, d.members) == (E.NONE, "Dead", [])
+
+
+def test_list_filters_by_state_case_insensitively_and_by_type() -> None:
+    shard = GroupShard()
+    consumer_group(shard, "t")
+    simple_commit(shard, "simple", [0])
+    assert sorted(list_groups(shard.data, set(), set())) == [
+        ("g", "consumer", "Stable", "classic"), ("simple", "", "Empty", "classic")]
+    assert list_groups(shard.data, {"stable"}, set()) == [("g", "consumer", "Stable", "classic")]
+    assert list_groups(shard.data, {" EMPTY "}, set()) == [("simple", "", "Empty", "classic")]
+    assert list_groups(shard.data, set(), {"consumer"}) == []  # KIP-848 groups: kcoord hosts none
+    assert len(list_groups(shard.data, set(), {"Classic"})) == 2
+
+
+# -- delete groups ---------------------------------------------------------------------------------------
+
+def test_delete_groups_per_state() -> None:
+    shard = GroupShard()
+    consumer_group(shard, "t")
+    simple_commit(shard, "simple", [0, 1])
+    result = delete_groups(shard.data, ["g", "simple", "missing", "simple"])
+    assert result.response == [("g", E.NON_EMPTY_GROUP), ("simple", E.NONE), ("missing", E.GROUP_ID_NOT_FOUND)]
+    # Vector 19.5.14: an Empty group with 2 offsets -> 2 offset tombstones + 1 group tombstone.
+    assert result.records == [OffsetCommitRecord(OffsetKey("simple", "t", 0), None),
+                              OffsetCommitRecord(OffsetKey("simple", "t", 1), None),
+                              GroupMetadataRecord("simple", None)]
+    shard.data.replay_records(0, result.records)
+    assert "simple" not in shard.data.groups and "simple" not in shard.data.offsets
+
+
+# -- delete offsets --------------------------------------------------------------------------------------
+
+def test_offset_delete_refuses_subscribed_topics_and_deletes_the_others() -> None:
+    shard = GroupShard()
+    consumer_group(shard, "t")
+    simple = ShardData()  # the same group's offsets, committed by its members
+    for p in (0, 1):
+        shard.data.offsets.setdefault("g", {})[("t", p)] = simple_offset(p)
+        shard.data.offsets["g"][("u", p)] = simple_offset(p)
+    result = delete_offsets(shard.data, "g", [("t", [0, 1]), ("u", [0, 5])])
+    assert result.response == (E.NONE, [("t", [(0, E.GROUP_SUBSCRIBED_TO_TOPIC), (1, E.GROUP_SUBSCRIBED_TO_TOPIC)]),
+                                        ("u", [(0, E.NONE), (5, E.NONE)])])
+    assert result.records == [OffsetCommitRecord(OffsetKey("g", "u", 0), None)]  # partition 5 had none
+    assert simple.offsets == {}
+
+
+def simple_offset(p: int) -> object:
+    from protocol.records import OffsetAndMetadata
+
+    return OffsetAndMetadata(p, -1, "", T0)
+
+
+def test_offset_delete_group_errors() -> None:
+    shard = GroupShard()
+    assert delete_offsets(shard.data, "missing", [("t", [0])]).response == (E.GROUP_ID_NOT_FOUND, [])
+    other = [Client(shard, group="connect", protocol_type="connect", protocols=[("v1", b"")])]
+    stable_group(shard, *other)
+    assert delete_offsets(shard.data, "connect", [("t", [0])]).response == (E.NON_EMPTY_GROUP, [])
+    simple_commit(shard, "simple", [3])
+    result = delete_offsets(shard.data, "simple", [("t", [3]), ("bad name!", [0])])
+    assert result.response == (E.NONE, [("t", [(3, E.NONE)]), ("bad name!", [(0, E.UNKNOWN_TOPIC_OR_PARTITION)])])
+
+
+# -- retention (KIP-211) ---------------------------------------------------------------------------------
+
+def test_a_simple_groups_offset_lives_exactly_the_retention_from_its_commit() -> None:
+    shard = GroupShard()
+    simple_commit(shard, "s", [0], at=T0)
+    assert expire_offsets(shard.data, T0 + WEEK - 1, WEEK).records == []
+    result = expire_offsets(shard.data, T0 + WEEK, WEEK)
+    # Vector 19.5.16: tombstoned at the first check >= T + 7d; the group, now without offsets, goes too.
+    assert result.records == [OffsetCommitRecord(OffsetKey("s", "t", 0), None), GroupMetadataRecord("s", None)]
+    assert result.response == 1
+
+
+def test_an_empty_consumer_groups_offsets_expire_counted_from_when_it_became_empty() -> None:
+    shard = GroupShard()
+    clients = consumer_group(shard, "t")
+    shard.data.offsets["g"] = {("t", 0): simple_offset(0)}  # committed at T0, before the group emptied
+    shard.advance(5000)
+    for c in clients:
+        c.leave()
+    empty_since = shard.clock.now_ms()
+    assert shard.data.groups["g"].state is GroupState.EMPTY and empty_since > T0
+    # Counted from the commit it would be gone at T0 + 7d; counted from Empty it stays a little longer.
+    assert expire_offsets(shard.data, empty_since + WEEK - 1, WEEK).records == []
+    assert len(expire_offsets(shard.data, empty_since + WEEK, WEEK).records) == 2  # offset + group
+
+
+def test_a_stable_consumer_group_keeps_subscribed_offsets_forever_and_expires_the_rest() -> None:
+    shard = GroupShard()
+    consumer_group(shard, "t")
+    shard.data.offsets["g"] = {("t", 0): simple_offset(0), ("old", 0): simple_offset(0)}
+    result = expire_offsets(shard.data, T0 + 10 * WEEK, WEEK)
+    assert result.records == [OffsetCommitRecord(OffsetKey("g", "old", 0), None)]  # the group stays
+
+
+def test_an_explicit_expire_timestamp_wins() -> None:
+    from coordinator.offsets import PartitionCommit
+
+    shard = GroupShard()
+    records, _ = commit_offsets(shard.data, request(version=2, retention=1000, group="r",
+                                                    parts=[PartitionCommit(0, 1, -1, -1, "")]), T0, 4096)
+    shard.data.replay_records(0, records)
+    assert expire_offsets(shard.data, T0 + 999, WEEK).records == []
+    assert len(expire_offsets(shard.data, T0 + 1000, WEEK).records) == 2
+
+
+def test_a_group_in_a_rebalance_expires_nothing() -> None:
+    shard = GroupShard()
+    clients = consumer_group(shard, "t")
+    shard.data.offsets["g"] = {("old", 0): simple_offset(0)}
+    clients[0].join()
+    assert shard.data.groups["g"].state is GroupState.PREPARING_REBALANCE
+    assert expire_offsets(shard.data, T0 + 10 * WEEK, WEEK).records == []
+
+
+def test_pending_transactional_offsets_never_expire() -> None:
+    shard = GroupShard()
+    simple_commit(shard, "s", [0], at=T0)
+    from protocol.records import OffsetAndMetadata
+
+    shard.data.replay(5, OffsetCommitRecord(OffsetKey("s", "t", 0), OffsetAndMetadata(9, -1, "", T0)), 77)
+    assert expire_offsets(shard.data, T0 + 10 * WEEK, WEEK).records == []
+
+
+def test_retention_runs_as_a_timer_through_the_shard() -> None:
+    """End to end on the shard stand-in: hooks arm the retention timer; the tombstones are replayed."""
+    from coordinator.groups.messages import GroupConfig
+
+    shard = GroupShard(GroupConfig(offsets_retention_ms=WEEK, offsets_retention_check_interval_ms=600_000))
+    simple_commit(shard, "s", [0], at=T0)
+
+    def run(data: ShardData) -> object:
+        result = expire_offsets(data, shard.clock.now_ms(), WEEK)
+        shard.schedule("retention", 600_000, run)
+        return result
+
+    shard.schedule("retention", 600_000, run)
+    shard.advance(WEEK - 600_000)
+    assert "s" in shard.data.offsets
+    shard.advance(600_000)
+    assert "s" not in shard.data.offsets and "s" not in shard.data.groups
