@@ -37,6 +37,7 @@ def install_event_loop() -> str:
     return "uvloop"
 
 
+EXIT_ABANDONED = -1  # serve() stopped at its deadline with work abandoned
 SWITCH_INTERVAL_S = 0.001  # GIL hand-off: how long the event loop may wait on a busy worker thread
 GC_THRESHOLDS = (700, 10, 1000)  # CPython's defaults, but full collections 100x rarer
 
@@ -75,8 +76,8 @@ async def serve(config: Config) -> int:
     log.info("signal received: stopping (no new requests; pending writes get %d ms to finish)",
              config.shutdown_timeout_ms)
     freezer.cancel()
-    await server.stop(config.shutdown_timeout_ms / 1000.0)
-    return 0
+    clean = await server.stop(config.shutdown_timeout_ms / 1000.0)
+    return 0 if clean else EXIT_ABANDONED
 
 
 def format_record(record: OffsetCommitRecord | GroupMetadataRecord | UnknownRecord) -> str:
@@ -183,13 +184,19 @@ def main(argv: list[str] | None = None) -> int:
     loop_kind = install_event_loop()
     log.info("starting kcoord %s on %s", _version(), loop_kind)
     try:
-        return asyncio.run(serve(config))
+        code = asyncio.run(serve(config))
     except ConfigMismatch as exc:
         log.error("%s", exc)
         return 2
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 2
+    if code == EXIT_ABANDONED:
+        # The deadline passed with work abandoned (a write stuck in fsync, say): exit now rather than
+        # wait for that thread at interpreter exit. Nothing abandoned was acknowledged.
+        logging.shutdown()
+        os._exit(0)
+    return code
 
 
 if __name__ == "__main__":

@@ -191,7 +191,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
     if config.group_min_session_timeout_ms > config.group_max_session_timeout_ms:
         raise ConfigError(f"--group-min-session-timeout-ms ({config.group_min_session_timeout_ms}) is above "
                           f"--group-max-session-timeout-ms ({config.group_max_session_timeout_ms})")
-    if config.max_buffered_bytes < config.max_frame_bytes:
-        raise ConfigError(f"--max-buffered-bytes ({config.max_buffered_bytes}) must be at least "
-                          f"--max-frame-bytes ({config.max_frame_bytes}), or no frame that large could be read")
+    if config.max_buffered_bytes < config.max_frame_bytes + 4:
+        raise ConfigError(f"--max-buffered-bytes ({config.max_buffered_bytes}) must be at least --max-frame-bytes "
+                          f"+ 4 ({config.max_frame_bytes + 4}), or no frame that large could be read")
     return config

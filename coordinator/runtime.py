@@ -160,17 +160,19 @@ class Runtime:
             counts[shard.state] += 1
         return counts
 
-    async def stop(self, deadline: float) -> None:
+    async def stop(self, deadline: float) -> bool:
         """Closes every shard by ``deadline`` (event-loop time): pending batches get until then to
-        become durable; then the threads are released without waiting for a stuck one."""
+        become durable; then the threads are released without waiting for a stuck one. False if one
+        was stuck."""
         if self._cleaner is not None:
             self._cleaner.cancel()
         for compactor in self.compactors:
             compactor.stop()
-        await asyncio.gather(*(s.close(deadline) for s in self.shards))
+        closed = await asyncio.gather(*(s.close(deadline) for s in self.shards))
         for task in self._loads:
             task.cancel()
         self._cleaner_thread.shutdown(wait=False, cancel_futures=True)  # a running clean stops at its next batch
         for writer in self._writers:
             writer.shutdown(wait=False, cancel_futures=True)
         self._loader.shutdown(wait=False, cancel_futures=True)
+        return all(closed)

@@ -14,8 +14,9 @@ Fairness and bounded memory (a client that pipelines without reading must not st
 * A connection stops starting requests while ``MAX_IN_FLIGHT`` of its replies are unsent or while its
   transport's send buffer is over the high-water mark, and stops *reading* while it also has a backlog
   of ``READ_BACKLOG_BYTES`` of complete frames, so its socket buffers push back on the client.
-* Bytes buffered across all connections stay within ``max_buffered_bytes``: a connection reserves its
-  head frame's whole declared size before reading it, or pauses until others release memory.
+* Frames over ``SMALL_FRAME_BYTES`` are read only while their declared size fits in
+  ``max_buffered_bytes`` (first come first served) and must arrive within a deadline; smaller frames
+  never wait for that budget, so nobody's large (or never-sent) request blocks small requests.
 * A request frame over ``BULK_FRAME_BYTES`` is decoded (and its API's ``prepare`` run) on a worker
   thread, and its reply encoded there too, so one huge request does not freeze every other client.
 
@@ -34,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from coordinator.apis import APIS, Api, load_all
+from coordinator.handoff import on_loop
 from coordinator.request import PARKED, Lazy, Request, ShardUnavailable
 from coordinator.runtime import Runtime
 from protocol.framing import FrameError, FrameReader
@@ -46,6 +48,9 @@ MAX_IN_FLIGHT = 16
 FRAMES_PER_TURN = 16
 FRAMES_PER_PASS = 32
 READ_BACKLOG_BYTES = 256 * 1024
+SMALL_FRAME_BYTES = 256 * 1024  # frames up to this size never wait for the buffered-bytes budget
+LARGE_FRAME_BASE_S = 30.0
+LARGE_FRAME_MIN_RATE = 1024 * 1024  # bytes/s a large frame must arrive at, after LARGE_FRAME_BASE_S
 BULK_FRAME_BYTES = 64 * 1024
 WRITE_BUFFER_HIGH = 256 * 1024
 MAX_IDLE_S = 600.0  # Kafka's connections.max.idle.ms
@@ -68,6 +73,7 @@ class Connection(asyncio.Protocol):
         self._memory_blocked = False
         self._reserved = 0  # bytes of the server's memory budget this connection holds
         self._bulk: bytes | None = None  # a large frame being decoded on the bulk thread
+        self._slow_timer: asyncio.TimerHandle | None = None
         self.last_active = 0.0
 
     # -- asyncio callbacks ---------------------------------------------------------------------
@@ -87,6 +93,7 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._server.connections.discard(self)
+        self._watch_large_frame(0)
         self._server.release(self._reserved)
         self._reserved = 0
         if self._reader.buffered:
@@ -122,11 +129,16 @@ class Connection(asyncio.Protocol):
 
     # -- flow control --------------------------------------------------------------------------
 
-    def _account(self) -> None:
-        """Holds in the server's budget what this connection's buffers need (see FrameReader.needed)."""
-        need = self._reader.needed() + (len(self._bulk) if self._bulk is not None else 0)
+    def _account(self, turn: bool = False) -> None:
+        """Large frames (over SMALL_FRAME_BYTES) must hold their declared size in the server's budget
+        before they are read, first come first served, and then arrive within a deadline; small frames
+        never wait for the budget, so big requests (or a client declaring them and sending nothing)
+        cannot keep anyone's small requests from being read."""
+        size = self._reader.head_size()
+        head = size + 4 if size is not None and size > SMALL_FRAME_BYTES else 0
+        need = head + (len(self._bulk) if self._bulk is not None and len(self._bulk) > SMALL_FRAME_BYTES else 0)
         if need > self._reserved:
-            if self._server.reserve(need - self._reserved):
+            if self._server.reserve(need - self._reserved, self._reserved, turn):
                 self._reserved = need
                 self._memory_blocked = False
             elif not self._memory_blocked:
@@ -137,13 +149,31 @@ class Connection(asyncio.Protocol):
         elif need < self._reserved:
             self._server.release(self._reserved - need)
             self._reserved = need
+        self._watch_large_frame(head if head and not self._memory_blocked and not self._reader.has_frame() else 0)
 
-    def memory_freed(self) -> None:
-        """Called once per release while waiting: retry the reservation (waiting again if it fails)."""
-        if not self.closed and self._memory_blocked:
-            self._memory_blocked = False
-            self._account()
-            self._update_reading()
+    def _watch_large_frame(self, size: int) -> None:
+        """A large frame being received must be complete by a deadline (a client trickling it would
+        otherwise hold its share of the budget for ever)."""
+        if size and self._slow_timer is None:
+            limit = LARGE_FRAME_BASE_S + size / LARGE_FRAME_MIN_RATE
+            self._slow_timer = self._server.loop.call_later(limit, self._too_slow, size, limit)
+        elif not size and self._slow_timer is not None:
+            self._slow_timer.cancel()
+            self._slow_timer = None
+
+    def _too_slow(self, size: int, limit: float) -> None:
+        self._slow_timer = None
+        self.abort(f"a {size}-byte request did not arrive within {limit:.0f} s")
+
+    def memory_turn(self) -> bool:
+        """At the head of the memory queue after a release: True once this connection stops waiting."""
+        if self.closed or not self._memory_blocked:
+            return True
+        self._account(turn=True)
+        if self._memory_blocked:
+            return False
+        self._update_reading()
+        return True
 
     def _can_start(self) -> bool:
         return (not self._send_blocked and self._bulk is None and len(self._queue) < MAX_IN_FLIGHT
@@ -211,9 +241,12 @@ class Connection(asyncio.Protocol):
         if len(frame) > BULK_FRAME_BYTES:
             req.large = True
             self._bulk = frame
-            loop = self._server.loop
-            done = self._server.bulk.submit(_decode_and_prepare, self._runtime, api, frame, version)
-            done.add_done_callback(lambda f: loop.call_soon_threadsafe(self._bulk_done, req, f))
+            try:
+                done = self._server.bulk.submit(_decode_and_prepare, self._runtime, api, frame, version)
+            except RuntimeError:  # the bulk pool has shut down: the server is stopping
+                self.abort("stopping")
+                return
+            on_loop(self._server.loop, done, self._bulk_done, req)
             return
         try:
             req.client_id, body = spec.decode_request(frame, version)
@@ -227,6 +260,9 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self._account()
+        if done.cancelled():
+            self.abort("stopping")
+            return
         exc = done.exception()
         if isinstance(exc, DecodeError):
             self.abort(f"malformed request: {exc}")
@@ -264,9 +300,13 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         if req.large:
-            loop = self._server.loop
-            done = self._server.bulk.submit(_encode, req)
-            done.add_done_callback(lambda f: loop.call_soon_threadsafe(self._encoded, req, f))
+            try:
+                done = self._server.bulk.submit(_encode, req)
+            except RuntimeError:  # the bulk pool has shut down: encode here, it is the last reply anyway
+                req.large = False
+                self.reply_ready(req)
+                return
+            on_loop(self._server.loop, done, self._encoded, req)
             return
         try:
             req.data = _encode(req)
@@ -278,6 +318,10 @@ class Connection(asyncio.Protocol):
 
     def _encoded(self, req: Request, done: "concurrent.futures.Future[bytes]") -> None:
         if self.closed:
+            return
+        if done.cancelled():
+            req.large = False
+            self.reply_ready(req)
             return
         if done.exception() is not None:
             log.error("%s: %s response could not be encoded: %r", self.peer, req.api.spec.name, done.exception())
@@ -415,7 +459,12 @@ class Server:
                 break
             conn = ready.popleft()
             conn.scheduled = False
-            started, more = conn.run(min(turn, budget))
+            try:
+                started, more = conn.run(min(turn, budget))
+            except Exception:  # one connection's bug must not cost the others their turn
+                log.exception("%s: dispatch failed; closing the connection", conn.peer)
+                conn.abort("internal error")
+                continue
             budget -= started
             if more:
                 self.schedule(conn)
@@ -437,13 +486,20 @@ class Server:
         self._write_scheduled = False
         writes, self._writes = self._writes, []
         for conn in writes:
-            conn.write_ready()
+            try:
+                conn.write_ready()
+            except Exception:  # one connection's bug must not cost the others their replies
+                log.exception("%s: write failed; closing the connection", conn.peer)
+                conn.abort("internal error")
 
     # -- memory budget -------------------------------------------------------------------------
 
-    def reserve(self, nbytes: int) -> bool:
-        """Takes ``nbytes`` of the buffered-bytes budget if it fits (or if nothing else holds any)."""
-        if self._buffered + nbytes > self._budget and self._buffered > 0:
+    def reserve(self, nbytes: int, held: int, turn: bool = False) -> bool:
+        """Takes ``nbytes`` of the budget for a connection already holding ``held`` if it fits, or if
+        nobody else holds any (a frame as large as the budget still gets through). Connections already
+        waiting go first, in order (``turn`` is the head of that queue trying again)."""
+        others = self._buffered - held
+        if others > 0 and (self._buffered + nbytes > self._budget or (self.memory_waiters and not turn)):
             return False
         self._buffered += nbytes
         return True
@@ -451,10 +507,8 @@ class Server:
     def release(self, nbytes: int) -> None:
         self._buffered -= nbytes
         waiters = self.memory_waiters
-        for _ in range(len(waiters)):  # each waiter retries once; one that still does not fit re-queues
-            if self._buffered >= self._budget:
-                break
-            waiters.popleft().memory_freed()
+        while waiters and waiters[0].memory_turn():
+            waiters.popleft()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -476,17 +530,17 @@ class Server:
         for conn in list(self.connections):
             conn.stop_reading()
         # Pending batches become durable (their requests are answered) or are failed at the deadline.
-        await self.runtime.stop(deadline)
-        self.bulk.shutdown(wait=False, cancel_futures=True)
+        shards_closed = await self.runtime.stop(deadline)
         self._write_all()
         while any(not c.idle for c in self.connections) and self.loop.time() < deadline:
             await asyncio.sleep(0.01)
-        clean = all(c.idle for c in self.connections)
+        clean = shards_closed and all(c.idle for c in self.connections)
         for conn in list(self.connections):
             conn.close()
         while self.connections and self.loop.time() < deadline:
             await asyncio.sleep(0.01)
         for conn in list(self.connections):
             conn.kill()  # a peer that does not read its last replies does not hold up the exit
+        self.bulk.shutdown(wait=False, cancel_futures=True)
         log.info("kcoord stopped%s", "" if clean else " (some requests were not answered by the deadline)")
         return clean

@@ -25,6 +25,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from coordinator.handoff import on_loop
 from coordinator.metrics import Metrics
 from coordinator.request import Fixup, Request, ShardUnavailable
 from coordinator.state import NO_PRODUCER, ShardData
@@ -177,6 +178,7 @@ class Shard:
         self._closing = False
         self._task: asyncio.Task[None] | None = None  # the running reload or probe, kept referenced
         self._trouble = _Repeated()
+        self._tail_dirty = False  # READ_ONLY with an unacknowledged tail still on disk
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -188,11 +190,14 @@ class Shard:
         was_active = self.state is ShardState.ACTIVE
         self.state = to
         self._metrics.shard_state(self.partition, to.value)
-        if was_active:
-            self.timers.cancel_all()
-            self.hooks.on_unloaded(self)
-        if to is ShardState.ACTIVE:
-            self.hooks.on_loaded(self)
+        try:
+            if was_active:
+                self.timers.cancel_all()
+                self.hooks.on_unloaded(self)
+            if to is ShardState.ACTIVE:
+                self.hooks.on_loaded(self)
+        except Exception:  # a hook's bug must not leave requests unanswered or the shard half-changed
+            log.exception("partition %d: %s hook failed", self.partition, "unload" if was_active else "load")
         return True
 
     @property
@@ -300,10 +305,9 @@ class Shard:
             return
         base = self._next_offset - len(batch.entries)
         self._open, self._inflight = None, batch
-        loop = asyncio.get_running_loop()
         started = time.perf_counter()
         done = self.writer.submit(self._write, base, batch.entries, self.clock.now_ms())
-        done.add_done_callback(lambda f: loop.call_soon_threadsafe(self._flushed, batch, f, started))
+        on_loop(asyncio.get_running_loop(), done, self._flushed, batch, started)
 
     def _write(self, base: int, entries: list[Entry], timestamp: int) -> int:
         """Writer thread: batches of at most ~1 MiB, appended, then one fsync."""
@@ -327,7 +331,7 @@ class Shard:
         self.log.append(batch, base + len(entries) - 1)
         return len(batch)
 
-    def _flushed(self, batch: _Batch, done: "concurrent.futures.Future[int]", started: float) -> None:
+    def _flushed(self, batch: _Batch, started: float, done: "concurrent.futures.Future[int]") -> None:
         self._inflight = None
         exc = done.exception()
         if exc is not None:
@@ -373,8 +377,14 @@ class Shard:
                 await loop.run_in_executor(self.writer, self._reopen_log)
                 break
             except OSError as exc:
-                trouble.report(logging.ERROR, "partition %d: cannot cut its log back to the durable end (%s); "
-                               "retrying every %.1f s", self.partition, _describe(exc), delay)
+                if self.log.recovered:
+                    # Its durable end is known: serve that much read-only until the tail can be cut.
+                    log.error("partition %d: cannot cut its log back to the durable end (%s); serving what is "
+                              "durable, read-only, until it can", self.partition, _describe(exc))
+                    await self._load(durable_only=True)
+                    return
+                trouble.report(logging.ERROR, "partition %d: cannot reopen its log (%s); retrying every %.1f s",
+                               self.partition, _describe(exc), delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_BACKOFF_MAX_S)
         else:
@@ -396,17 +406,18 @@ class Shard:
         self._task = asyncio.get_running_loop().create_task(self._load())
         return self._task
 
-    async def _load(self) -> None:
+    async def _load(self, durable_only: bool = False) -> None:
         """Replays the whole log (in the loader pool) into fresh state, then serves it: ACTIVE if the
         log can be written, READ_ONLY otherwise. An I/O error retries with backoff; corruption stays
-        FAILED and says so."""
+        FAILED and says so. ``durable_only``: replay only up to the durable end, touching nothing on
+        disk, and serve it READ_ONLY (the tail past it could not be cut)."""
         loop = asyncio.get_running_loop()
         delay = RETRY_BACKOFF_S
         while self._transition(ShardState.LOADING):
             data = ShardData()
             started = time.perf_counter()
             try:
-                records = await loop.run_in_executor(self._loader, self._replay_log, data)
+                records = await loop.run_in_executor(self._loader, self._replay_log, data, durable_only)
             except LoadCancelled:
                 return
             except (LogCorruptError, RecordError, BatchError) as exc:
@@ -436,6 +447,11 @@ class Shard:
             log.log(logging.INFO if records else logging.DEBUG,
                     "partition %d: loaded %d records (%d offsets, %d groups) in %d ms",
                     self.partition, records, data.num_offsets, len(data.groups), elapsed * 1000)
+            if durable_only:
+                self._tail_dirty = True
+                if self._transition(ShardState.READ_ONLY):
+                    self._task = asyncio.get_running_loop().create_task(self._probe_until_writable())
+                return
             await self._serve_if_writable()
             return
 
@@ -465,15 +481,19 @@ class Shard:
             await asyncio.sleep(PROBE_INTERVAL_S)
             problem = await loop.run_in_executor(self.writer, self._probe)
             if problem is None:
-                if self._transition(ShardState.ACTIVE):
+                if self._tail_dirty:  # first cut the unacknowledged tail, then reload and serve
+                    self._tail_dirty = False
+                    if self._transition(ShardState.FAILED):
+                        self._task = asyncio.get_running_loop().create_task(self._recover())
+                elif self._transition(ShardState.ACTIVE):
                     log.warning("partition %d: its log is writable again; serving commits", self.partition)
                 return
             trouble.report(logging.WARNING, "partition %d: still cannot write its log (%s)", self.partition, problem)
 
-    def _replay_log(self, data: ShardData) -> int:
+    def _replay_log(self, data: ShardData, durable_only: bool = False) -> int:
         """Loader thread: the same ``replay`` as the live path, for every record read back."""
         records = unknown = 0
-        for batch in self.log.recover():
+        for batch in (self.log.read_durable() if durable_only else self.log.recover()):
             if self._closing:
                 raise LoadCancelled()
             if batch.control_type is not None:
@@ -507,9 +527,10 @@ class Shard:
     def idle(self) -> bool:
         return self._open is None and self._inflight is None
 
-    async def close(self, deadline: float) -> None:
+    async def close(self, deadline: float) -> bool:
         """Lets pending batches become durable (their requests are then answered) until ``deadline``
-        (event-loop time), then closes: anything still pending is answered NOT_COORDINATOR."""
+        (event-loop time), then closes: anything still pending is answered NOT_COORDINATOR. False if
+        a write was still stuck in its thread (the process should not wait for it at exit)."""
         self._closing = True
         loop = asyncio.get_running_loop()
         while self.state is ShardState.ACTIVE and not self.idle and loop.time() < deadline:
@@ -521,12 +542,16 @@ class Shard:
         self.timers.cancel_all()
         if stuck:
             log.warning("partition %d: a write was still running at the shutdown deadline", self.partition)
-            return
+            return False
         remaining = max(deadline - loop.time(), 0.1)
         try:
             await asyncio.wait_for(loop.run_in_executor(self.writer, self._close_log, clean), remaining)
-        except (TimeoutError, OSError) as exc:
+        except TimeoutError:
+            log.warning("partition %d: closing its log did not finish by the deadline", self.partition)
+            return False
+        except OSError as exc:
             log.warning("partition %d: closing its log failed: %s", self.partition, _describe(exc))
+        return True
 
     def _close_log(self, checkpoint: bool) -> None:
         if checkpoint and self.log.recovered:

@@ -316,22 +316,24 @@ def _default_expr(em: _Emitter, f: FieldSpec) -> str:
 
 
 def _emit_read_tags(em: _Emitter, ind: int, tagged: list[FieldSpec], values: dict[str, str], version: int) -> None:
-    """The tagged-field section: known tags decoded in place, unknown ones skipped without a copy."""
-    em.emit(ind, "_nt = buf[pos]")
+    """The tagged-field section: known tags decoded in place, unknown ones skipped without a copy.
+    Its temporaries are named per section: a known tagged struct has a tag section of its own."""
+    nt, tag, end = em.var("nt"), em.var("tag"), em.var("end")
+    em.emit(ind, f"{nt} = buf[pos]")
     em.emit(ind, "pos += 1")
-    em.emit(ind, "if _nt:")
-    em.emit(ind + 1, "if _nt & 0x80: _nt, pos = _uvr(buf, pos - 1)")
-    em.emit(ind + 1, "if _nt > blen - pos: raise DecodeError('more tagged fields than bytes left')")
-    em.emit(ind + 1, "for _ in range(_nt):")
-    em.emit(ind + 2, "_tag, pos = _uvr(buf, pos)")
-    em.emit(ind + 2, "_sz, pos = _uvr(buf, pos)")
-    em.emit(ind + 2, "_end = pos + _sz")
-    em.emit(ind + 2, "if _end > blen: raise DecodeError('tagged field runs past the end of the frame')")
+    em.emit(ind, f"if {nt}:")
+    em.emit(ind + 1, f"if {nt} & 0x80: {nt}, pos = _uvr(buf, pos - 1)")
+    em.emit(ind + 1, f"if {nt} > blen - pos: raise DecodeError('more tagged fields than bytes left')")
+    em.emit(ind + 1, f"for _ in range({nt}):")
+    em.emit(ind + 2, f"{tag}, pos = _uvr(buf, pos)")
+    em.emit(ind + 2, f"{end}, pos = _uvr(buf, pos)")
+    em.emit(ind + 2, f"{end} += pos")
+    em.emit(ind + 2, f"if {end} > blen: raise DecodeError('tagged field runs past the end of the frame')")
     for i, f in enumerate(tagged):
-        em.emit(ind + 2, f"{'if' if i == 0 else 'elif'} _tag == {f.tag}:")
+        em.emit(ind + 2, f"{'if' if i == 0 else 'elif'} {tag} == {f.tag}:")
         _emit_read_value(em, ind + 3, f, values[f.name], version, True, True)
-        em.emit(ind + 3, "if pos > _end: raise DecodeError('tagged field longer than its size')")
-    em.emit(ind + 2, "pos = _end")
+        em.emit(ind + 3, f"if pos > {end}: raise DecodeError('tagged field longer than its size')")
+    em.emit(ind + 2, f"pos = {end}")
 
 
 # -- encoding ---------------------------------------------------------------------------------------

@@ -16,31 +16,41 @@ class FrameError(Exception):
 
 
 class FrameReader:
-    """Accumulates received bytes and hands out whole request payloads (without the size prefix)."""
+    """Accumulates received bytes and hands out whole request payloads (without the size prefix).
 
-    __slots__ = ("_buf", "_max_bytes", "_pos")
+    A bad size is found as soon as its frame reaches the head of the buffer (on ``feed``, or when the
+    frame before it is taken); from then on ``next_frame`` raises FrameError, while ``has_frame`` (True,
+    so the caller comes to ``next_frame``) and ``needed`` never raise."""
+
+    __slots__ = ("_buf", "_max_bytes", "_pos", "error")
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self._buf = bytearray()
         self._pos = 0
         self._max_bytes = max_bytes
+        self.error: FrameError | None = None
 
     def feed(self, data: bytes) -> None:
         """Adds ``data``; raises FrameError if the frame now at the head declares an impossible size."""
         self._buf += data
         self._head_size()
+        if self.error is not None:
+            raise self.error
 
     def _head_size(self) -> int | None:
-        if len(self._buf) - self._pos < 4:
+        if self.error is not None or len(self._buf) - self._pos < 4:
             return None
         (size,) = _SIZE.unpack_from(self._buf, self._pos)
         if size < 0 or size > self._max_bytes:
-            raise FrameError(f"frame size {size} outside [0, {self._max_bytes}]")
+            self.error = FrameError(f"frame size {size} outside [0, {self._max_bytes}]")
+            return None
         return int(size)
 
     def next_frame(self) -> bytes | None:
         """The next complete payload, or None until more bytes arrive."""
         size = self._head_size()
+        if self.error is not None:
+            raise self.error
         if size is None:
             return None
         start = self._pos + 4
@@ -56,10 +66,14 @@ class FrameReader:
             self._pos = 0
         else:
             self._pos = end
+        self._head_size()  # a bad size behind this frame is an error from now on
         return frame
 
     def has_frame(self) -> bool:
+        """A frame can be taken, or an error is waiting to be raised by ``next_frame``."""
         size = self._head_size()
+        if self.error is not None:
+            return True
         return size is not None and self._pos + 4 + size <= len(self._buf)
 
     @property
@@ -67,12 +81,9 @@ class FrameReader:
         """Bytes received and not yet handed out (a truncated request at close, if any)."""
         return len(self._buf) - self._pos
 
-    def needed(self) -> int:
-        """Bytes this reader will hold before its head frame can be handed out: what is buffered, or the
-        head frame's whole declared size if larger. Reserving this much ahead means a frame that is
-        allowed to start arriving is also allowed to finish (a memory budget never deadlocks)."""
-        size = self._head_size()
-        return max(self.buffered, 4 + size if size is not None else 0)
+    def head_size(self) -> int | None:
+        """The declared size of the frame at the head, once its 4 bytes are in (None before, or if bad)."""
+        return self._head_size()
 
 
 def frame(payload: bytes) -> bytes:

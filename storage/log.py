@@ -162,6 +162,7 @@ class PartitionLog:
         in the page cache) and only then counted durable."""
         self.close()
         self.recovered = False
+        self.segments = list_segments(self.directory)  # a retry after a failed recovery starts afresh
         known_base, known_position = self._read_checkpoint()
         self.next_offset = self.segments[0].base_offset if self.segments else 0
         for i, seg in enumerate(self.segments):
@@ -200,6 +201,24 @@ class PartitionLog:
         except OSError as exc:  # a read-only directory can still be served; the claim is just not recorded
             log.warning("%s: could not record the recovery point (%s); the log is intact", self.directory,
                         exc.strerror or exc)
+
+    def read_durable(self) -> Iterator[Batch]:
+        """The batches below ``durable_offset``, read without writing anything: how a partition whose
+        unacknowledged tail cannot be cut (a file system gone read-only) still serves what was
+        acknowledged. Only valid after ``recover()``."""
+        if not self.recovered:
+            raise RuntimeError(f"{self.directory}: read_durable before recover()")
+        for seg in self.segments:
+            if seg.base_offset >= self.durable_offset:
+                return
+            for item in read_segment(seg.path):
+                if isinstance(item, Damage):
+                    if item.position < (seg.size if seg.base_offset < self._durable_base else self._durable_size):
+                        raise LogCorruptError(f"{seg.path} at byte {item.position}: {item.reason}")
+                    break
+                if item.base_offset >= self.durable_offset:
+                    return
+                yield item
 
     # -- writing -------------------------------------------------------------------------------
 

@@ -85,6 +85,7 @@ class Faults:
         self.fail_next_sync = False
         self.fail_next_append = False
         self.disk_full = False
+        self.read_only = False  # EROFS on every write: truncation and the probe included
 
     def factory(self, directory: Path, segment_bytes: int) -> PartitionLog:
         return FaultyLog(directory, segment_bytes, self)
@@ -105,6 +106,11 @@ class FaultyLog(PartitionLog):
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
         super().append(batch, last_offset)
 
+    def truncate_to_durable(self) -> None:
+        if self.faults.read_only:
+            raise OSError(errno.EROFS, "Read-only file system (injected)", str(self.directory))
+        super().truncate_to_durable()
+
     def sync(self) -> None:
         if self.faults.fail_next_sync:
             self.faults.fail_next_sync = False
@@ -112,6 +118,8 @@ class FaultyLog(PartitionLog):
         super().sync()
 
     def probe(self) -> None:
+        if self.faults.read_only:
+            raise OSError(errno.EROFS, "Read-only file system (injected)", str(self.directory))
         if self.faults.disk_full:
             raise OSError(errno.ENOSPC, "No space left on device (injected)", str(self.directory))
         super().probe()

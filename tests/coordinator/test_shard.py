@@ -102,6 +102,29 @@ async def test_a_full_disk_keeps_acknowledged_offsets_readable_and_recovers_with
     await stop(runtime)
 
 
+async def test_a_tail_that_cannot_be_cut_still_serves_the_durable_part_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short write, then the file system turns read-only (ext4 errors=remount-ro): the unacknowledged
+    tail cannot be cut, yet what was acknowledged is served; once writable, the tail is cut first."""
+    monkeypatch.setattr(coordinator.shard, "PROBE_INTERVAL_S", 0.05)
+    faults = Faults()
+    runtime = await started(config(tmp_path), faults.factory)
+    shard = runtime.shards[0]
+    assert await asyncio.gather(*[append(shard, [commit("g", i, i)]) for i in range(5)]) == [OK] * 5
+    faults.disk_full = True
+    faults.read_only = True
+    assert await append(shard, [commit("g", 0, 100)]) == ErrorCode.NOT_COORDINATOR
+    await wait_state(shard, ShardState.READ_ONLY)
+    assert shard.read(None, None, lambda data: data.committed("g", "t", 0)) == OffsetAndMetadata(0, -1, "m", 1)
+    assert shard.read(None, None, lambda data: data.num_offsets) == 5
+    faults.disk_full = faults.read_only = False
+    await wait_state(shard, ShardState.ACTIVE)
+    assert await append(shard, [commit("g", 0, 102)]) == OK
+    assert on_disk(shard.log.directory) == list(range(6))  # the half-written batch was cut first
+    await stop(runtime)
+
+
 async def test_close_racing_a_reload_ends_closed(tmp_path: Path) -> None:
     faults = Faults()
     runtime = await started(config(tmp_path), faults.factory)

@@ -3,6 +3,7 @@ or starve other clients: the server stops starting their requests and stops read
 shares the event loop round robin. A bystander's latency and the server's memory are reported."""
 
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -93,7 +94,7 @@ def test_frames_as_large_as_the_memory_budget_wait_their_turn(tmp_path: Path, re
 
     limit = 1_000_000
     server = KcoordProcess(tmp_path / "data", "--max-frame-bytes", str(limit), "--max-buffered-bytes",
-                           str(limit), "--log-level", "DEBUG").start()
+                           str(limit + 4), "--log-level", "DEBUG").start()
     try:
         encoder = RawClient(server.port)
         frames = []
@@ -114,5 +115,71 @@ def test_frames_as_large_as_the_memory_budget_wait_their_turn(tmp_path: Path, re
         for sock in socks:
             sock.close()
         assert "buffered-bytes budget full" in server.log()  # one of them did wait
+    finally:
+        assert server.stop() == 0
+
+
+def test_an_oversized_frame_pipelined_behind_good_ones_closes_only_its_connection(kcoord: KcoordProcess) -> None:
+    """Review finding: a bad size reached only after frames before it were taken used to escape the
+    dispatcher and write passes, leaving other connections unanswered."""
+    from tests.integration.test_stalls import read_frame
+
+    encoder = RawClient(kcoord.port)
+    good = b"".join(encoder.encode(commit_request("pipelined", {("t", 0): i}), 8)[1] for i in range(16))
+    encoder.close()
+    with Bystander(kcoord.port) as bystander:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", kcoord.port), timeout=10) as bad:
+                bad.sendall(good + struct.pack(">i", 100 * 1024 * 1024 + 1))
+                answered = 0
+                try:
+                    while True:
+                        read_frame(bad)
+                        answered += 1
+                except (ConnectionError, OSError):
+                    pass
+                assert answered <= 16
+        time.sleep(0.5)
+    assert not bystander.errors and len(bystander.latencies_ms) > 10
+    assert "frame size 104857601 outside" in kcoord.log()
+    assert "Traceback" not in kcoord.log()
+
+
+def test_declaring_huge_frames_without_sending_them_does_not_block_other_clients(tmp_path: Path) -> None:
+    """Review finding: 8 bytes (two 100 MiB size prefixes) used to reserve the whole budget, and other
+    connections stopped being read."""
+    server = KcoordProcess(tmp_path / "data").start()
+    try:
+        holders = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
+        for h in holders:
+            h.sendall(struct.pack(">i", 100 * 1024 * 1024 - 8))  # a frame that never comes
+        time.sleep(0.2)
+        with Bystander(server.port) as bystander:
+            time.sleep(1.5)
+        assert not bystander.errors and len(bystander.latencies_ms) > 20
+        for h in holders:
+            h.close()
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_frame_as_large_as_the_budget_from_a_lone_client_is_read(tmp_path: Path) -> None:
+    """Review finding: with the budget equal to the frame limit a lone client could stall itself."""
+    from tests.integration.test_stalls import read_frame
+
+    limit = 600_000
+    server = KcoordProcess(tmp_path / "data", "--max-frame-bytes", str(limit), "--max-buffered-bytes",
+                           str(limit + 4)).start()
+    try:
+        encoder = RawClient(server.port)
+        _, small = encoder.encode(commit_request("lone", {("t", 0): 1}), 8)
+        _, large = encoder.encode(commit_request("lone", {("t", i): i for i in range(25_000)}), 8)
+        encoder.close()
+        assert limit // 2 < len(large) - 4 <= limit
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(small + large[:4])
+            time.sleep(0.2)
+            sock.sendall(large[4:])
+            assert len(read_frame(sock)) < 100 and len(read_frame(sock)) > 25_000 * 6
     finally:
         assert server.stop() == 0

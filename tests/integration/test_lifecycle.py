@@ -129,3 +129,20 @@ def test_sigterm_under_load_stops_promptly_and_loses_nothing(kcoord: KcoordProce
     for c in committers:
         assert committed[c.partition] >= c.acked, (c.partition, committed[c.partition], c.acked)
     reader.close()
+
+
+def test_sigterm_with_a_large_request_in_flight_stops_promptly(kcoord: KcoordProcess, report: Report) -> None:
+    """Review finding: a request being decoded on the bulk thread at stop used to hold the stop until its
+    deadline, unanswered."""
+    assert kcoord.proc is not None
+    client = RawClient(kcoord.port)
+    _, large = client.encode(commit_request("stopping", {("t", i): i for i in range(40_000)}), 8)
+    client.sock.sendall(large)
+    time.sleep(0.05)
+    signalled = time.monotonic()
+    kcoord.proc.send_signal(signal.SIGTERM)
+    assert kcoord.proc.wait(30) == 0
+    report.figure("SIGTERM to exit with a 40k-partition commit in flight", (time.monotonic() - signalled) * 1000, "ms")
+    assert "Traceback" not in kcoord.log()
+    assert "some requests were not answered" not in kcoord.log()
+    client.close()

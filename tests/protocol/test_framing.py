@@ -48,21 +48,20 @@ def test_limit_is_inclusive() -> None:
     assert drain(reader) == [b"xyz"]
 
 
-def test_needed_reserves_the_whole_declared_frame() -> None:
+def test_the_head_frames_declared_size_is_known_from_its_first_four_bytes() -> None:
     reader = FrameReader(max_bytes=1000)
-    reader.feed(struct.pack(">i", 500) + b"x" * 10)
-    assert reader.needed() == 504
+    reader.feed(struct.pack(">i", 500)[:3])
+    assert reader.head_size() is None
+    reader.feed(struct.pack(">i", 500)[3:] + b"x" * 10)
+    assert reader.head_size() == 500 and not reader.has_frame()
     reader.feed(b"x" * 490)
-    assert reader.needed() == 504 and reader.has_frame()
+    assert reader.has_frame()
 
 
-def test_header_peek() -> None:
-    req = bytes.fromhex("001200030000000100047465737400076b636f6f726404302e3100")
-    assert peek_header(req) == (18, 3, 1)
-    with pytest.raises(HeaderError):
-        peek_header(req[:7])
-
-
-def test_response_headers() -> None:
-    assert response_header(3, flexible=False) == b"\x00\x00\x00\x03"
-    assert response_header(3, flexible=True) == b"\x00\x00\x00\x03\x00"
+def test_queries_never_raise_once_a_bad_size_is_found() -> None:
+    reader = FrameReader(max_bytes=100)
+    reader.feed(frame(b"ok") + struct.pack(">i", 1000))
+    assert reader.next_frame() == b"ok"
+    assert reader.head_size() is None and reader.has_frame()  # has_frame: come and get the error
+    with pytest.raises(FrameError):
+        reader.next_frame()
