@@ -7,6 +7,7 @@ import gc
 import importlib.metadata
 import logging
 import os
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -52,6 +53,13 @@ def tune_interpreter() -> None:
       creates about a million. Full passes are made rare; young generations are collected as usual."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     gc.set_threshold(*GC_THRESHOLDS)
+    # Every connection is a file descriptor; running out makes log writes fail. Use what is allowed.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
+        except (ValueError, OSError):
+            pass
 
 
 async def _freeze_when_loaded(runtime: Runtime) -> None:

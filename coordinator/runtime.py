@@ -1,6 +1,8 @@
 """All shards of this node: creation, independent loading, routing by group id, and shutdown."""
 
 import asyncio
+import contextlib
+import errno
 import functools
 import json
 import logging
@@ -42,6 +44,7 @@ def check_data_dir(data_dir: Path, partitions: int) -> None:
     """Creates the data directory or checks the one there: writable, and holding the same partition
     count (recorded in ``kcoord.meta.json``)."""
     data_dir.mkdir(parents=True, exist_ok=True)
+    meta = data_dir / META_FILE
     probe = data_dir / ".kcoord-write-probe"
     try:
         with open(probe, "wb") as f:
@@ -49,9 +52,16 @@ def check_data_dir(data_dir: Path, partitions: int) -> None:
             os.fsync(f.fileno())
         probe.unlink()
     except OSError as exc:
-        raise ConfigMismatch(f"data directory {data_dir} is not writable ({exc.strerror}); "
-                             "kcoord needs to write its logs there") from exc
-    meta = data_dir / META_FILE
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT) and meta.exists():
+            # A full disk is not a wrong setting: what is durable can still be served, read-only, and
+            # every partition resumes writing by itself once space is freed.
+            log.warning("data directory %s: %s; partitions serve reads only until space is freed", data_dir,
+                        exc.strerror)
+        else:
+            raise ConfigMismatch(f"data directory {data_dir} is not writable ({exc.strerror}); "
+                                 "kcoord needs to write its logs there") from exc
     if meta.exists():
         try:
             recorded = int(json.loads(meta.read_text())["offsets_partitions"])

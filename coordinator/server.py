@@ -420,8 +420,12 @@ class Server:
         directory and starts loading every partition while already answering."""
         cfg = self.runtime.config
         self.loop = asyncio.get_running_loop()
-        self._server = await self.loop.create_server(lambda: Connection(self), cfg.host, cfg.port,
-                                                     reuse_address=True, start_serving=False)
+        try:
+            self._server = await self.loop.create_server(lambda: Connection(self), cfg.host, cfg.port,
+                                                         reuse_address=True, start_serving=False)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {cfg.host}:{cfg.port} (--listen / KCOORD_LISTEN): "
+                                     f"{exc.strerror or exc}") from exc
         try:
             self.runtime.open()
         except BaseException:

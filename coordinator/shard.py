@@ -33,7 +33,7 @@ from coordinator.timers import Clock, Timers
 from protocol.errors import ErrorCode
 from protocol.records import Record, RecordError, UnknownRecord, decode_record, encode_record
 from storage.batch import COMMIT, BatchError, build_batch
-from storage.log import LogCorruptError, PartitionLog
+from storage.log import LogCorruptError, PartitionLog, TailNotCut
 
 log = logging.getLogger(__name__)
 
@@ -420,13 +420,24 @@ class Shard:
                 records = await loop.run_in_executor(self._loader, self._replay_log, data, durable_only)
             except LoadCancelled:
                 return
+            except TailNotCut as exc:
+                # What precedes the damage was replayed: serve it read-only; the tail is cut before writing.
+                if self.state is not ShardState.LOADING:
+                    return
+                log.error("partition %d: %s; serving the %d offsets before it read-only until it can be set aside",
+                          self.partition, exc, data.num_offsets)
+                self.data = data
+                self._tail_dirty = True
+                if self._transition(ShardState.READ_ONLY):
+                    self._task = asyncio.get_running_loop().create_task(self._probe_until_writable())
+                return
             except (LogCorruptError, RecordError, BatchError) as exc:
                 log.error("partition %d: FAILED to load, not serving its groups until the log is repaired: %s",
                           self.partition, exc)
                 self._transition(ShardState.FAILED)
                 return
             except OSError as exc:
-                self._trouble.report(logging.ERROR, "partition %d: cannot read its log (%s); retrying every %.1f s",
+                self._trouble.report(logging.ERROR, "partition %d: cannot load its log (%s); retrying every %.1f s",
                                      self.partition, _describe(exc), delay)
                 self._transition(ShardState.FAILED)
                 await asyncio.sleep(delay)

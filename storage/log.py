@@ -51,6 +51,11 @@ class LogCorruptError(Exception):
     """Corruption before the tail of a partition: the partition must not serve from a guess."""
 
 
+class TailNotCut(Exception):
+    """A damaged tail past the recovery point could not be cut aside (disk full, read-only): every batch
+    before it has been read, and the log must not be written until a later recovery cuts it."""
+
+
 def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}.log"
 
@@ -168,15 +173,17 @@ class PartitionLog:
         for i, seg in enumerate(self.segments):
             self.next_offset = max(self.next_offset, seg.base_offset)
             damage = None
+            position = 0
             for item in read_segment(seg.path):
                 if isinstance(item, Damage):
                     damage = item
                     break
-                if item.base_offset < self.next_offset:
-                    raise LogCorruptError(
-                        f"{seg.path}: batch offset {item.base_offset} below expected {self.next_offset}"
-                    )
+                if item.base_offset < self.next_offset:  # a batch repeated or out of order
+                    damage = Damage(position, f"batch offset {item.base_offset} below expected {self.next_offset}",
+                                    torn=False)
+                    break
                 self.next_offset = item.last_offset + 1
+                position += item.size
                 yield item
             if damage is None:
                 continue
@@ -185,7 +192,12 @@ class PartitionLog:
             )
             if known_durable:
                 raise LogCorruptError(f"{seg.path} at byte {damage.position}: {damage.reason}")
-            self._cut(seg, damage.position, f"damaged tail past the recovery point ({damage.reason})")
+            try:
+                self._cut(seg, damage.position, f"damaged tail past the recovery point ({damage.reason})")
+            except OSError as exc:
+                # No room (or no write access) to keep the tail aside: serve what precedes it, read-only.
+                raise TailNotCut(f"{seg.path} at byte {damage.position}: {damage.reason}; it cannot be set "
+                                 f"aside now ({exc.strerror or exc})") from exc
             for later in self.segments[i + 1 :]:
                 self._set_aside(later, "written after a torn write")
             del self.segments[i + 1 :]
@@ -249,7 +261,13 @@ class PartitionLog:
             self._dir_dirty = False
         self._mark_durable()
         if time.monotonic() - self._checkpointed_at >= CHECKPOINT_INTERVAL_S:
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except OSError as exc:
+                # The data is durable already; the claim is an optimisation. Failing the batch for it
+                # (out of file descriptors, say) would fail commits that are on disk.
+                self._checkpointed_at = time.monotonic()
+                log.warning("%s: could not record the recovery point (%s)", self.directory, exc.strerror or exc)
 
     def checkpoint(self) -> None:
         """Records how far the log is known durable: written to a temporary file, fsynced, renamed
@@ -360,10 +378,14 @@ class PartitionLog:
             src.seek(position)
             data = src.read()
         aside = _aside_path(seg.path, position)
-        with open(aside, "xb") as dst:
-            dst.write(data)
-            dst.flush()
-            os.fsync(dst.fileno())
+        try:
+            with open(aside, "xb") as dst:
+                dst.write(data)
+                dst.flush()
+                os.fsync(dst.fileno())
+        except OSError:
+            aside.unlink(missing_ok=True)  # no empty or partial copies left behind by a failed attempt
+            raise
         with open(seg.path, "r+b") as f:
             f.truncate(position)
             f.flush()

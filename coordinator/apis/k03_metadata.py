@@ -12,7 +12,7 @@ import uuid
 from typing import Any
 
 from coordinator.apis import handles
-from coordinator.request import Request
+from coordinator.request import Lazy, Request
 from coordinator.runtime import OFFSETS_TOPIC, Runtime
 from protocol.errors import ErrorCode
 from protocol.registry import register
@@ -38,27 +38,50 @@ def _offsets_topic(runtime: Runtime) -> Any:
                  partitions=partitions)
 
 
-def _unknown(name: str | None, topic_id: Any, error: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION) -> Any:
-    return Topic(error_code=error, name=name, topic_id=topic_id or _NO_ID, is_internal=False, partitions=[])
+def _unknown(name: str | None, topic_id: Any, version: int,
+             error: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION) -> Any:
+    # Before v12 a response topic has a name, even when the request looked one up by id (name null).
+    shown = name if name is not None or version >= 12 else ""
+    return Topic(error_code=error, name=shown, topic_id=topic_id or _NO_ID, is_internal=False, partitions=[])
+
+
+def _distinct(requested: Any) -> list[Any]:
+    """Each requested topic once, in request order (Kafka answers a set: naming a topic twice does not
+    make the answer twice as large)."""
+    seen: set[tuple[Any, Any]] = set()
+    out = []
+    for t in requested:
+        key = (t.name, getattr(t, "topic_id", None))
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
 
 
 def error_response(body: Any, version: int, error: ErrorCode) -> Any:
     return MetadataResponse(throttle_time_ms=0, brokers=[], topics=[
-        _unknown(t.name, getattr(t, "topic_id", None), error) for t in (body.topics or [])])
+        _unknown(t.name, getattr(t, "topic_id", None), version, error) for t in _distinct(body.topics or [])])
 
 
 @handles(SPEC, error_response=error_response)
 def metadata(runtime: Runtime, req: Request, body: Any) -> Any:
+    if req.large:  # thousands of topics: the answer is built where it is encoded, off the event loop
+        return Lazy(_answer, runtime, req.version, body)
+    return _answer(runtime, req.version, body)
+
+
+def _answer(runtime: Runtime, version: int, body: Any) -> Any:
     host, port = runtime.config.advertised
     node = runtime.config.node_id
     requested = body.topics
-    everything = requested is None or (req.version == 0 and not requested)
+    everything = requested is None or (version == 0 and not requested)
     if everything:
         topics = [_offsets_topic(runtime)]
     else:
         topics = [
-            _offsets_topic(runtime) if t.name == OFFSETS_TOPIC else _unknown(t.name, getattr(t, "topic_id", None))
-            for t in requested
+            _offsets_topic(runtime) if t.name == OFFSETS_TOPIC
+            else _unknown(t.name, getattr(t, "topic_id", None), version)
+            for t in _distinct(requested)
         ]
     broker = MetadataResponse.MetadataResponseBroker(node_id=node, host=host, port=port, rack=None)
     return MetadataResponse(throttle_time_ms=0, brokers=[broker], cluster_id=CLUSTER_ID, controller_id=node,

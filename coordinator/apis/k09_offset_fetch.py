@@ -7,6 +7,7 @@ request, errors per group. v9: member id and epoch (KIP-848 members; classic gro
 v0-v1 have no group-level error field: a group error is put on every requested partition.
 """
 
+import asyncio
 from typing import Any
 
 from coordinator.apis import handles
@@ -61,18 +62,65 @@ def error_response(body: Any, version: int, error: ErrorCode) -> Any:
     ])
 
 
-@handles(SPEC, error_response=error_response)
-def offset_fetch(runtime: Runtime, req: Request, body: Any) -> Any:
+class _Groups:
+    """A v8+ request's groups bucketed by shard (computed off the event loop for a large request), and
+    per group its error and offsets, filled as the shards answer and turned into the response when
+    it is encoded (so a failed barrier can still change a group's part)."""
+
+    __slots__ = ("by_shard", "ids", "results")
+
+    def __init__(self, runtime: Runtime, body: Any) -> None:
+        self.ids = [g.group_id for g in body.groups]
+        self.by_shard: dict[int, list[tuple[int, str, Requested]]] = {}
+        for i, g in enumerate(body.groups):
+            shard = runtime.shard_for(g.group_id).partition
+            self.by_shard.setdefault(shard, []).append((i, g.group_id, _requested(g.topics)))
+        self.results: list[tuple[ErrorCode, TopicOffsets]] = [(ErrorCode.NONE, [])] * len(self.ids)
+
+    def fail(self, indexes: list[int]) -> Any:
+        def fail(error: ErrorCode) -> None:
+            for i in indexes:
+                self.results[i] = (error, [])
+
+        return fail
+
+    def response(self) -> Any:
+        return Response(groups=[
+            Group(group_id=gid, topics=_topics(GroupTopic, GroupPartition, offsets), error_code=error)
+            for gid, (error, offsets) in zip(self.ids, self.results, strict=True)
+        ])
+
+
+# Up to this many groups a v8+ request is answered group by group, as cheaply as a v7 one; beyond it
+# the groups are bucketed by shard so that each shard is read once (and, when large, one per loop pass).
+_DIRECT_GROUPS = 16
+
+
+def prepare(runtime: Runtime, body: Any, version: int) -> Any:
+    return _Groups(runtime, body) if version >= 8 and len(body.groups) > _DIRECT_GROUPS else body
+
+
+def _fetch_many(data: Any, groups: list[tuple[int, str, Requested]], stable: bool) -> list[TopicOffsets]:
+    return [fetch_offsets(data, group_id, requested, stable) for _, group_id, requested in groups]
+
+
+@handles(SPEC, error_response=error_response, prepare=prepare)
+def offset_fetch(runtime: Runtime, req: Request, prepared: Any) -> Any:
     v = req.version
-    stable = bool(body.require_stable) if v >= 7 else False
     if v >= 8:
-        return _fetch_groups(runtime, req, body, stable)
+        stable8 = bool(req.body.require_stable)
+        if isinstance(prepared, _Groups):
+            return _fetch_groups(runtime, req, prepared, stable8)
+        return _fetch_few_groups(runtime, req, prepared, stable8)
+    body = prepared
+    stable = bool(body.require_stable) if v >= 7 else False
     shard = runtime.shard_for(body.group_id)
     offsets = shard.read(req, None, fetch_offsets, body.group_id, _requested(body.topics), stable)
     return Lazy(_response, offsets) if req.large else _response(offsets)
 
 
-def _fetch_groups(runtime: Runtime, req: Request, body: Any, stable: bool) -> Any:
+def _fetch_few_groups(runtime: Runtime, req: Request, body: Any, stable: bool) -> Any:
+    """The common case (a consumer asks for its own group): each group read directly into its part."""
     groups: list[Any] = []
     for g in body.groups:
         entry = Group(group_id=g.group_id, topics=[], error_code=0)
@@ -92,3 +140,37 @@ def _failer(entry: Any) -> Any:
         entry.topics, entry.error_code = [], error
 
     return fail
+
+
+def _fetch_groups(runtime: Runtime, req: Request, groups: _Groups, stable: bool) -> Any:
+    """One read per shard for all its groups (a request may name 100k groups); for a large request one
+    shard per event-loop pass, so other clients are served in between."""
+    shards = list(groups.by_shard.items())
+    if not req.large:
+        for partition, members in shards:
+            _read_shard(runtime, req, groups, partition, members, stable)
+        return Lazy(groups.response)
+    req.wait()  # until the last shard has been read
+    loop = asyncio.get_running_loop()
+
+    def step(i: int) -> None:
+        _read_shard(runtime, req, groups, *shards[i], stable)
+        if i + 1 < len(shards):
+            loop.call_soon(step, i + 1)
+        else:
+            req.done()
+
+    loop.call_soon(step, 0) if shards else req.done()
+    return Lazy(groups.response)
+
+
+def _read_shard(runtime: Runtime, req: Request, groups: _Groups, partition: int,
+                members: list[tuple[int, str, Requested]], stable: bool) -> None:
+    indexes = [i for i, _, _ in members]
+    try:
+        fetched = runtime.shards[partition].read(req, groups.fail(indexes), _fetch_many, members, stable)
+    except ShardUnavailable as exc:
+        groups.fail(indexes)(exc.error)
+        return
+    for i, offsets in zip(indexes, fetched, strict=True):
+        groups.results[i] = (ErrorCode.NONE, offsets)

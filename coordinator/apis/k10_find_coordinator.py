@@ -11,7 +11,7 @@ Like Kafka, FindCoordinator never reports loading: clients learn that from the g
 from typing import Any
 
 from coordinator.apis import handles
-from coordinator.request import Request
+from coordinator.request import Lazy, Request
 from coordinator.runtime import Runtime
 from protocol.errors import ErrorCode
 from protocol.registry import register
@@ -57,4 +57,6 @@ def find_coordinator(runtime: Runtime, req: Request, body: Any) -> Any:
     key_type = body.key_type if req.version >= 1 else GROUP
     error, message = resolve(key_type)
     keys = list(body.coordinator_keys) if req.version >= 4 else [body.key]
+    if req.large:  # thousands of keys: the answer is built where it is encoded, off the event loop
+        return Lazy(_answer, req.version, keys, error, message, (runtime.config.node_id, host, port))
     return _answer(req.version, keys, error, message, (runtime.config.node_id, host, port))

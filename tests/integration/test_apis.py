@@ -139,3 +139,20 @@ def test_leader_epoch_round_trip(client: RawClient) -> None:
     client.call(req, 8)
     got = client.call(fetch_request("epochs", {"t": [0]}), 7).topics[0].partitions[0]
     assert (got.committed_offset, got.committed_leader_epoch) == (9, 17)
+
+
+def test_metadata_answers_each_topic_once_however_often_it_is_named(client: RawClient) -> None:
+    """Fault campaign D2: naming the offsets topic 20,000 times made a 27 MB answer."""
+    topics = [MetadataRequest.MetadataRequestTopic(name="__consumer_offsets")] * 500
+    topics += [MetadataRequest.MetadataRequestTopic(name="nope")] * 500
+    resp = client.call(MetadataRequest(topics=topics, allow_auto_topic_creation=False), 9)
+    assert [t.name for t in resp.topics] == ["__consumer_offsets", "nope"]
+
+
+def test_metadata_topic_looked_up_by_id_before_v12_is_unknown_not_a_closed_connection(client: RawClient) -> None:
+    """Fault campaign L1: a null name in Metadata v10/v11 could not be encoded back."""
+    import uuid
+
+    topic = MetadataRequest.MetadataRequestTopic(name=None, topic_id=uuid.uuid4())
+    resp = client.call(MetadataRequest(topics=[topic], allow_auto_topic_creation=False), 10)
+    assert [(t.name, t.error_code) for t in resp.topics] == [("", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)]

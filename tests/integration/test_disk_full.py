@@ -97,3 +97,44 @@ def test_full_disk_keeps_offsets_readable_and_commits_resume_when_space_returns(
         assert "Traceback" not in log
     finally:
         server.kill() if server.proc is not None and server.proc.poll() is None else None
+
+
+def test_a_restart_on_a_full_disk_with_torn_tails_serves_reads_then_recovers(small_disk: Path, report: Report) -> None:
+    """Fault campaign D4: restarted with no space and torn tails to set aside, partitions stayed FAILED
+    and empty .tr files piled up. Now: reads are served, and writes resume once space is freed."""
+    data = small_disk / "data"
+    server = KcoordProcess(data, "--offsets-partitions", "4")
+    server.log_path = small_disk.parent / "kcoord.log"
+    server.start()
+    client = RawClient(server.port, timeout=30)
+    assert set(commit_all(client, 7).values()) == {0}
+    client.close()
+    assert server.stop() == 0
+    for seg in data.glob("__consumer_offsets-*/*.log"):
+        if seg.stat().st_size:
+            with open(seg, "ab") as f:
+                f.write(b"\xfe" * 300)  # a torn tail past the recovery point
+    filler = small_disk / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    server.start()
+    client = RawClient(server.port, timeout=30)
+    assert set(fetch_all(client, time.monotonic() + 30).values()) == {7}
+    assert set(commit_all(client, 8).values()) <= RETRIABLE
+    assert not list(data.glob("__consumer_offsets-*/*.tr"))  # no empty copies from failed attempts
+    filler.unlink()
+    freed = time.monotonic()
+    while set(commit_all(client, 9).values()) != {0}:
+        assert time.monotonic() - freed < 60, "commits never resumed"
+        time.sleep(0.05)
+    report.figure("commits resuming after a full-disk restart once space was freed", (time.monotonic() - freed) * 1000,
+                  "ms")
+    assert set(fetch_all(client, time.monotonic() + 30).values()) == {9}
+    assert list(data.glob("__consumer_offsets-*/*.tr"))  # the torn tails were kept aside after all
+    client.close()
+    assert server.stop() == 0

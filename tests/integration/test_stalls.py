@@ -131,3 +131,17 @@ def test_bystander_baseline(server: KcoordProcess, report: Report, tmp_path: Pat
     assert not bystander.errors
     report.figure("bystander worst round trip, idle server", bystander.worst_ms(), "ms")
     report.figure("bystander p99 round trip, idle server", bystander.percentile_ms(0.99), "ms")
+
+
+def test_a_fetch_of_100k_groups_does_not_freeze_others(server: KcoordProcess, report: Report) -> None:
+    """Fault campaign D3: OffsetFetch v8 naming 100k groups did per-group work on the event loop."""
+    groups = [OffsetFetchRequest.OffsetFetchRequestGroup(group_id=f"many-{i}", topics=None) for i in range(100_000)]
+    req = OffsetFetchRequest(groups=groups, require_stable=False)
+    req.with_header(correlation_id=9, client_id="x")
+    frame = bytes(req.encode(version=8, header=True, framed=True))
+    with Bystander(server.port) as bystander:
+        answer = attack(server, frame)
+    assert answer is not None and not bystander.errors
+    resp = OffsetFetchResponse.decode(answer[5:], version=8)
+    assert len(resp.groups) == 100_000 and {g.error_code for g in resp.groups} == {0}
+    report.figure("bystander worst round trip during an OffsetFetch of 100k groups", bystander.worst_ms(), "ms")

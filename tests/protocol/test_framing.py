@@ -3,7 +3,6 @@ import struct
 import pytest
 
 from protocol.framing import FrameError, FrameReader, frame
-from protocol.header import HeaderError, peek_header, response_header
 
 
 def drain(reader: FrameReader) -> list[bytes]:

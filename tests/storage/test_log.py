@@ -247,3 +247,62 @@ def test_the_recovery_point_file_is_written_atomically_and_fsynced(tmp_path: Pat
     assert any(p.endswith(RECOVERY_POINT + ".tmp") for p in synced)
     assert (tmp_path / RECOVERY_POINT).read_text().split() == ["0", str((tmp_path / segment_name(0)).stat().st_size)]
     assert not (tmp_path / (RECOVERY_POINT + ".tmp")).exists()
+
+
+def test_a_repeated_batch_past_the_recovery_point_is_cut_aside_not_corruption(tmp_path: Path) -> None:
+    """Fault campaign D6: a valid copy of the last batch appended after a clean stop went backwards in
+    offsets and failed the partition for good."""
+    original = clean_stop(tmp_path)
+    seg = tmp_path / segment_name(0)
+    last = original[-len(original) // 3:]  # the 3 batches are the same size: the last one
+    seg.write_bytes(original + last)
+    assert offsets(tmp_path) == [0, 1, 2]
+    assert [p.read_bytes() for p in tmp_path.glob("*.tr")] == [last]
+
+
+def test_a_failed_copy_of_a_damaged_tail_leaves_nothing_behind_and_says_so(tmp_path: Path, monkeypatch: Any) -> None:
+    """Fault campaign D4: with no room to keep a torn tail aside, recovery stops before it (TailNotCut)
+    after reading everything valid, and no empty .tr files pile up."""
+    import errno
+    import os
+
+    from storage.log import TailNotCut
+
+    original = clean_stop(tmp_path)
+    (tmp_path / segment_name(0)).write_bytes(original + b"\xff" * 50)
+    real_fsync = os.fsync
+
+    def full(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".tr"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full)
+    plog = PartitionLog(tmp_path)
+    read = []
+    with pytest.raises(TailNotCut):
+        for batch in plog.recover():
+            read.extend(r.offset for r in batch.records)
+    assert read == [0, 1, 2]
+    assert not list(tmp_path.glob("*.tr"))
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert offsets(tmp_path) == [0, 1, 2]  # space is back: cut and kept
+
+
+def test_a_checkpoint_that_cannot_be_written_does_not_fail_a_durable_sync(tmp_path: Path, monkeypatch: Any) -> None:
+    """Fault campaign D5: out of file descriptors, the recovery-point write failed and took the
+    already-fsynced batch down with it."""
+    import errno
+
+    import storage.log
+
+    plog = PartitionLog(tmp_path)
+    list(plog.recover())
+
+    def no_fds(self: PartitionLog) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(storage.log, "CHECKPOINT_INTERVAL_S", 0.0)
+    monkeypatch.setattr(PartitionLog, "checkpoint", no_fds)
+    write(plog, 2)  # sync() must not raise
+    assert plog.durable_offset == 2
