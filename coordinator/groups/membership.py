@@ -13,6 +13,7 @@ Timers, keyed per group: ``heartbeat:<group>:<member>`` (session, or the 5-minut
 ``join:<group>`` (initial delay / rebalance timeout), ``sync:<group>`` (members that never sync).
 """
 
+import logging
 import uuid
 
 from coordinator.groups.messages import (
@@ -29,6 +30,8 @@ from coordinator.shard import OpResult
 from coordinator.state import ShardData
 from protocol.errors import ErrorCode
 from protocol.records import GroupMetadataRecord, Record
+
+log = logging.getLogger(__name__)
 
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000  # Kafka's classicGroupNewMemberJoinTimeoutMs (KAFKA-7610)
 
@@ -196,7 +199,8 @@ class Membership:
         # A new member cannot heartbeat (no id yet on its side) and a parked join hides disconnects: it is
         # dropped after the new-member timeout instead, so retried joins cannot grow the group forever.
         self._reschedule_heartbeat(group, member, NEW_MEMBER_JOIN_TIMEOUT_MS)
-        result = self._rebalance_or_complete_join(data, group)
+        result = self._rebalance_or_complete_join(data, group, f"adding new member {member_id} with group instance "
+                                                               f"id {j.group_instance_id}")
         return OpResult(result.records, PARKED, on_durable=result.on_durable)
 
     def _update_member_and_rebalance(self, data: ShardData, req: Request, group: ClassicGroup, member: GroupMember,
@@ -205,7 +209,8 @@ class Membership:
         member.rebalance_timeout_ms = j.rebalance_timeout_ms
         member.session_timeout_ms = j.session_timeout_ms
         self._park_join(member, req)
-        result = self._rebalance_or_complete_join(data, group)
+        result = self._rebalance_or_complete_join(data, group, f"member {member.member_id} is joining group during "
+                                                               f"{group.state.value}")
         return OpResult(result.records, PARKED, on_durable=result.on_durable)
 
     def _replace_static_member(self, data: ShardData, req: Request, group: ClassicGroup, j: JoinRequest,
@@ -241,24 +246,27 @@ class Membership:
                 # the group as it was, which reverts the replacement.
                 return OpResult([GroupMetadataRecord(group.group_id, group.to_record())], answer, replay=False)
             self._park_join(member, req)
-            result = self._prepare_rebalance(data, group)
+            result = self._prepare_rebalance(data, group, f"group's selected protocol will change because static "
+                                                          f"member {new_id} rejoined with changed protocols")
             return OpResult(result.records, PARKED, on_durable=result.on_durable)
         self._park_join(member, req)
         if group.is_in(GroupState.COMPLETING_REBALANCE):
             # Its old id may already be in the leader's hands: only a new rebalance keeps them apart.
-            result = self._prepare_rebalance(data, group)
+            result = self._prepare_rebalance(data, group, f"updating metadata for static member {new_id}")
         else:
             result = self._maybe_complete_join(data, group)
         return OpResult(result.records, PARKED, on_durable=result.on_durable)
 
     # -- rebalance ---------------------------------------------------------------------------------
 
-    def _rebalance_or_complete_join(self, data: ShardData, group: ClassicGroup) -> OpResult:
+    def _rebalance_or_complete_join(self, data: ShardData, group: ClassicGroup, reason: str) -> OpResult:
         if group.is_in(GroupState.STABLE, GroupState.COMPLETING_REBALANCE, GroupState.EMPTY):
-            return self._prepare_rebalance(data, group)
+            return self._prepare_rebalance(data, group, reason)
         return self._maybe_complete_join(data, group)
 
-    def _prepare_rebalance(self, data: ShardData, group: ClassicGroup) -> OpResult:
+    def _prepare_rebalance(self, data: ShardData, group: ClassicGroup, reason: str) -> OpResult:
+        log.info("Preparing to rebalance group %s in state %s with old generation %d (reason: %s)", group.group_id,
+                 group.state.value, group.generation, reason)
         if group.is_in(GroupState.COMPLETING_REBALANCE):
             self._reset_and_propagate(group, ErrorCode.REBALANCE_IN_PROGRESS)
         self.shard.timers.cancel(sync_key(group.group_id))
@@ -307,6 +315,7 @@ class Membership:
         the member list); or the group becomes Empty, which is recorded."""
         self.shard.timers.cancel(join_key(group.group_id))
         for member in [m for m in group.members.values() if m.awaiting_join is None and m.group_instance_id is None]:
+            log.info("Member %s did not rejoin group %s in time, removing it", member.member_id, group.group_id)
             group.remove(member.member_id)
             self.shard.timers.cancel(heartbeat_key(group.group_id, member.member_id))
         if group.members and not self._elect_joined_leader(group):
@@ -321,9 +330,12 @@ class Membership:
             group.protocol = None
             group.leader = None
             group.transition(GroupState.EMPTY, now)
+            log.info("Group %s with generation %d is now empty", group.group_id, group.generation)
             return OpResult([GroupMetadataRecord(group.group_id, group.to_record())], None)
         group.protocol = group.select_protocol()
         group.transition(GroupState.COMPLETING_REBALANCE, now)
+        log.info("Group %s generation %d: %d members joined (leader %s, protocol %s)", group.group_id,
+                 group.generation, len(group.members), group.leader, group.protocol)
         for member in group.members.values():
             parked, member.awaiting_join = member.awaiting_join, None
             if parked is not None:
@@ -387,6 +399,8 @@ class Membership:
                     m.assignment = assigned.get(mid, b"")
                 self._propagate(group, ErrorCode.NONE)
                 group.transition(GroupState.STABLE, self.shard.clock.now_ms())
+                log.info("Stabilized group %s generation %d with %d members", group_id, generation,
+                         len(group.members))
 
         return OpResult([GroupMetadataRecord(group_id, stored)], PARKED, on_durable=durable, replay=False)
 
@@ -415,10 +429,11 @@ class Membership:
         if (group is None or group.generation != generation
                 or not group.is_in(GroupState.COMPLETING_REBALANCE, GroupState.STABLE) or not group.pending_sync):
             return OpResult([], None)
-        for member_id in list(group.pending_sync):
+        missing = sorted(group.pending_sync)
+        for member_id in missing:
             group.remove(member_id)
             self.shard.timers.cancel(heartbeat_key(group_id, member_id))
-        return self._prepare_rebalance(data, group)
+        return self._prepare_rebalance(data, group, f"removing {missing} on pending sync request expiration")
 
     # -- Heartbeat ---------------------------------------------------------------------------------
 
@@ -463,13 +478,16 @@ class Membership:
         return self._remove_member(data, group, member)
 
     def _remove_member(self, data: ShardData, group: ClassicGroup, member: GroupMember) -> OpResult:
+        log.info("Member %s in group %s has failed (session timeout), removing it from the group",
+                 member.member_id, group.group_id)
         self.shard.timers.cancel(heartbeat_key(group.group_id, member.member_id))
         if member.awaiting_join is not None:
             member.awaiting_join.complete(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID))
             member.awaiting_join = None
         group.remove(member.member_id)
         if group.is_in(GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
-            return self._rebalance_or_complete_join(data, group)
+            return self._rebalance_or_complete_join(data, group, f"removing member {member.member_id} on heartbeat "
+                                                                 "expiration")
         if group.is_in(GroupState.PREPARING_REBALANCE) and group.all_joined():
             return self._complete_join(data, group)
         return OpResult([], None)
@@ -505,8 +523,10 @@ class Membership:
             left = True
         result = OpResult([], None)
         if left:
+            gone = [m for m, _, e in results if e is ErrorCode.NONE]
+            log.info("Members %s have left group %s", gone, group_id)
             if group.is_in(GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
-                result = self._rebalance_or_complete_join(data, group)
+                result = self._rebalance_or_complete_join(data, group, f"explicit LeaveGroup request for {gone}")
             elif group.is_in(GroupState.PREPARING_REBALANCE):
                 result = self._maybe_complete_join(data, group)
         return OpResult(result.records, LeaveResult(ErrorCode.NONE, results), on_durable=result.on_durable,
@@ -528,7 +548,8 @@ class Membership:
             for member in group.members.values():
                 self._reschedule_heartbeat(group, member)
             if len(group.members) > self.config.max_size and group.is_in(GroupState.STABLE):
-                self._prepare_rebalance(data, group)
+                self._prepare_rebalance(data, group, f"group has {len(group.members)} members, more than "
+                                                     f"group.max.size {self.config.max_size}")
 
     def disarm(self, data: ShardData) -> None:
         """The shard stopped serving: parked requests are answered NOT_COORDINATOR (they rediscover)."""
