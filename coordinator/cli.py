@@ -1,5 +1,6 @@
 """``kcoord serve`` runs the coordinator; ``kcoord dump-log`` prints an offsets log as Kafka's offsets
-formatter does (``[group,topic,partition]::OffsetAndMetadata[offset,metadata,commitTimestamp]``)."""
+formatter does (``[group,topic,partition]::OffsetAndMetadata[offset,metadata,commitTimestamp]``);
+``kcoord groups`` administers consumer groups over the wire (coordinator/groups_cli.py)."""
 
 import argparse
 import asyncio
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import TextIO
 
 from coordinator.config import Config, ConfigError, add_serve_arguments, config_from_args
+from coordinator.groups_cli import add_groups_parser
+from coordinator.groups_cli import run as run_groups
 from coordinator.runtime import OFFSETS_TOPIC, ConfigMismatch, Runtime
 from coordinator.server import Server
 from protocol.records import (
@@ -179,10 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_arguments(serve_parser)
     dump = sub.add_parser("dump-log", help="print the records of an offsets log (segment, partition or data dir)")
     dump.add_argument("target", type=Path, help="a .log segment, a __consumer_offsets-N directory or a data directory")
+    add_groups_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "dump-log":
         return _dump(dump, args.target)
+    if args.command == "groups":
+        return run_groups(args)
 
     try:
         config = config_from_args(args)

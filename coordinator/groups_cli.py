@@ -1,0 +1,204 @@
+"""``kcoord groups``: consumer-group administration over the wire, against any coordinator (kcoord or a
+Kafka broker), through kafka-python's admin client.
+
+    kcoord groups [--bootstrap H:P] [--json] list
+    kcoord groups describe GROUP          state, protocol, members and their assigned partitions
+    kcoord groups offsets GROUP           committed offsets with metadata
+    kcoord groups delete GROUP
+    kcoord groups reset-offsets GROUP --topic T [--partitions 0,1] --to-offset N
+    kcoord groups delete-offsets GROUP --topic T [--partitions 0,1]
+
+Exit codes: 0 done, 1 refused or failed (the reason is printed), 2 bad usage. ``reset-offsets`` is
+refused while the group has members, as Kafka's kafka-consumer-groups tool refuses it.
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+NEEDS_GROUP = ("describe", "offsets", "delete", "reset-offsets", "delete-offsets")
+
+
+class GroupsError(Exception):
+    """An operation refused or failed; the message says why."""
+
+
+def add_groups_parser(sub: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser("groups", help="list, describe and administer consumer groups")
+    parser.add_argument("--bootstrap", default="127.0.0.1:9092", help="a coordinator or broker (default %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--timeout-ms", type=int, default=30_000, help="request timeout (default %(default)s)")
+    actions = parser.add_subparsers(dest="action", required=True)
+    actions.add_parser("list", help="every group with its state and protocol type")
+    for name, what in (("describe", "state, protocol, members and their partitions"),
+                       ("offsets", "committed offsets with metadata"), ("delete", "delete an empty group")):
+        actions.add_parser(name, help=what).add_argument("group")
+    reset = actions.add_parser("reset-offsets", help="set committed offsets (the group must have no members)")
+    reset.add_argument("group")
+    reset.add_argument("--topic", required=True)
+    reset.add_argument("--partitions", type=_partitions, help="comma-separated (default: those with an offset)")
+    reset.add_argument("--to-offset", type=int, required=True)
+    delete = actions.add_parser("delete-offsets", help="delete a topic's committed offsets")
+    delete.add_argument("group")
+    delete.add_argument("--topic", required=True)
+    delete.add_argument("--partitions", type=_partitions, help="comma-separated (default: those with an offset)")
+    return parser
+
+
+def _partitions(value: str) -> list[int]:
+    try:
+        return sorted({int(p) for p in value.split(",") if p.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of partitions") from None
+
+
+def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=args.bootstrap, request_timeout_ms=args.timeout_ms,
+                                 client_id="kcoord-groups")
+    except KafkaError as exc:
+        print(f"kcoord groups: cannot reach {args.bootstrap}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        result = ACTIONS[args.action](admin, args)
+    except GroupsError as exc:
+        print(f"kcoord groups {args.action}: {exc}", file=sys.stderr)
+        return 1
+    except KafkaError as exc:
+        print(f"kcoord groups {args.action}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        admin.close()
+    if args.json:
+        json.dump(result.data, out, indent=2, sort_keys=True)
+        print(file=out)
+    else:
+        _table(result.columns, result.rows, out)
+    return 0
+
+
+class Result:
+    def __init__(self, data: Any, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        self.data = data
+        self.columns = columns
+        self.rows = rows
+
+
+def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
+    cells = [list(columns)] + [["" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
+def _describe(admin: Any, group: str) -> dict[str, Any]:
+    described: dict[str, Any] = admin.describe_groups([group])[group]
+    if described.get("error"):
+        raise GroupsError(f"{group}: {described['error']}")
+    return described
+
+
+def _list(admin: Any, args: argparse.Namespace) -> Result:
+    groups = sorted(admin.list_groups(), key=lambda g: g["group_id"])
+    data = [{"group": g["group_id"], "state": g.get("group_state"), "protocol_type": g.get("protocol_type"),
+             "type": g.get("group_type")} for g in groups]
+    return Result(data, ["GROUP", "STATE", "PROTOCOL TYPE"],
+                  [[d["group"], d["state"], d["protocol_type"] or "(simple)"] for d in data])
+
+
+def _describe_action(admin: Any, args: argparse.Namespace) -> Result:
+    d = _describe(admin, args.group)
+    members = []
+    for m in d["members"]:
+        assignment = m.get("member_assignment") or {}
+        partitions = sorted(f"{entry['topic']}-{p}" for entry in (assignment.get("assigned_partitions") or [])
+                            for p in entry["partitions"])
+        members.append({"member_id": m["member_id"], "group_instance_id": m.get("group_instance_id"),
+                        "client_id": m["client_id"], "host": m["client_host"], "partitions": partitions})
+    data = {"group": args.group, "state": d["group_state"], "protocol_type": d["protocol_type"],
+            "protocol": d["protocol_data"], "members": members}
+    rows = [[args.group, d["group_state"], d["protocol_data"] or "-", m["member_id"], m["client_id"], m["host"],
+             ",".join(m["partitions"]) or "-"] for m in members]
+    if not rows:
+        rows = [[args.group, d["group_state"], d["protocol_data"] or "-", "-", "-", "-", "-"]]
+    return Result(data, ["GROUP", "STATE", "PROTOCOL", "MEMBER", "CLIENT", "HOST", "PARTITIONS"], rows)
+
+
+def _offsets(admin: Any, group: str) -> dict[tuple[str, int], Any]:
+    found = admin.list_group_offsets(group)[group]
+    return {(tp.topic, tp.partition): om for tp, om in sorted(found.items())}
+
+
+def _offsets_action(admin: Any, args: argparse.Namespace) -> Result:
+    offsets = _offsets(admin, args.group)
+    data = [{"topic": t, "partition": p, "offset": om.offset, "metadata": om.metadata}
+            for (t, p), om in offsets.items()]
+    return Result(data, ["GROUP", "TOPIC", "PARTITION", "OFFSET", "METADATA"],
+                  [[args.group, d["topic"], d["partition"], d["offset"], d["metadata"] or ""] for d in data])
+
+
+def _delete(admin: Any, args: argparse.Namespace) -> Result:
+    outcome = admin.delete_groups([args.group])[args.group]
+    if outcome != "OK":
+        raise GroupsError(f"{args.group}: {outcome}")
+    return Result({"group": args.group, "deleted": True}, ["GROUP", "RESULT"], [[args.group, "deleted"]])
+
+
+def _chosen(admin: Any, args: argparse.Namespace) -> list[int]:
+    if args.partitions:
+        return list(args.partitions)
+    chosen = sorted(p for (t, p) in _offsets(admin, args.group) if t == args.topic)
+    if not chosen:
+        raise GroupsError(f"{args.group} has no committed offset for topic {args.topic}; name --partitions")
+    return chosen
+
+
+def _reset(admin: Any, args: argparse.Namespace) -> Result:
+    from kafka.structs import OffsetAndMetadata, TopicPartition
+
+    state = _describe(admin, args.group)["group_state"]
+    if state not in ("Empty", "Dead"):
+        raise GroupsError(f"{args.group} is {state}: offsets can only be reset while the group has no members "
+                          "(stop its consumers first)")
+    partitions = _chosen(admin, args)
+    admin.alter_group_offsets(args.group, {TopicPartition(args.topic, p): OffsetAndMetadata(args.to_offset, "", -1)
+                                           for p in partitions})
+    data = [{"topic": args.topic, "partition": p, "offset": args.to_offset} for p in partitions]
+    return Result(data, ["GROUP", "TOPIC", "PARTITION", "NEW OFFSET"],
+                  [[args.group, args.topic, p, args.to_offset] for p in partitions])
+
+
+def _delete_offsets(admin: Any, args: argparse.Namespace) -> Result:
+    from kafka.structs import TopicPartition
+
+    partitions = _chosen(admin, args)
+    outcome = admin.delete_group_offsets(args.group, [TopicPartition(args.topic, p) for p in partitions])
+    errors = _partition_errors(outcome)
+    failed = {p: e for p, e in errors.items() if e not in (None, "OK", "NoError")}
+    if failed:
+        raise GroupsError(f"{args.group}: " + ", ".join(f"{args.topic}-{p}: {e}" for p, e in sorted(failed.items())))
+    return Result([{"topic": args.topic, "partition": p, "deleted": True} for p in partitions],
+                  ["GROUP", "TOPIC", "PARTITION", "RESULT"],
+                  [[args.group, args.topic, p, "deleted"] for p in partitions])
+
+
+def _partition_errors(outcome: Any) -> dict[int, Any]:
+    """kafka-python reports per partition; errors are names, classes or instances depending on the call."""
+    errors: dict[int, Any] = {}
+    items = outcome.items() if isinstance(outcome, dict) else outcome or []
+    for tp, error in items:
+        if error is not None and not isinstance(error, str):
+            error = getattr(error, "__name__", type(error).__name__)
+        errors[tp.partition] = error
+    return errors
+
+
+ACTIONS: dict[str, Callable[[Any, argparse.Namespace], Result]] = {
+    "list": _list, "describe": _describe_action, "offsets": _offsets_action, "delete": _delete,
+    "reset-offsets": _reset, "delete-offsets": _delete_offsets,
+}

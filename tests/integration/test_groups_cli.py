@@ -1,0 +1,81 @@
+"""``kcoord groups`` end to end: the real CLI in a subprocess against a running kcoord with a live group
+(members in their own processes) and a group that only has committed offsets."""
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.integration.test_group_admin import simple_offsets
+from tests.integration.test_groups import Member
+from tests.kcoord_process import REPO, KcoordProcess, free_port
+
+
+def groups(server: KcoordProcess, *args: str, json_out: bool = True) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "coordinator.cli", "groups", "--bootstrap", server.bootstrap,
+           *(["--json"] if json_out else []), *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def parsed(result: subprocess.CompletedProcess[str]) -> Any:
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def quiet(server: KcoordProcess) -> Iterator[str]:
+    simple_offsets(server, "quiet", {("t", 0): 5, ("t", 1): 6, ("u", 0): 7})
+    yield "quiet"
+
+
+def test_list_describe_and_offsets(server: KcoordProcess, live_group: list[Member], quiet: str) -> None:
+    assert parsed(groups(server, "list")) == [
+        {"group": "live", "protocol_type": "consumer", "state": "Stable", "type": "classic"},
+        {"group": "quiet", "protocol_type": "", "state": "Empty", "type": "classic"},
+    ]
+    described = parsed(groups(server, "describe", "live"))
+    assert (described["state"], described["protocol"]) == ("Stable", "fixed")
+    assert sorted(p for m in described["members"] for p in m["partitions"]) == [f"events-{p}" for p in range(4)]
+    assert parsed(groups(server, "offsets", "quiet")) == [
+        {"topic": "t", "partition": 0, "offset": 5, "metadata": ""},
+        {"topic": "t", "partition": 1, "offset": 6, "metadata": ""},
+        {"topic": "u", "partition": 0, "offset": 7, "metadata": ""},
+    ]
+    table = groups(server, "describe", "live", json_out=False)
+    assert table.returncode == 0
+    header, *rows = table.stdout.splitlines()
+    assert header.split()[:3] == ["GROUP", "STATE", "PROTOCOL"] and len(rows) == 2
+
+
+def test_reset_offsets_is_refused_while_the_group_has_members(server: KcoordProcess, live_group: list[Member],
+                                                              quiet: str) -> None:
+    refused = groups(server, "reset-offsets", "live", "--topic", "events", "--partitions", "0", "--to-offset", "0")
+    assert refused.returncode == 1 and "only be reset while the group has no members" in refused.stderr
+    done = parsed(groups(server, "reset-offsets", "quiet", "--topic", "t", "--to-offset", "100"))
+    assert done == [{"topic": "t", "partition": 0, "offset": 100}, {"topic": "t", "partition": 1, "offset": 100}]
+    offsets = {(o["topic"], o["partition"]): o["offset"] for o in parsed(groups(server, "offsets", "quiet"))}
+    assert offsets == {("t", 0): 100, ("t", 1): 100, ("u", 0): 7}
+
+
+def test_delete_offsets_and_groups(server: KcoordProcess, live_group: list[Member], quiet: str) -> None:
+    assert parsed(groups(server, "delete-offsets", "quiet", "--topic", "u")) == [
+        {"topic": "u", "partition": 0, "deleted": True}]
+    subscribed = groups(server, "delete-offsets", "live", "--topic", "events", "--partitions", "0")
+    assert subscribed.returncode == 1 and "GroupSubscribedToTopic" in subscribed.stderr
+    busy = groups(server, "delete", "live")
+    assert busy.returncode == 1 and "NonEmptyGroup" in busy.stderr
+    assert parsed(groups(server, "delete", "quiet")) == {"group": "quiet", "deleted": True}
+    missing = groups(server, "delete", "quiet")
+    assert missing.returncode == 1 and "GroupIdNotFound" in missing.stderr
+    assert [g["group"] for g in parsed(groups(server, "list"))] == ["live"]
+
+
+def test_an_unreachable_coordinator_is_a_clear_error() -> None:
+    result = subprocess.run([sys.executable, "-m", "coordinator.cli", "groups", "--bootstrap",
+                             f"127.0.0.1:{free_port()}", "--timeout-ms", "2000", "list"],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "kcoord groups" in result.stderr
