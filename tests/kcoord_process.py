@@ -17,6 +17,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_port(port: int, proc: "subprocess.Popen[bytes] | None", log: Path | None, timeout: float = 30.0) -> None:
+    """Until something accepts connections on the loopback port; fails early if ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-4000:] if log and log.exists() else ""
+            raise RuntimeError(f"exited with {proc.returncode} before listening:\n{tail}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s") from None
+            time.sleep(0.02)
+
+
 class KcoordProcess:
     """One kcoord server process; ``restart()`` keeps the data directory and the port."""
 
@@ -63,16 +79,7 @@ class KcoordProcess:
             return f.read().decode(errors="replace")
 
     def wait_listening(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"kcoord exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError(f"kcoord did not listen on {self.bootstrap}:\n{self.log()}")
+        wait_port(self.port, self.proc, self.log_path, timeout)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -1,20 +1,26 @@
 """``kcoord groups`` end to end: the real CLI in a subprocess against a running kcoord with a live group
-(members in their own processes) and a group that only has committed offsets."""
+(members in their own processes) and a group that only has committed offsets, and against a
+Kafka-compatible broker (Tansu) to show it is not tied to kcoord."""
 
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka import KafkaAdminClient
+from kafka.admin import NewTopic
+from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from tests.integration.test_group_admin import simple_offsets
 from tests.integration.test_groups import Member
 from tests.kcoord_process import REPO, KcoordProcess, free_port
+from tests.tansu_process import TansuProcess
 
 
-def groups(server: KcoordProcess, *args: str, json_out: bool = True) -> subprocess.CompletedProcess[str]:
+def groups(server: KcoordProcess | TansuProcess, *args: str, json_out: bool = True) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "coordinator.cli", "groups", "--bootstrap", server.bootstrap,
            *(["--json"] if json_out else []), *args]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -40,7 +46,7 @@ def test_list_describe_and_offsets(server: KcoordProcess, live_group: list[Membe
     assert (described["state"], described["protocol"]) == ("Stable", "fixed")
     assert sorted(p for m in described["members"] for p in m["partitions"]) == [f"events-{p}" for p in range(4)]
     assert parsed(groups(server, "offsets", "quiet")) == [
-        {"topic": "t", "partition": 0, "offset": 5, "metadata": ""},
+        {"topic": "t", "partition": 0, "offset": 5, "metadata": None},
         {"topic": "t", "partition": 1, "offset": 6, "metadata": ""},
         {"topic": "u", "partition": 0, "offset": 7, "metadata": ""},
     ]
@@ -79,3 +85,30 @@ def test_an_unreachable_coordinator_is_a_clear_error() -> None:
                             cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "kcoord groups" in result.stderr
+
+
+@pytest.fixture
+def tansu(tmp_path: Path) -> Iterator[TansuProcess]:
+    broker = TansuProcess(tmp_path).start()
+    yield broker
+    broker.stop()
+
+
+def test_against_a_kafka_compatible_broker(tansu: TansuProcess) -> None:
+    """Tansu refuses commits for topics it lacks, drops commit metadata and has no OffsetDelete."""
+    admin = KafkaAdminClient(bootstrap_servers=tansu.bootstrap, request_timeout_ms=10_000)
+    created = admin.create_topics([NewTopic("t", 2, 1)]).get("topics", [])
+    assert [t["error_code"] for t in created] == [0]
+    admin.alter_group_offsets("elsewhere", {TopicPartition("t", 0): OffsetAndMetadata(5, "", -1),
+                                             TopicPartition("t", 1): OffsetAndMetadata(6, "", -1)})
+    admin.close()
+    assert "elsewhere" in [g["group"] for g in parsed(groups(tansu, "list"))]
+    assert parsed(groups(tansu, "offsets", "elsewhere")) == [
+        {"topic": "t", "partition": 0, "offset": 5, "metadata": None},
+        {"topic": "t", "partition": 1, "offset": 6, "metadata": None}]  # Tansu answers null
+    # Whatever a broker lacks or answers oddly ends as one clear line and exit 1, never a traceback.
+    for action in (["describe", "elsewhere"], ["delete-offsets", "elsewhere", "--topic", "t"]):
+        result = groups(tansu, *action)
+        assert result.returncode in (0, 1) and "Traceback" not in result.stderr, result.stderr
+    assert parsed(groups(tansu, "delete", "elsewhere")) == {"group": "elsewhere", "deleted": True}
+    assert "elsewhere" not in [g["group"] for g in parsed(groups(tansu, "list"))]
