@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import TextIO
 
 from coordinator.config import Config, ConfigError, add_serve_arguments, config_from_args
+from coordinator.exporter import Exporter
 from coordinator.groups_cli import add_groups_parser
 from coordinator.groups_cli import run as run_groups
+from coordinator.logfmt import configure_logging
 from coordinator.runtime import OFFSETS_TOPIC, ConfigMismatch, Runtime
 from coordinator.server import Server
 from protocol.records import (
@@ -73,11 +75,17 @@ async def _freeze_when_loaded(runtime: Runtime) -> None:
     gc.freeze()
 
 
-async def serve(config: Config) -> int:
+async def serve(config: Config, event_loop: str = "asyncio") -> int:
     tune_interpreter()
     runtime = Runtime(config)
     server = Server(runtime)
+    exporter = Exporter(runtime, server, _version(), event_loop)
+    if config.metrics_listen is not None:
+        host, port = exporter.bind(*config.metrics_listen)  # before anything is created on disk
     await server.start()
+    exporter.start()
+    if config.metrics_listen is not None:
+        log.info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)", host, port)
     freezer = asyncio.get_running_loop().create_task(_freeze_when_loaded(runtime))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -88,6 +96,7 @@ async def serve(config: Config) -> int:
              config.shutdown_timeout_ms)
     freezer.cancel()
     clean = await server.stop(config.shutdown_timeout_ms / 1000.0)
+    exporter.stop()
     return 0 if clean else EXIT_ABANDONED
 
 
@@ -194,11 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
     except ConfigError as exc:
         serve_parser.error(str(exc))
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_level, config.log_format)
     loop_kind = install_event_loop()
     log.info("starting kcoord %s on %s", _version(), loop_kind)
     try:
-        code = asyncio.run(serve(config))
+        code = asyncio.run(serve(config, loop_kind))
     except ConfigMismatch as exc:
         log.error("%s", exc)
         return 2

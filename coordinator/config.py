@@ -17,6 +17,8 @@ from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from storage.log import DEFAULT_SEGMENT_BYTES
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
+OFF = ("off", "none", "disabled")
 MAX_METADATA_LIMIT = 32767 // 3
 # Below this no stock client gets through its handshake and a modest commit (an ApiVersions v3 from
 # librdkafka alone carries its software name and version; Metadata answers are larger still).
@@ -52,6 +54,8 @@ class Config:
     offsets_retention_check_interval_ms: int = 600_000
     cleaner_interval_s: float = 15.0
     log_level: str = "INFO"
+    log_format: str = "text"
+    metrics_listen: tuple[str, int] | None = ("127.0.0.1", 9404)  # None: no metrics listener
 
     def groups(self) -> GroupConfig:
         return GroupConfig(
@@ -104,6 +108,17 @@ def log_level(value: str) -> str:
     if level not in LOG_LEVELS:
         raise ValueError(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
     return level
+
+
+def log_format(value: str) -> str:
+    fmt = value.strip().lower()
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"{value!r} is not one of {', '.join(LOG_FORMATS)}")
+    return fmt
+
+
+def optional_host_port(value: str) -> tuple[str, int] | None:
+    return None if value.strip().lower() in OFF else parse_host_port(value)
 
 
 @dataclass(frozen=True)
@@ -160,8 +175,14 @@ OPTIONS: list[Option] = [
            _field("offsets_retention_minutes"), "how long offsets of an idle group are kept (default 10080)"),
     Option("--offsets-retention-check-interval-ms", "KCOORD_OFFSETS_RETENTION_CHECK_INTERVAL_MS", bounded_int(1),
            _field("offsets_retention_check_interval_ms"), "how often expired offsets are removed (default 600000)"),
+    Option("--metrics-listen", "KCOORD_METRICS_LISTEN", optional_host_port, _field("metrics_listen"),
+           "HOST:PORT of the HTTP listener for /metrics, /healthz and /readyz, or 'off' (default 127.0.0.1:9404)",
+           "HOST:PORT"),
     Option("--log-level", "KCOORD_LOG_LEVEL", log_level, _field("log_level"),
            "DEBUG, INFO, WARNING or ERROR (default INFO)", "LEVEL"),
+    Option("--log-format", "KCOORD_LOG_FORMAT", log_format, _field("log_format"),
+           "text, or json: one object per line with time, level, logger, message and fields (default text)",
+           "FORMAT"),
 ]
 
 

@@ -1,46 +1,130 @@
 """The narrow seam through which the runtime reports what it does.
 
-The runtime calls these methods and nothing else; the default keeps plain counters (enough for logs
-and tests). A Prometheus exporter is another implementation of the same methods."""
+The runtime calls these methods and nothing else. They only add to plain Python counters and bucket
+lists on the thread that calls them (the event loop, except where noted), which costs a fraction of a
+microsecond per request; a prometheus-client counter with labels costs several (measured: 0.5 us per
+``inc``, 1.1 us per ``observe``, 2 us when the labelled child is looked up). The exporter
+(coordinator/exporter.py) turns a ``snapshot`` of them into Prometheus metric families when it is
+scraped, on its own thread: copying a dict or list of ints is atomic under the GIL, so no lock is
+needed, and a scrape never waits for the event loop.
+"""
 
+import bisect
 from collections import Counter
+from dataclasses import dataclass, field
 
 from storage.cleaner import CleanStats
 
+# Upper bounds (seconds): from a page-cache fsync (~0.2 ms here) to a stuck disk.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0, 10.0)
+BATCH_RECORD_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
+API_KEYS = 128  # above every Kafka API key; per-API figures live in lists indexed by key
 
+
+class Histogram:
+    """Cumulative-at-export bucket counts: ``counts[i]`` holds observations <= ``bounds[i]`` and above
+    the previous bound; the last slot is +Inf."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def copy(self) -> "Histogram":
+        out = Histogram(self.bounds)
+        out.counts, out.total = self.counts.copy(), self.total
+        return out
+
+
+@dataclass
+class PartitionLoad:
+    seconds: float
+    records: int
+
+
+@dataclass
 class Metrics:
-    def __init__(self) -> None:
-        self.counters: Counter[str] = Counter()
-        self.load_seconds: dict[int, float] = {}
+    """Everything counted since start. Keys are small tuples of ints so the hot path allocates nothing."""
 
-    def request(self, api_key: int, version: int) -> None:
-        self.counters[f"requests.{api_key}"] += 1
+    requests: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (api, version, error) -> n
+    request_seconds: list[Histogram] = field(
+        default_factory=lambda: [Histogram(LATENCY_BUCKETS) for _ in range(API_KEYS)])  # by api key
+    # by api key, what its replies did without error, in the API's own unit (coordinator.apis.Api.outcome):
+    # partition-offsets committed (8), fetched (9), offsets deleted (47), groups deleted (42)
+    done: list[int] = field(default_factory=lambda: [0] * API_KEYS)
+    offsets_expired: int = 0
+    rebalances_completed: int = 0
+    flush_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    fsync_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    flush_records: Histogram = field(default_factory=lambda: Histogram(BATCH_RECORD_BUCKETS))
+    bytes_appended: int = 0
+    write_failures: Counter[int] = field(default_factory=Counter)  # partition -> n
+    loads: dict[int, PartitionLoad] = field(default_factory=dict)  # partition -> its last load
+    records_replayed: int = 0
+    state_changes: Counter[str] = field(default_factory=Counter)  # state entered -> n
+    cleaner_runs: int = 0
+    cleaner_bytes_reclaimed: int = 0
+    cleaner_records_removed: int = 0
+    connections_accepted: int = 0
+    connections_refused: Counter[str] = field(default_factory=Counter)  # reason -> n (closed on bad input)
 
-    def offsets_committed(self, count: int) -> None:
-        self.counters["offset_commits"] += count
+    # -- requests (event loop) -----------------------------------------------------------------
 
-    def offsets_expired(self, partition: int, count: int) -> None:
-        self.counters["offsets_expired"] += count
+    def request(self, api_key: int, version: int, error: int, items: int, seconds: float) -> None:
+        """One reply ready to send: ``error`` is its first non-zero error code (or 0), ``items`` what it
+        did without error, ``seconds`` since its frame was taken up."""
+        key = (api_key, version, error)
+        requests = self.requests
+        requests[key] = requests.get(key, 0) + 1
+        self.done[api_key] += items
+        hist = self.request_seconds[api_key]
+        hist.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        hist.total += seconds
 
-    def batch_flushed(self, partition: int, records: int, nbytes: int, seconds: float) -> None:
-        self.counters["batches"] += 1
-        self.counters["batch_records"] += records
-        self.counters["batch_bytes"] += nbytes
+    # -- groups ----------------------------------------------------------------------------------
 
-    def partition_loaded(self, partition: int, records: int, seconds: float) -> None:
-        self.load_seconds[partition] = seconds
-        self.counters["loaded_records"] += records
+    def expired(self, partition: int, count: int) -> None:
+        self.offsets_expired += count
 
-    def log_cleaned(self, partition: int, stats: CleanStats) -> None:
-        self.counters["cleaner_runs"] += 1
-        self.counters["cleaner_records_dropped"] += stats.records_dropped
-        self.counters["cleaner_bytes_reclaimed"] += stats.bytes_before - stats.bytes_after
+    def rebalance_completed(self) -> None:
+        self.rebalances_completed += 1
+
+    # -- storage ---------------------------------------------------------------------------------
+
+    def batch_flushed(self, partition: int, records: int, nbytes: int, seconds: float, fsync_seconds: float) -> None:
+        """A batch became durable: ``seconds`` from hand-off to the writer until back on the loop."""
+        self.flush_seconds.observe(seconds)
+        self.fsync_seconds.observe(fsync_seconds)
+        self.flush_records.observe(records)
+        self.bytes_appended += nbytes
 
     def write_failed(self, partition: int) -> None:
-        self.counters["write_failures"] += 1
+        self.write_failures[partition] += 1
+
+    def partition_loaded(self, partition: int, records: int, seconds: float) -> None:
+        self.loads[partition] = PartitionLoad(seconds, records)
+        self.records_replayed += records
 
     def shard_state(self, partition: int, state: str) -> None:
-        self.counters[f"shard_state.{state}"] += 1
+        self.state_changes[state] += 1
 
-    def connection_closed_on_error(self) -> None:
-        self.counters["bad_connections"] += 1
+    def log_cleaned(self, partition: int, stats: CleanStats) -> None:
+        self.cleaner_runs += 1
+        self.cleaner_records_removed += stats.records_dropped
+        self.cleaner_bytes_reclaimed += max(0, stats.bytes_before - stats.bytes_after)
+
+    # -- connections -----------------------------------------------------------------------------
+
+    def connection_accepted(self) -> None:
+        self.connections_accepted += 1
+
+    def connection_refused(self, reason: str) -> None:
+        """A connection closed because of what it sent (``reason``: a short fixed word, a label value)."""
+        self.connections_refused[reason] += 1

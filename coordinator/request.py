@@ -7,6 +7,7 @@ the reply leaves when the last wait is done. There is no future or callback per 
 ``(request, fixup)`` pairs per batch and releases them all when the batch is durable.
 """
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -48,8 +49,8 @@ class ShardUnavailable(Exception):
 
 
 class Request:
-    __slots__ = ("api", "body", "client_host", "client_id", "correlation_id", "data", "large", "pending",
-                 "released", "response", "sink", "version")
+    __slots__ = ("api", "body", "client_host", "client_id", "correlation_id", "data", "large", "outcome",
+                 "pending", "released", "response", "sink", "started", "version")
 
     def __init__(self, sink: ReplySink | None, api: "Api", version: int, correlation_id: int,
                  client_id: str = "", client_host: str = "") -> None:
@@ -65,6 +66,8 @@ class Request:
         self.pending = 0
         self.released = False  # handed to the sink for encoding: happens once
         self.large = False  # a large request: its reply is encoded off the event loop
+        self.started = time.perf_counter()
+        self.outcome = (0, 0)  # (first error code, entries done): set when the reply is encoded
 
     def wait(self) -> None:
         """The response must also wait for one more ``done()``."""

@@ -30,6 +30,7 @@ Stopping: stop accepting and stop starting requests, let the shards make pending
 import asyncio
 import concurrent.futures
 import logging
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -38,6 +39,7 @@ from coordinator.apis import APIS, Api, load_all
 from coordinator.handoff import on_loop
 from coordinator.request import PARKED, Lazy, Request, ShardUnavailable
 from coordinator.runtime import Runtime
+from protocol.errors import ErrorCode
 from protocol.framing import FrameError, FrameReader
 from protocol.header import HeaderError, peek_header
 from protocol.registry import API_VERSIONS, REGISTRY, DecodeError, api_versions_fallback
@@ -85,6 +87,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._server.connections.add(self)
+        self._runtime.metrics.connection_accepted()
         self.last_active = self._server.loop.time()
         log.debug("%s: connected", self.peer)
         if self._server.stopping:
@@ -108,7 +111,7 @@ class Connection(asyncio.Protocol):
         try:
             self._reader.feed(data)
         except FrameError as exc:
-            self.abort(str(exc))
+            self.abort(str(exc), "frame")
             return
         self._account()
         if self._reader.has_frame():
@@ -163,7 +166,7 @@ class Connection(asyncio.Protocol):
 
     def _too_slow(self, size: int, limit: float) -> None:
         self._slow_timer = None
-        self.abort(f"a {size}-byte request did not arrive within {limit:.0f} s")
+        self.abort(f"a {size}-byte request did not arrive within {limit:.0f} s", "too_slow")
 
     def memory_turn(self) -> bool:
         """At the head of the memory queue after a release: True once this connection stops waiting."""
@@ -203,7 +206,7 @@ class Connection(asyncio.Protocol):
             try:
                 frame = reader.next_frame()
             except FrameError as exc:
-                self.abort(str(exc))
+                self.abort(str(exc), "frame")
                 break
             if frame is None:
                 break
@@ -219,11 +222,11 @@ class Connection(asyncio.Protocol):
         try:
             api_key, version, correlation_id = peek_header(frame)
         except HeaderError as exc:
-            self.abort(str(exc))
+            self.abort(str(exc), "header")
             return
         api = APIS.get(api_key)
         if api is None:
-            self.abort(f"unknown api key {api_key}")
+            self.abort(f"unknown api key {api_key}", "unknown_api")
             return
         spec = api.spec
         if not spec.supports(version):
@@ -231,10 +234,12 @@ class Connection(asyncio.Protocol):
                 req = Request(self, api, 0, correlation_id)
                 req.released = True
                 req.data = api_versions_fallback(correlation_id)
+                self._runtime.metrics.request(API_VERSIONS, version, ErrorCode.UNSUPPORTED_VERSION, 0, 0.0)
                 self._queue.append(req)
                 self._server.want_write(self)
                 return
-            self.abort(f"{spec.name} v{version} is not supported ({spec.min_version}-{spec.max_version})")
+            self.abort(f"{spec.name} v{version} is not supported ({spec.min_version}-{spec.max_version})",
+                       "unsupported_version")
             return
         req = Request(self, api, version, correlation_id, "", self.peer)
         self._queue.append(req)
@@ -244,14 +249,14 @@ class Connection(asyncio.Protocol):
             try:
                 done = self._server.bulk.submit(_decode_and_prepare, self._runtime, api, frame, version)
             except RuntimeError:  # the bulk pool has shut down: the server is stopping
-                self.abort("stopping")
+                self.abort("stopping", "stopping")
                 return
             on_loop(self._server.loop, done, self._bulk_done, req)
             return
         try:
             req.client_id, body = spec.decode_request(frame, version)
         except DecodeError as exc:
-            self.abort(f"malformed request: {exc}")
+            self.abort(f"malformed request: {exc}", "malformed")
             return
         self._run(req, body, api.prepare(self._runtime, body, version) if api.prepare else body)
 
@@ -261,15 +266,15 @@ class Connection(asyncio.Protocol):
             return
         self._account()
         if done.cancelled():
-            self.abort("stopping")
+            self.abort("stopping", "stopping")
             return
         exc = done.exception()
         if isinstance(exc, DecodeError):
-            self.abort(f"malformed request: {exc}")
+            self.abort(f"malformed request: {exc}", "malformed")
             return
         if exc is not None:
             log.error("%s: %s v%d could not be prepared: %r", self.peer, req.api.spec.name, req.version, exc)
-            self.abort("request preparation failed")
+            self.abort("request preparation failed", "server_error")
             return
         req.client_id, body, prepared = done.result()
         self._run(req, body, prepared)
@@ -281,7 +286,6 @@ class Connection(asyncio.Protocol):
         if self._server.debug:
             log.debug("%s: %s v%d correlation %d client %r", self.peer, api.spec.name, req.version,
                       req.correlation_id, req.client_id)
-        self._runtime.metrics.request(api.spec.key, req.version)
         req.wait()  # the handler's own: whatever it completes is not sent before its writes are waited on
         try:
             response = api.handle(self._runtime, req, prepared)
@@ -289,7 +293,7 @@ class Connection(asyncio.Protocol):
             response = api.error_response(body, req.version, exc.error)
         except Exception:
             log.exception("%s: %s v%d handler failed; closing the connection", self.peer, api.spec.name, req.version)
-            self.abort("handler error")
+            self.abort("handler error", "server_error")
             return
         if response is not PARKED:
             req.response = response
@@ -312,8 +316,12 @@ class Connection(asyncio.Protocol):
             req.data = _encode(req)
         except Exception:
             log.exception("%s: %s v%d response could not be encoded", self.peer, req.api.spec.name, req.version)
-            self.abort("response encoding failed")
+            self.abort("response encoding failed", "server_error")
             return
+        self._replied(req)
+
+    def _replied(self, req: Request) -> None:
+        self._runtime.metrics.request(req.api.spec.key, req.version, *req.outcome, time.perf_counter() - req.started)
         self._server.want_write(self)
 
     def _encoded(self, req: Request, done: "concurrent.futures.Future[bytes]") -> None:
@@ -325,10 +333,10 @@ class Connection(asyncio.Protocol):
             return
         if done.exception() is not None:
             log.error("%s: %s response could not be encoded: %r", self.peer, req.api.spec.name, done.exception())
-            self.abort("response encoding failed")
+            self.abort("response encoding failed", "server_error")
             return
         req.data = done.result()
-        self._server.want_write(self)
+        self._replied(req)
 
     def write_ready(self) -> None:
         """Writes every reply at the head of the queue that is ready, in request order, in one send."""
@@ -346,9 +354,10 @@ class Connection(asyncio.Protocol):
             self._server.schedule(self)
         self._update_reading()
 
-    def abort(self, why: str) -> None:
+    def abort(self, why: str, reason: str = "other") -> None:
+        """Closes the connection at once; ``reason`` is a fixed word for the refused-connections metric."""
         log.warning("%s: closing connection: %s", self.peer, why)
-        self._runtime.metrics.connection_closed_on_error()
+        self._runtime.metrics.connection_refused(reason)
         self.closed = True
         if self._transport is not None:
             self._transport.abort()
@@ -382,6 +391,7 @@ def _encode(req: Request) -> bytes:
         response = response()
     if req.api.render is not None:
         response = req.api.render(response, req.version)
+    req.outcome = req.api.outcome(response)
     return req.api.spec.encode_response(response, req.version, req.correlation_id)
 
 
@@ -467,7 +477,7 @@ class Server:
                 started, more = conn.run(min(turn, budget))
             except Exception:  # one connection's bug must not cost the others their turn
                 log.exception("%s: dispatch failed; closing the connection", conn.peer)
-                conn.abort("internal error")
+                conn.abort("internal error", "server_error")
                 continue
             budget -= started
             if more:
@@ -494,9 +504,14 @@ class Server:
                 conn.write_ready()
             except Exception:  # one connection's bug must not cost the others their replies
                 log.exception("%s: write failed; closing the connection", conn.peer)
-                conn.abort("internal error")
+                conn.abort("internal error", "server_error")
 
     # -- memory budget -------------------------------------------------------------------------
+
+    @property
+    def buffered(self) -> int:
+        """Request bytes buffered across connections now."""
+        return self._buffered
 
     def reserve(self, nbytes: int, held: int, turn: bool = False) -> bool:
         """Takes ``nbytes`` of the budget for a connection already holding ``held`` if it fits, or if

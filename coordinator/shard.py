@@ -309,8 +309,9 @@ class Shard:
         done = self.writer.submit(self._write, base, batch.entries, self.clock.now_ms())
         on_loop(asyncio.get_running_loop(), done, self._flushed, batch, started)
 
-    def _write(self, base: int, entries: list[Entry], timestamp: int) -> int:
-        """Writer thread: batches of at most ~1 MiB, appended, then one fsync."""
+    def _write(self, base: int, entries: list[Entry], timestamp: int) -> tuple[int, float]:
+        """Writer thread: batches of at most ~1 MiB, appended, then one fsync. Returns the bytes written
+        and the seconds the fsync took."""
         nbytes = 0
         chunk: list[Entry] = []
         chunk_bytes = 0
@@ -323,15 +324,16 @@ class Shard:
             chunk.append(entry)
             chunk_bytes += size
         nbytes += self._append_batch(base, chunk, timestamp)
+        started = time.perf_counter()
         self.log.sync()
-        return nbytes
+        return nbytes, time.perf_counter() - started
 
     def _append_batch(self, base: int, entries: list[Entry], timestamp: int) -> int:
         batch = build_batch(base, entries, timestamp)
         self.log.append(batch, base + len(entries) - 1)
         return len(batch)
 
-    def _flushed(self, batch: _Batch, started: float, done: "concurrent.futures.Future[int]") -> None:
+    def _flushed(self, batch: _Batch, started: float, done: "concurrent.futures.Future[tuple[int, float]]") -> None:
         self._inflight = None
         exc = done.exception()
         if exc is not None:
@@ -345,7 +347,9 @@ class Shard:
                 log.exception("partition %d: on-durable callback failed", self.partition)
         for req, _ in batch.waiters:
             req.done()
-        self._metrics.batch_flushed(self.partition, len(batch.entries), done.result(), time.perf_counter() - started)
+        nbytes, fsync_seconds = done.result()
+        self._metrics.batch_flushed(self.partition, len(batch.entries), nbytes, time.perf_counter() - started,
+                                    fsync_seconds)
         if self._open is not None:
             self._flush()
 

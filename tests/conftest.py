@@ -2,6 +2,7 @@
 report what they measured (latencies, memory, times to recover). Figures are printed at the end of the
 run; no test asserts a wall-clock time."""
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,10 @@ import pytest
 from tests.kcoord_process import KcoordProcess
 
 _FIGURES: list[str] = []
+
+# A kcoord started by a test without --metrics-listen must not take the default port 9404: two could
+# run at once, or the machine may use it. An ephemeral port still exercises the metrics listener.
+os.environ["KCOORD_METRICS_LISTEN"] = "127.0.0.1:0"
 
 
 @pytest.fixture

@@ -40,6 +40,7 @@ class KcoordProcess:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.extra = list(extra)
+        self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"kcoord-{self.port}.log"
         self._log_start = 0
@@ -48,11 +49,15 @@ class KcoordProcess:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
     def start(self, wait: bool = True, loaded: bool = True) -> "KcoordProcess":
         """Starts kcoord; with ``wait`` returns once it listens and, with ``loaded``, once every
         partition has loaded (before that, requests get COORDINATOR_LOAD_IN_PROGRESS)."""
         cmd = [sys.executable, "-m", "coordinator.cli", "serve", "--listen", self.bootstrap,
-               "--data-dir", str(self.data_dir), *self.extra]
+               "--data-dir", str(self.data_dir), "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *self.extra]
         log = open(self.log_path, "ab")
         self._log_start = log.tell()
         env = dict(os.environ, PYTHONPATH=str(REPO))

@@ -12,6 +12,10 @@ state); for a large request the server runs it off the event loop together with 
 request does not hold up every other client. ``render(result, version)`` is for APIs whose handlers and
 group operations produce version-independent results (a parked JoinGroup is answered by whatever
 completes the rebalance): it makes the wire response when the reply is encoded.
+
+``outcome(response)`` says what a reply did, for metrics: its first non-zero error code, and how many
+of its innermost entries that carry an error code (partitions committed or fetched, groups deleted)
+succeeded under parents that did too. The generic walker costs ~3 us; the hot APIs give their own.
 """
 
 import importlib
@@ -22,6 +26,7 @@ from typing import Any
 
 from coordinator.request import Request
 from coordinator.runtime import Runtime
+from protocol.codec import Message
 from protocol.errors import ErrorCode
 from protocol.registry import ApiSpec
 
@@ -29,6 +34,27 @@ Handler = Callable[[Runtime, Request, Any], Any]
 ErrorResponse = Callable[[Any, int, ErrorCode], Any]
 Prepare = Callable[[Runtime, Any, int], Any]
 Render = Callable[[Any, int], Any]
+Outcome = Callable[[Any], tuple[int, int]]
+
+
+def outcome(msg: Any) -> tuple[int, int]:
+    """(first non-zero ``error_code`` found depth first, entries without children that succeeded)."""
+    code = getattr(msg, "error_code", 0)
+    if code:
+        return code, 0
+    first, ok, nested = 0, 0, False
+    for name in msg._fields:
+        value = getattr(msg, name)
+        if value and type(value) is list and isinstance(value[0], Message):
+            nested = True
+            for item in value:
+                error, n = outcome(item)
+                ok += n
+                if error and not first:
+                    first = error
+    if not nested and hasattr(msg, "error_code"):
+        return 0, 1
+    return first, ok
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,15 +64,16 @@ class Api:
     error_response: ErrorResponse
     prepare: Prepare | None = None
     render: Render | None = None
+    outcome: Outcome = outcome
 
 
 APIS: dict[int, Api] = {}
 
 
 def handles(spec: ApiSpec, *, error_response: ErrorResponse, prepare: Prepare | None = None,
-            render: Render | None = None) -> Callable[[Handler], Handler]:
+            render: Render | None = None, outcome: Outcome = outcome) -> Callable[[Handler], Handler]:
     def register_handler(fn: Handler) -> Handler:
-        APIS[spec.key] = Api(spec, fn, error_response, prepare, render)
+        APIS[spec.key] = Api(spec, fn, error_response, prepare, render, outcome)
         return fn
 
     return register_handler

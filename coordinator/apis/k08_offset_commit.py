@@ -105,12 +105,21 @@ def _commit(data: ShardData, prepared: _Prepared, membership: Membership) -> OpR
     return OpResult(records, response, written_failed, None, commit.encoded)
 
 
-@handles(SPEC, error_response=error_response, prepare=prepare)
+def outcome(response: Any) -> tuple[int, int]:
+    """(first partition error, partitions committed): the generic walker, unrolled for the hot path."""
+    first, ok = 0, 0
+    for topic in response.topics:
+        for p in topic.partitions:
+            if p.error_code:
+                first = first or p.error_code
+            else:
+                ok += 1
+    return first, ok
+
+
+@handles(SPEC, error_response=error_response, prepare=prepare, outcome=outcome)
 def offset_commit(runtime: Runtime, req: Request, prepared: _Prepared) -> Any:
     if prepared.commit is None:
         return prepared.response
     group_id = prepared.commit.request.group_id
-    response = runtime.shard_for(group_id).write(req, _commit, prepared, runtime.groups_for(group_id).membership)
-    if response is prepared.response:  # the group accepted the commit: its records were appended
-        runtime.metrics.offsets_committed(len(prepared.commit.records))
-    return response
+    return runtime.shard_for(group_id).write(req, _commit, prepared, runtime.groups_for(group_id).membership)

@@ -15,7 +15,7 @@ class GroupHooks(ShardHooks):
         self.shard = shard
         self.config = config
         self.metrics = metrics
-        self.membership = Membership(shard, config)
+        self.membership = Membership(shard, config, metrics)
 
     def on_loaded(self, shard: Shard) -> None:
         self.membership.arm(shard.data)
@@ -27,6 +27,6 @@ class GroupHooks(ShardHooks):
     def _expire(self, data: ShardData) -> OpResult:
         result = expire_offsets(data, self.shard.clock.now_ms(), self.config.offsets_retention_ms)
         if result.response:
-            self.metrics.offsets_expired(self.shard.partition, result.response)
+            self.metrics.expired(self.shard.partition, result.response)
         self.shard.schedule(RETENTION_KEY, self.config.offsets_retention_check_interval_ms, self._expire)
         return result

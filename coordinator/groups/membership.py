@@ -25,6 +25,7 @@ from coordinator.groups.messages import (
     SyncResult,
 )
 from coordinator.groups.model import ClassicGroup, GroupMember, GroupState
+from coordinator.metrics import Metrics
 from coordinator.request import PARKED, Request
 from coordinator.shard import OpResult
 from coordinator.state import ShardData
@@ -65,9 +66,10 @@ class Membership:
     """Membership operations of one shard. Stateless itself: groups live in the shard's data, so a
     reload (new data) leaves nothing stale here; timers are the shard's and are cancelled on unload."""
 
-    def __init__(self, shard: ShardOps, config: GroupConfig) -> None:
+    def __init__(self, shard: ShardOps, config: GroupConfig, metrics: Metrics | None = None) -> None:
         self.shard = shard
         self.config = config
+        self.metrics = metrics or Metrics()
 
     # -- entry points (called by the API modules) ------------------------------------------------
 
@@ -399,6 +401,7 @@ class Membership:
                     m.assignment = assigned.get(mid, b"")
                 self._propagate(group, ErrorCode.NONE)
                 group.transition(GroupState.STABLE, self.shard.clock.now_ms())
+                self.metrics.rebalance_completed()
                 log.info("Stabilized group %s generation %d with %d members", group_id, generation,
                          len(group.members))
 

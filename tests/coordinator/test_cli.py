@@ -112,6 +112,15 @@ def test_cli_reports_a_bad_variable_without_a_traceback(capsys: pytest.CaptureFi
     assert "KCOORD_LOG_LEVEL='bogus'" in err and "Traceback" not in err
 
 
+def test_metrics_listener_and_log_format_options() -> None:
+    assert parse([], {}).metrics_listen == ("127.0.0.1", 9404)
+    assert parse(["--metrics-listen", "0.0.0.0:9500"], {}).metrics_listen == ("0.0.0.0", 9500)
+    assert parse([], {"KCOORD_METRICS_LISTEN": "off"}).metrics_listen is None
+    assert parse(["--log-format", "JSON"], {}).log_format == "json"
+    with pytest.raises(ConfigError, match=re.escape("KCOORD_LOG_FORMAT='xml'")):
+        parse([], {"KCOORD_LOG_FORMAT": "xml"})
+
+
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--version"])

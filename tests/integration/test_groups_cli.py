@@ -46,7 +46,7 @@ def test_list_describe_and_offsets(server: KcoordProcess, live_group: list[Membe
     assert (described["state"], described["protocol"]) == ("Stable", "fixed")
     assert sorted(p for m in described["members"] for p in m["partitions"]) == [f"events-{p}" for p in range(4)]
     assert parsed(groups(server, "offsets", "quiet")) == [
-        {"topic": "t", "partition": 0, "offset": 5, "metadata": None},
+        {"topic": "t", "partition": 0, "offset": 5, "metadata": ""},
         {"topic": "t", "partition": 1, "offset": 6, "metadata": ""},
         {"topic": "u", "partition": 0, "offset": 7, "metadata": ""},
     ]

@@ -1,0 +1,315 @@
+"""Prometheus metrics and health checks on their own HTTP listener (``--metrics-listen``).
+
+``/metrics`` is prometheus-client's exposition (text or OpenMetrics, gzip when asked) of one collector
+that reads the runtime's plain counters (coordinator/metrics.py) and the shards' state when scraped,
+plus the process, platform and GC collectors. ``/healthz`` says the process is serving: the event loop
+turned within the last ``STALLED_AFTER_S``. ``/readyz`` says every partition is loaded (active, or
+read-only on a full disk: both answer their groups); otherwise 503 with the partitions still loading
+or failed. The listener is a small threaded WSGI server, so a scrape never waits for the event loop.
+"""
+
+import asyncio
+import json
+import logging
+import platform
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from coordinator.apis import APIS
+from coordinator.groups.model import GroupState
+from coordinator.metrics import Histogram, Metrics
+from coordinator.shard import ShardState
+from protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from coordinator.runtime import Runtime
+    from coordinator.server import Server
+
+log = logging.getLogger(__name__)
+
+BEAT_S = 1.0
+STALLED_AFTER_S = 10.0
+LOADED = (ShardState.ACTIVE, ShardState.READ_ONLY)
+# What an API's ``outcome`` counts, exported under a name of its own (coordinator.apis.outcome).
+DONE_BY_API = {
+    8: ("kcoord_offset_commits", "Partition offsets committed and acknowledged (OffsetCommit)."),
+    9: ("kcoord_offset_fetches", "Partition offsets answered without error (OffsetFetch)."),
+    42: ("kcoord_groups_deleted", "Groups deleted (DeleteGroups)."),
+    47: ("kcoord_offset_deletions", "Partition offsets deleted through OffsetDelete."),
+}
+StartResponse = Callable[..., Any]
+
+
+def _error_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
+
+
+def _api_name(key: int) -> str:
+    api = APIS.get(key)
+    return api.spec.name if api is not None else str(key)
+
+
+def _buckets(hist: Histogram) -> list[tuple[str, float]]:
+    out, running = [], 0
+    for bound, count in zip(hist.bounds, hist.counts, strict=False):
+        running += count
+        out.append((repr(float(bound)), float(running)))
+    out.append(("+Inf", float(running + hist.counts[-1])))
+    return out
+
+
+class KcoordCollector(Collector):
+    """Reads plain counters and shard state at scrape time (copies are atomic under the GIL)."""
+
+    def __init__(self, runtime: "Runtime", server: "Server | None", health: "Health", version: str,
+                 event_loop: str) -> None:
+        self.runtime = runtime
+        self.server = server
+        self.health = health
+        self.build = {"version": version, "python": platform.python_version(), "event_loop": event_loop}
+
+    def collect(self) -> Iterator[Metric]:
+        m: Metrics = self.runtime.metrics
+        info = GaugeMetricFamily("kcoord_build_info", "kcoord build: always 1.", labels=list(self.build))
+        info.add_metric(list(self.build.values()), 1)
+        yield info
+        yield from self._requests(m)
+        yield from self._groups(m)
+        yield from self._partitions(m)
+        yield from self._storage(m)
+        yield from self._connections(m)
+
+    def _requests(self, m: Metrics) -> Iterator[Metric]:
+        requests = CounterMetricFamily("kcoord_requests", "Requests answered, by API, version and the first "
+                                       "error code in the reply (NONE when it has none).",
+                                       labels=["api", "version", "error"])
+        for (key, version, error), n in sorted(m.requests.copy().items()):
+            requests.add_metric([_api_name(key), str(version), _error_name(error)], n)
+        yield requests
+        latency = HistogramMetricFamily("kcoord_request_duration_seconds", "From taking a request frame up to "
+                                        "its reply being ready to send, by API (includes waiting for fsync).",
+                                        labels=["api"])
+        for key, hist in enumerate(m.request_seconds):
+            snap = hist.copy()
+            if any(snap.counts):
+                latency.add_metric([_api_name(key)], _buckets(snap), snap.total)
+        yield latency
+        done = m.done.copy()
+        for key, (name, text) in DONE_BY_API.items():
+            yield CounterMetricFamily(name, text, value=done[key])
+
+    def _groups(self, m: Metrics) -> Iterator[Metric]:
+        yield CounterMetricFamily("kcoord_offsets_expired", "Offsets removed by retention (KIP-211).",
+                                  value=m.offsets_expired)
+        yield CounterMetricFamily("kcoord_group_rebalances_completed", "Classic group rebalances that reached "
+                                  "Stable.", value=m.rebalances_completed)
+        offsets = 0
+        states = dict.fromkeys((s.value for s in GroupState), 0)
+        for shard in self.runtime.shards:
+            if shard.state not in LOADED:
+                continue
+            data = shard.data
+            offsets += data.num_offsets
+            for group in list(data.groups.values()):
+                states[group.state.value] += 1
+            states[GroupState.EMPTY.value] += len(data.offsets.keys() - data.groups.keys())  # offsets only
+        yield GaugeMetricFamily("kcoord_offsets", "Committed offsets cached (Kafka's NumOffsets).", value=offsets)
+        groups = GaugeMetricFamily("kcoord_groups", "Groups by state; groups with only committed offsets "
+                                   "count as Empty (Kafka's NumGroups*).", labels=["state"])
+        for state, n in states.items():
+            groups.add_metric([state], n)
+        yield groups
+
+    def _partitions(self, m: Metrics) -> Iterator[Metric]:
+        state = GaugeMetricFamily("kcoord_partition_state", "1 for the state each offsets partition is in.",
+                                  labels=["partition", "state"])
+        loaded_s = GaugeMetricFamily("kcoord_partition_load_duration_seconds", "How long the last load of "
+                                     "each offsets partition took.", labels=["partition"])
+        loaded_n = GaugeMetricFamily("kcoord_partition_loaded_records", "Records replayed by the last load of "
+                                     "each offsets partition.", labels=["partition"])
+        loads = m.loads.copy()
+        for shard in self.runtime.shards:
+            p = str(shard.partition)
+            current = shard.state
+            for s in ShardState:
+                state.add_metric([p, s.value], 1 if s is current else 0)
+            last = loads.get(shard.partition)
+            if last is not None:
+                loaded_s.add_metric([p], last.seconds)
+                loaded_n.add_metric([p], last.records)
+        yield state
+        yield loaded_s
+        yield loaded_n
+        yield CounterMetricFamily("kcoord_records_replayed", "Records replayed by partition loads.",
+                                  value=m.records_replayed)
+        yield GaugeMetricFamily("kcoord_ready", "1 when every offsets partition is loaded.",
+                                value=1 if self.health.ready()[0] else 0)
+
+    def _storage(self, m: Metrics) -> Iterator[Metric]:
+        size = GaugeMetricFamily("kcoord_log_size_bytes", "Bytes of each offsets partition's log.",
+                                 labels=["partition"])
+        segments = GaugeMetricFamily("kcoord_log_segments", "Segments of each offsets partition's log.",
+                                     labels=["partition"])
+        errors = CounterMetricFamily("kcoord_log_write_errors", "Appends or fsyncs that failed, by partition.",
+                                     labels=["partition"])
+        failures = m.write_failures.copy()
+        for shard in self.runtime.shards:
+            segs = list(shard.log.segments)
+            p = str(shard.partition)
+            size.add_metric([p], sum(s.size for s in segs))
+            segments.add_metric([p], len(segs))
+            errors.add_metric([p], failures.get(shard.partition, 0))
+        yield size
+        yield segments
+        yield errors
+        for name, text, hist in (
+            ("kcoord_flush_duration_seconds", "From handing a batch to its writer thread until it is durable "
+             "and back on the event loop: the durability part of a commit's latency.", m.flush_seconds),
+            ("kcoord_fsync_duration_seconds", "The fsync of each flushed batch.", m.fsync_seconds),
+            ("kcoord_flush_records", "Records per flushed batch (group commit).", m.flush_records),
+        ):
+            snap = hist.copy()
+            yield HistogramMetricFamily(name, text, buckets=_buckets(snap), sum_value=snap.total)
+        yield CounterMetricFamily("kcoord_log_appended_bytes", "Bytes appended to offsets logs.",
+                                  value=m.bytes_appended)
+        yield CounterMetricFamily("kcoord_cleaner_runs", "Log compactions done.", value=m.cleaner_runs)
+        yield CounterMetricFamily("kcoord_cleaner_reclaimed_bytes", "Bytes compaction removed.",
+                                  value=m.cleaner_bytes_reclaimed)
+        yield CounterMetricFamily("kcoord_cleaner_removed_records", "Records compaction removed.",
+                                  value=m.cleaner_records_removed)
+
+    def _connections(self, m: Metrics) -> Iterator[Metric]:
+        server = self.server
+        yield GaugeMetricFamily("kcoord_connections", "Open client connections.",
+                                value=len(server.connections) if server is not None else 0)
+        yield CounterMetricFamily("kcoord_connections_accepted", "Client connections accepted.",
+                                  value=m.connections_accepted)
+        aborted = CounterMetricFamily("kcoord_connections_aborted", "Connections kcoord closed at once, by "
+                                      "reason: bad input (frame, header, unknown_api, unsupported_version, "
+                                      "malformed), too_slow, server_error, stopping.", labels=["reason"])
+        for reason, n in sorted(m.connections_refused.copy().items()):
+            aborted.add_metric([reason], n)
+        yield aborted
+        if server is not None:
+            yield GaugeMetricFamily("kcoord_buffered_request_bytes", "Request bytes buffered across connections "
+                                    "(bounded by --max-buffered-bytes).", value=server.buffered)
+        yield GaugeMetricFamily("kcoord_event_loop_lag_seconds", "How late the event loop's last 1 s heartbeat "
+                                "ran, or how long ago it last ran if that is longer.", value=self.health.lag())
+
+
+class Health:
+    """Liveness from an event-loop heartbeat; readiness from the shards' states."""
+
+    def __init__(self, runtime: "Runtime", server: "Server | None") -> None:
+        self.runtime = runtime
+        self.server = server
+        self._beat = time.monotonic()
+        self._late = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._heartbeat())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(BEAT_S)
+            self._beat = time.monotonic()
+            self._late = max(0.0, self._beat - before - BEAT_S)
+
+    def lag(self) -> float:
+        return max(self._late, time.monotonic() - self._beat - BEAT_S, 0.0)
+
+    def alive(self) -> tuple[bool, dict[str, Any]]:
+        stalled = time.monotonic() - self._beat
+        stopping = self.server is not None and self.server.stopping
+        ok = stalled < STALLED_AFTER_S and not stopping
+        return ok, {"status": "ok" if ok else ("stopping" if stopping else "event loop stalled"),
+                    "event_loop_last_turn_s": round(stalled, 3)}
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        by_state: dict[str, list[int]] = {}
+        for shard in self.runtime.shards:
+            by_state.setdefault(shard.state.value, []).append(shard.partition)
+        not_loaded = {s: ps for s, ps in by_state.items() if ShardState(s) not in LOADED}
+        stopping = self.server is not None and self.server.stopping
+        ok = bool(self.runtime.shards) and not not_loaded and not stopping
+        body: dict[str, Any] = {"status": "ready" if ok else ("stopping" if stopping else "not ready"),
+                                "partitions": len(self.runtime.shards)}
+        body.update({s: ps for s, ps in sorted(by_state.items()) if s != ShardState.ACTIVE.value})
+        return ok, body
+
+
+class _Handler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not worth a log line each
+        pass
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class Exporter:
+    """Binds the metrics listener at once (a port in use fails the start, like the client listener)
+    and serves it on a daemon thread."""
+
+    def __init__(self, runtime: "Runtime", server: "Server | None", version: str, event_loop: str) -> None:
+        self.health = Health(runtime, server)
+        self.registry = CollectorRegistry()
+        self.registry.register(KcoordCollector(runtime, server, self.health, version, event_loop))
+        for extra in (ProcessCollector, PlatformCollector, GCCollector):
+            extra(registry=self.registry)
+        self._metrics_app = make_wsgi_app(self.registry)
+        self._httpd: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def bind(self, host: str, port: int) -> tuple[str, int]:
+        try:
+            self._httpd = make_server(host, port, self._app, _ThreadingServer, handler_class=_Handler)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {host}:{port} for metrics (--metrics-listen / "
+                                     f"KCOORD_METRICS_LISTEN): {exc.strerror or exc}") from exc
+        bound = self._httpd.server_address
+        return str(bound[0]), int(bound[1])
+
+    def start(self) -> None:
+        """On the event loop: starts the heartbeat and the serving thread."""
+        self.health.start()
+        if self._httpd is not None:
+            self._thread = threading.Thread(target=self._httpd.serve_forever, name="kcoord-metrics", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self.health.stop()
+        if self._httpd is not None:
+            if self._thread is not None:
+                self._httpd.shutdown()
+            self._httpd.server_close()
+
+    def _app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path in ("/healthz", "/readyz"):
+            ok, body = self.health.alive() if path == "/healthz" else self.health.ready()
+            data = (json.dumps(body, sort_keys=True) + "\n").encode()
+            start_response("200 OK" if ok else "503 Service Unavailable",
+                           [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+            return [data]
+        if path in ("/metrics", "/"):
+            return self._metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found: try /metrics, /healthz or /readyz\n"]

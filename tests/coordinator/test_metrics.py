@@ -1,0 +1,87 @@
+"""The metrics seam's own arithmetic: histogram buckets, and what ``outcome`` reads off a response."""
+
+import json
+import logging
+
+import pytest
+
+from coordinator.apis import APIS, load_all, outcome
+from coordinator.exporter import _buckets
+from coordinator.logfmt import JsonFormatter
+from coordinator.metrics import Histogram, Metrics
+
+load_all()
+
+
+def test_histogram_buckets_are_cumulative_with_inf_last() -> None:
+    hist = Histogram((0.001, 0.01, 0.1))
+    for v in (0.0005, 0.001, 0.002, 0.05, 3.0):
+        hist.observe(v)
+    assert _buckets(hist) == [("0.001", 2.0), ("0.01", 3.0), ("0.1", 4.0), ("+Inf", 5.0)]
+    assert hist.total == pytest.approx(3.0535)
+
+
+def test_requests_are_counted_by_api_version_and_error_with_their_items() -> None:
+    m = Metrics()
+    m.request(8, 9, 0, 3, 0.002)
+    m.request(8, 9, 0, 1, 0.004)
+    m.request(8, 9, 22, 0, 0.001)
+    assert m.requests == {(8, 9, 0): 2, (8, 9, 22): 1}
+    assert m.done[8] == 4 and m.done[9] == 0
+    assert sum(m.request_seconds[8].counts) == 3
+
+
+def _commit_response(errors: list[int]) -> object:
+    cls = APIS[8].spec.response.cls
+    topic = cls.OffsetCommitResponseTopic
+    part = topic.OffsetCommitResponsePartition
+    return cls(throttle_time_ms=0, topics=[topic(name="t", partitions=[
+        part(partition_index=i, error_code=e) for i, e in enumerate(errors)])])
+
+
+def test_outcome_counts_successful_leaves_and_reports_the_first_error() -> None:
+    for errors, expected in (([0, 0, 0], (0, 3)), ([0, 25, 0, 22], (25, 2)), ([], (0, 0))):
+        response = _commit_response(errors)
+        assert outcome(response) == expected
+        assert APIS[8].outcome(response) == expected  # the unrolled hot-path version agrees
+
+
+def test_outcome_skips_the_leaves_of_a_failed_parent() -> None:
+    cls = APIS[9].spec.response.cls
+    group = cls.OffsetFetchResponseGroup
+    topic = group.OffsetFetchResponseTopics
+    part = topic.OffsetFetchResponsePartitions
+
+    def g(gid: str, error: int) -> object:
+        return group(group_id=gid, error_code=error, topics=[topic(name="t", partitions=[
+            part(partition_index=0, committed_offset=1, committed_leader_epoch=-1, metadata="", error_code=0)])])
+
+    response = cls(throttle_time_ms=0, groups=[g("a", 0), g("b", 14), g("c", 0)])
+    assert outcome(response) == APIS[9].outcome(response) == (14, 2)
+    assert APIS[9].outcome(cls(throttle_time_ms=0, groups=[])) == (0, 0)
+    old = cls.OffsetFetchResponseTopic
+    old_part = old.OffsetFetchResponsePartition
+
+    def v7(top: int, errors: list[int]) -> object:
+        return cls(throttle_time_ms=0, error_code=top, topics=[old(name="t", partitions=[
+            old_part(partition_index=i, committed_offset=1, committed_leader_epoch=-1, metadata="", error_code=e)
+            for i, e in enumerate(errors)])])
+
+    for response, expected in ((v7(0, [0, 0]), (0, 2)), (v7(14, [0]), (14, 0)), (v7(0, [0, 3]), (3, 1))):
+        assert outcome(response) == expected
+        assert APIS[9].outcome(response) == expected
+
+
+def test_json_log_lines_carry_extra_fields_and_exceptions() -> None:
+    record = logging.LogRecord("coordinator.shard", logging.ERROR, __file__, 1, "partition %d: %s", (3, "gone"),
+                               None)
+    record.partition = 3
+    try:
+        raise OSError(28, "No space left on device")
+    except OSError:
+        import sys
+        record.exc_info = sys.exc_info()
+    line = json.loads(JsonFormatter().format(record))
+    assert line["message"] == "partition 3: gone" and line["level"] == "ERROR"
+    assert line["logger"] == "coordinator.shard" and line["partition"] == 3
+    assert "No space left on device" in line["exception"] and line["time"].endswith("Z")

@@ -1,0 +1,145 @@
+"""The metrics listener of a real kcoord process: /metrics counts what stock clients did, /healthz and
+/readyz tell a live but unready server apart, and ``--log-format json`` writes one object per line."""
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer
+from kafka.structs import OffsetAndMetadata, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
+
+from protocol.partitioning import partition_for
+from storage.log import list_segments
+from tests.kcoord_process import REPO, KcoordProcess, free_port
+from tests.rawclient import RawClient, commit_request
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def scrape(server: KcoordProcess) -> Samples:
+    status, text = get(server.metrics_url + "/metrics")
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_metrics_count_what_stock_clients_did(kcoord: KcoordProcess) -> None:
+    consumer = KafkaConsumer(bootstrap_servers=kcoord.bootstrap, group_id="metered", enable_auto_commit=False)
+    parts = [TopicPartition("events", p) for p in range(3)]
+    for offset in range(1, 5):
+        consumer.commit({tp: OffsetAndMetadata(offset * 10, "", -1) for tp in parts})
+    assert all(consumer.committed(tp) == 40 for tp in parts)
+    consumer.close()
+    client = RawClient(kcoord.port)  # one refused commit: metadata over the 4096 limit
+    refused = client.call(commit_request("metered", {("events", 0): 99}, metadata="x" * 5000), 8)
+    assert refused.topics[0].partitions[0].error_code == 12
+    client.close()
+    with socket.create_connection(("127.0.0.1", kcoord.port)) as bad:  # a negative frame size
+        bad.sendall(struct.pack(">i", -7))
+        bad.settimeout(10)
+        assert bad.recv(1) == b""
+
+    samples = scrape(kcoord)
+    assert value(samples, "kcoord_offset_commits_total") == 12  # 4 commits x 3 partitions
+    assert value(samples, "kcoord_offset_fetches_total") >= 3
+    commits = {labels: v for (name, labels), v in samples.items()
+               if name == "kcoord_requests_total" and dict(labels)["api"] == "OffsetCommit"}
+    assert sum(v for labels, v in commits.items() if dict(labels)["error"] == "NONE") == 4
+    assert value(samples, "kcoord_requests_total", api="OffsetCommit", version="8",
+                 error="OFFSET_METADATA_TOO_LARGE") == 1
+    assert value(samples, "kcoord_request_duration_seconds_count", api="OffsetCommit") == 5
+    assert value(samples, "kcoord_connections_aborted_total", reason="frame") == 1
+    assert value(samples, "kcoord_offsets") == 3
+    assert value(samples, "kcoord_groups", state="Empty") == 1
+    assert value(samples, "kcoord_flush_records_sum") == 12  # records made durable, by group commit
+    assert value(samples, "kcoord_fsync_duration_seconds_count") >= 1
+    group_partition = str(partition_for("metered", 50))
+    assert value(samples, "kcoord_partition_state", partition=group_partition, state="active") == 1
+    assert value(samples, "kcoord_log_size_bytes", partition=group_partition) > 0
+    assert value(samples, "kcoord_ready") == 1
+    assert value(samples, "kcoord_build_info", event_loop="uvloop", python=sys.version.split()[0],
+                 version=_installed_version()) == 1
+    assert value(samples, "process_resident_memory_bytes") > 0
+
+
+def _installed_version() -> str:
+    import importlib.metadata
+    return importlib.metadata.version("kcoord")
+
+
+def test_readyz_names_a_failed_partition_while_healthz_stays_ok(tmp_path: Path) -> None:
+    server = KcoordProcess(tmp_path / "data").start()
+    client = RawClient(server.port)
+    for offset in range(3):  # three batches, so damage to the first one is not a torn tail
+        client.call(commit_request("broken", {("t", 0): offset}), 8)
+    client.close()
+    assert get(server.metrics_url + "/readyz")[0] == 200
+    server.stop()
+    partition = partition_for("broken", 50)
+    segment = list_segments(tmp_path / "data" / f"__consumer_offsets-{partition}")[0].path
+    data = bytearray(segment.read_bytes())
+    data[70] ^= 0xFF  # inside the first batch's records: its CRC no longer matches
+    segment.write_bytes(bytes(data))
+    server.start()
+    status, body = get(server.metrics_url + "/readyz")
+    assert status == 503
+    assert json.loads(body)["failed"] == [partition]
+    status, body = get(server.metrics_url + "/healthz")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    samples = scrape(server)
+    assert value(samples, "kcoord_partition_state", partition=str(partition), state="failed") == 1
+    assert value(samples, "kcoord_ready") == 0
+    assert get(server.metrics_url + "/nothing-here")[0] == 404
+    server.stop()
+
+
+def test_a_metrics_port_in_use_fails_the_start_before_creating_anything(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "coordinator.cli", "serve", "--listen",
+                                 f"127.0.0.1:{free_port()}", "--metrics-listen", f"127.0.0.1:{port}", "--data-dir",
+                                 str(tmp_path / "data")], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "--metrics-listen" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_json_log_format_writes_one_object_per_line(tmp_path: Path) -> None:
+    server = KcoordProcess(tmp_path / "data", "--log-format", "json").start()
+    client = RawClient(server.port)
+    client.call(commit_request("logged", {("t", 0): 1}), 8)
+    client.close()
+    with socket.create_connection(("127.0.0.1", server.port)) as bad:
+        bad.sendall(struct.pack(">i", -7))
+        bad.settimeout(10)
+        bad.recv(1)
+    time.sleep(0.2)
+    assert server.stop() == 0
+    lines = [json.loads(line) for line in server.log().splitlines() if line.strip()]
+    assert lines and all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    assert any("partitions loaded" in line["message"] for line in lines)
+    warning: Any = next(line for line in lines if "closing connection" in line["message"])
+    assert warning["level"] == "WARNING" and warning["logger"] == "coordinator.server"
+    assert warning["time"].endswith("Z")
