@@ -18,6 +18,7 @@ from storage.log import DEFAULT_SEGMENT_BYTES
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
+SYNC_MODES = ("syncfs", "fsync")
 OFF = ("off", "none", "disabled")
 MAX_METADATA_LIMIT = 32767 // 3
 # Below this no stock client gets through its handshake and a modest commit (an ApiVersions v3 from
@@ -55,6 +56,7 @@ class Config:
     cleaner_interval_s: float = 15.0
     log_level: str = "INFO"
     log_format: str = "text"
+    sync_mode: str = "syncfs"
     metrics_listen: tuple[str, int] | None = ("127.0.0.1", 9404)  # None: no metrics listener
 
     def groups(self) -> GroupConfig:
@@ -117,6 +119,13 @@ def log_format(value: str) -> str:
     return fmt
 
 
+def sync_mode(value: str) -> str:
+    mode = value.strip().lower()
+    if mode not in SYNC_MODES:
+        raise ValueError(f"{value!r} is not one of {', '.join(SYNC_MODES)}")
+    return mode
+
+
 def optional_host_port(value: str) -> tuple[str, int] | None:
     return None if value.strip().lower() in OFF else parse_host_port(value)
 
@@ -175,6 +184,10 @@ OPTIONS: list[Option] = [
            _field("offsets_retention_minutes"), "how long offsets of an idle group are kept (default 10080)"),
     Option("--offsets-retention-check-interval-ms", "KCOORD_OFFSETS_RETENTION_CHECK_INTERVAL_MS", bounded_int(1),
            _field("offsets_retention_check_interval_ms"), "how often expired offsets are removed (default 600000)"),
+    Option("--sync-mode", "KCOORD_SYNC_MODE", sync_mode, _field("sync_mode"),
+           "syncfs: make the pending batches of many partitions durable with one syncfs of their file system "
+           "(Linux 5.8+; elsewhere per file), or fsync: always one fsync per partition log (default syncfs)",
+           "MODE"),
     Option("--metrics-listen", "KCOORD_METRICS_LISTEN", optional_host_port, _field("metrics_listen"),
            "HOST:PORT of the HTTP listener for /metrics, /healthz and /readyz, or 'off' (default 127.0.0.1:9404)",
            "HOST:PORT"),

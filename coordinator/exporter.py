@@ -176,8 +176,10 @@ class KcoordCollector(Collector):
         for name, text, hist in (
             ("kcoord_flush_duration_seconds", "From handing a batch to its writer thread until it is durable "
              "and back on the event loop: the durability part of a commit's latency.", m.flush_seconds),
-            ("kcoord_fsync_duration_seconds", "The fsync of each flushed batch.", m.fsync_seconds),
-            ("kcoord_flush_records", "Records per flushed batch (group commit).", m.flush_records),
+            ("kcoord_fsync_duration_seconds", "The sync of each flush cycle: an fsync per partition log, or "
+             "one syncfs for all of them (--sync-mode).", m.fsync_seconds),
+            ("kcoord_flush_records", "Records per partition per flush (group commit).", m.flush_records),
+            ("kcoord_sync_partitions", "Partition logs made durable per flush cycle.", m.sync_partitions),
         ):
             snap = hist.copy()
             yield HistogramMetricFamily(name, text, buckets=_buckets(snap), sum_value=snap.total)

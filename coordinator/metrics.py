@@ -64,6 +64,7 @@ class Metrics:
     flush_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     fsync_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     flush_records: Histogram = field(default_factory=lambda: Histogram(BATCH_RECORD_BUCKETS))
+    sync_partitions: Histogram = field(default_factory=lambda: Histogram(BATCH_RECORD_BUCKETS))
     bytes_appended: int = 0
     write_failures: Counter[int] = field(default_factory=Counter)  # partition -> n
     loads: dict[int, PartitionLoad] = field(default_factory=dict)  # partition -> its last load
@@ -98,12 +99,16 @@ class Metrics:
 
     # -- storage ---------------------------------------------------------------------------------
 
-    def batch_flushed(self, partition: int, records: int, nbytes: int, seconds: float, fsync_seconds: float) -> None:
-        """A batch became durable: ``seconds`` from hand-off to the writer until back on the loop."""
+    def batch_flushed(self, partition: int, records: int, nbytes: int, seconds: float) -> None:
+        """A partition's batch became durable: ``seconds`` from hand-off to the writer until back on the loop."""
         self.flush_seconds.observe(seconds)
-        self.fsync_seconds.observe(fsync_seconds)
         self.flush_records.observe(records)
         self.bytes_appended += nbytes
+
+    def synced(self, seconds: float, partitions: int) -> None:
+        """One flush cycle's sync (an fsync per log, or one syncfs) made ``partitions`` logs durable."""
+        self.fsync_seconds.observe(seconds)
+        self.sync_partitions.observe(partitions)
 
     def write_failed(self, partition: int) -> None:
         self.write_failures[partition] += 1

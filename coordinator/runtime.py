@@ -13,12 +13,14 @@ from pathlib import Path
 
 from coordinator.compaction import Compactor
 from coordinator.config import Config
+from coordinator.flusher import Flusher
 from coordinator.groups.hooks import GroupHooks
 from coordinator.metrics import Metrics
 from coordinator.shard import Shard, ShardState
 from coordinator.timers import Clock, SystemClock
 from protocol.partitioning import partition_for
 from storage.log import PartitionLog, fsync_path
+from storage.sync import make_sync
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +28,6 @@ LogFactory = Callable[[Path, int], PartitionLog]  # tests pass one that injects 
 OFFSETS_TOPIC = "__consumer_offsets"
 META_FILE = "kcoord.meta.json"
 LOADER_THREADS = 2
-WRITER_THREADS = 8  # fsync releases the GIL: parallel fsyncs of different partitions scale (bench/)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -87,9 +88,10 @@ def check_data_dir(data_dir: Path, partitions: int) -> None:
 
 
 class Runtime:
-    """Owns the shards and the thread pools: writer threads (each shard always uses the same one, so
-    its appends, fsyncs and compactions stay in order, while different shards fsync in parallel) and
-    a small loader pool, so one huge partition loading does not hold up the others."""
+    """Owns the shards and the thread pools: one writer thread (every append, sync, probe and
+    compaction swap, so each log's writes stay in order; the flusher makes all shards' pending
+    batches durable together on it) and a small loader pool, so one huge partition loading does not
+    hold up the others."""
 
     def __init__(self, config: Config, metrics: Metrics | None = None, clock: Clock | None = None,
                  log_factory: LogFactory = PartitionLog) -> None:
@@ -100,10 +102,8 @@ class Runtime:
         self.shards: list[Shard] = []
         self.groups: list[GroupHooks] = []  # the group side of each shard
         self._log_factory = log_factory
-        self._writers = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kcoord-writer-{i}")
-            for i in range(min(WRITER_THREADS, config.offsets_partitions))
-        ]
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-writer")
+        self.flusher = Flusher(self._writer, make_sync(config.sync_mode), self.metrics)
         self._loader = ThreadPoolExecutor(max_workers=LOADER_THREADS, thread_name_prefix="kcoord-loader")
         self._cleaner_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-cleaner")
         self.compactors: list[Compactor] = []
@@ -118,8 +118,8 @@ class Runtime:
         check_data_dir(cfg.data_dir, cfg.offsets_partitions)
         for p in range(cfg.offsets_partitions):
             plog = self._log_factory(cfg.data_dir / f"{OFFSETS_TOPIC}-{p}", cfg.segment_bytes)
-            writer = self._writers[p % len(self._writers)]
-            shard = Shard(p, plog, writer, self._loader, self.metrics, self.clock, None, self._log_factory)
+            shard = Shard(p, plog, self._writer, self.flusher, self._loader, self.metrics, self.clock, None,
+                          self._log_factory)
             groups = GroupHooks(shard, self.group_config, self.metrics)
             shard.hooks = groups
             self.shards.append(shard)
@@ -182,7 +182,7 @@ class Runtime:
         for task in self._loads:
             task.cancel()
         self._cleaner_thread.shutdown(wait=False, cancel_futures=True)  # a running clean stops at its next batch
-        for writer in self._writers:
-            writer.shutdown(wait=False, cancel_futures=True)
+        self._writer.shutdown(wait=False, cancel_futures=True)
+        self.flusher.close()
         self._loader.shutdown(wait=False, cancel_futures=True)
         return all(closed)

@@ -251,6 +251,11 @@ class PartitionLog:
     def sync(self) -> None:
         """Makes everything appended durable: fsync the segments written since the last sync, then
         the directory if a segment was created."""
+        self.fsync_files()
+        self.synced()
+
+    def fsync_files(self) -> None:
+        """The fsyncs ``sync`` needs; storage.sync replaces them by one syncfs for many logs at once."""
         for seg in self.segments[:-1]:
             if seg.base_offset >= self._durable_base:
                 fsync_path(seg.path)
@@ -258,7 +263,11 @@ class PartitionLog:
             os.fsync(self._fd)
         if self._dir_dirty:
             fsync_path(self.directory)
-            self._dir_dirty = False
+
+    def synced(self) -> None:
+        """Everything appended is on disk (fsynced, by ``fsync_files`` or a syncfs of its file system):
+        advance the durable end, and record it at most once a second."""
+        self._dir_dirty = False
         self._mark_durable()
         if time.monotonic() - self._checkpointed_at >= CHECKPOINT_INTERVAL_S:
             try:

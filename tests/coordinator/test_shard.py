@@ -307,3 +307,33 @@ async def test_a_swap_is_refused_after_the_shard_reloaded(tmp_path: Path, monkey
     reloaded = await started(config(tmp_path, segment_bytes=2048))
     assert snapshot(reloaded.shards[0].data) == before
     await stop(reloaded)
+
+
+async def test_commits_to_many_partitions_share_flush_cycles(tmp_path: Path) -> None:
+    runtime = await started(config(tmp_path, partitions=20))
+    shards = runtime.shards
+    results = await asyncio.gather(*[append(s, [commit(f"g{i}-{j}", 0, j)]) for j in range(10)
+                                     for i, s in enumerate(shards)])
+    assert results == [OK] * 200
+    cycles = runtime.metrics.sync_partitions  # one observation per sync: how many logs it made durable
+    assert cycles.total == sum(runtime.metrics.flush_records.counts)  # every partition batch was in one
+    assert sum(cycles.counts) < 200 and cycles.total / sum(cycles.counts) > 1  # several partitions per sync
+    for shard in shards:
+        assert on_disk(shard.log.directory) == list(range(10))
+    await stop(runtime)
+
+
+async def test_a_sync_failure_in_a_shared_cycle_fails_only_that_partition(tmp_path: Path) -> None:
+    faults = Faults()
+    runtime = await started(config(tmp_path, partitions=2), faults.factory)
+    first, second = runtime.shards[0], runtime.shards[1]
+    assert await asyncio.gather(append(first, [commit("a", 0, 1)]), append(second, [commit("b", 0, 1)])) == [OK] * 2
+    faults.fail_next_sync = True  # the first log synced in the next cycle fails
+    results = await asyncio.gather(append(first, [commit("a", 0, 2)]), append(second, [commit("b", 0, 2)]))
+    assert sorted(results, key=str) == sorted([ErrorCode.NOT_COORDINATOR, OK], key=str)
+    for shard in (first, second):
+        await wait_state(shard, ShardState.ACTIVE)
+    # Whatever was acknowledged is there; the failed commit was cut and is not.
+    values = {s.partition: s.data.committed(g, "t", 0) for s, g in ((first, "a"), (second, "b"))}
+    assert sorted(v.offset for v in values.values() if v is not None) == [1, 2]
+    await stop(runtime)

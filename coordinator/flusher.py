@@ -1,0 +1,132 @@
+"""Group commit across partitions: one flush cycle at a time for every shard.
+
+A shard with records to make durable asks for a flush; the next cycle takes the open batch of every
+shard that asked, and on the writer thread appends each as Kafka record batches, then makes all of
+them durable together (storage.sync: one ``syncfs`` per file system where that is safe, else an
+fsync per log), then hands every result back to the event loop in one call, where each shard releases
+its waiting requests. Commits arriving meanwhile gather in the shards' next open batches. Compared
+with one fsync and two thread hand-offs per shard, this is what lets durable commits spread over
+many partitions share the disk's flushes.
+"""
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any, Protocol
+
+from coordinator.handoff import on_loop
+from coordinator.metrics import Metrics
+from storage.log import PartitionLog
+from storage.sync import FileSync
+
+log = logging.getLogger(__name__)
+
+# A shard's part of a cycle: the bytes it appended, or what failed it.
+FlushOutcome = int | BaseException
+
+
+class Flushable(Protocol):
+    """What the flusher needs of a shard (coordinator.shard.Shard)."""
+
+    log: PartitionLog
+
+    def take_batch(self) -> Any | None: ...
+
+    def append_batch(self, work: Any) -> int: ...
+
+    def flushed(self, work: Any, started: float, outcome: FlushOutcome) -> None: ...
+
+
+class Flusher:
+    def __init__(self, writer: Executor, sync: FileSync, metrics: Metrics) -> None:
+        self._writer = writer
+        self._sync = sync
+        self._metrics = metrics
+        self._asked: dict[int, Flushable] = {}  # by id, in the order they asked
+        self._running = False
+        self._scheduled = False
+
+    def request(self, shard: Flushable) -> None:
+        """On the loop: ``shard`` has an open batch. It joins the next cycle (started in the next loop
+        pass, so requests arriving in the same pass share it)."""
+        self._asked[id(shard)] = shard
+        if not self._running and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._cycle)
+
+    def _cycle(self) -> None:
+        self._scheduled = False
+        if self._running or not self._asked:
+            return
+        jobs: list[tuple[Flushable, Any]] = []
+        for shard in self._asked.values():
+            work = shard.take_batch()
+            if work is not None:
+                jobs.append((shard, work))
+        self._asked.clear()
+        if not jobs:
+            return
+        self._running = True
+        started = time.perf_counter()
+        try:
+            done = self._writer.submit(self._write, jobs)
+        except RuntimeError as exc:  # the writer has shut down: the process is stopping
+            self._finish(jobs, started, [exc] * len(jobs))
+            return
+        on_loop(asyncio.get_running_loop(), done, self._written, jobs, started)
+
+    def _write(self, jobs: list[tuple[Flushable, Any]]) -> tuple[list[FlushOutcome], float | None]:
+        """Writer thread: append every shard's batch, then make them durable together. Returns each
+        shard's outcome and the sync's seconds (None if nothing was appended)."""
+        outcomes: list[FlushOutcome] = [0] * len(jobs)
+        appended: list[int] = []  # the jobs whose append succeeded
+        for i, (shard, work) in enumerate(jobs):
+            try:
+                outcomes[i] = shard.append_batch(work)
+                appended.append(i)
+            except Exception as exc:
+                outcomes[i] = exc
+        if not appended:
+            return outcomes, None
+        started = time.perf_counter()
+        results = self._sync.sync([jobs[i][0].log for i in appended])
+        seconds = time.perf_counter() - started
+        for i, error in zip(appended, results, strict=True):
+            if error is not None:
+                outcomes[i] = error
+        return outcomes, seconds
+
+    def _written(self, jobs: list[tuple[Flushable, Any]], started: float,
+                 done: "concurrent.futures.Future[tuple[list[FlushOutcome], float | None]]") -> None:
+        outcomes: list[FlushOutcome]
+        if done.cancelled():
+            outcomes = [RuntimeError("the writer stopped")] * len(jobs)
+        elif (exc := done.exception()) is not None:
+            outcomes = [exc] * len(jobs)
+        else:
+            outcomes, seconds = done.result()
+            if seconds is not None:
+                self._metrics.synced(seconds, sum(1 for o in outcomes if not isinstance(o, BaseException)))
+        self._finish(jobs, started, outcomes)
+
+    def _finish(self, jobs: list[tuple[Flushable, Any]], started: float, outcomes: list[FlushOutcome]) -> None:
+        self._running = False
+        for (shard, work), outcome in zip(jobs, outcomes, strict=True):
+            _guarded(shard.flushed, work, started, outcome)
+        if self._asked and not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._cycle)
+
+    def close(self) -> None:
+        self._sync.close()
+
+
+def _guarded(fn: Callable[..., None], *args: Any) -> None:
+    """One shard's trouble releasing its requests must not keep the other shards' requests waiting."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("releasing a flushed batch failed")

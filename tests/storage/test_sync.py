@@ -1,0 +1,96 @@
+"""Syncing many logs at once: one syncfs per file system once its watcher is open, per-file fsyncs
+for a lone log or a file system seen for the first time, and an error that fails every log of the
+cycle on that file system without moving any durable end."""
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from storage.batch import build_batch
+from storage.log import PartitionLog
+from storage.sync import SYNCFS, FileSync, FilesystemSync, make_sync
+
+T = 1700000000000
+pytestmark = pytest.mark.skipif(SYNCFS is None, reason="syncfs needs Linux 5.8+ (errors reported through it)")
+
+
+class CountingSyncfs:
+    """The real syncfs, counted; ``fail`` makes the next call report a writeback error instead."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail = False
+
+    def __call__(self, fd: int) -> None:
+        self.calls += 1
+        if self.fail:
+            self.fail = False
+            raise OSError(errno.EIO, "syncfs: Input/output error (injected)")
+        assert SYNCFS is not None
+        SYNCFS(fd)
+
+
+def logs(tmp_path: Path, n: int) -> list[PartitionLog]:
+    out = []
+    for i in range(n):
+        plog = PartitionLog(tmp_path / f"__consumer_offsets-{i}")
+        list(plog.recover())
+        out.append(plog)
+    return out
+
+
+def append(plog: PartitionLog) -> None:
+    base = plog.next_offset
+    plog.append(build_batch(base, [(b"\x00\x01k%d" % base, b"v" * 40)], T), base)
+
+
+def test_a_cycle_of_many_logs_takes_one_syncfs_once_the_file_system_is_watched(tmp_path: Path) -> None:
+    syncfs = CountingSyncfs()
+    sync = FilesystemSync(syncfs)
+    group = logs(tmp_path, 5)
+    for plog in group:
+        append(plog)
+    assert sync.sync(group) == [None] * 5  # first sight of this file system: per-file fsyncs
+    assert syncfs.calls == 0
+    assert [p.durable_offset for p in group] == [1] * 5
+    for plog in group:
+        append(plog)
+    assert sync.sync(group) == [None] * 5
+    assert syncfs.calls == 1
+    assert [p.durable_offset for p in group] == [2] * 5
+    append(group[0])
+    assert sync.sync(group[:1]) == [None]  # a lone log: its own fsync
+    assert syncfs.calls == 1 and group[0].durable_offset == 3
+    sync.close()
+
+
+def test_a_syncfs_error_fails_every_log_of_the_cycle_and_moves_no_durable_end(tmp_path: Path) -> None:
+    syncfs = CountingSyncfs()
+    sync = FilesystemSync(syncfs)
+    group = logs(tmp_path, 3)
+    for plog in group:
+        append(plog)
+    sync.sync(group)
+    for plog in group:
+        append(plog)
+    syncfs.fail = True
+    results = sync.sync(group)
+    assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in results)
+    assert [p.durable_offset for p in group] == [1, 1, 1]  # the second records are not durable
+    for plog in group:
+        plog.truncate_to_durable()
+        assert plog.next_offset == 1
+    sync.close()
+
+
+def test_fsync_mode_never_uses_syncfs(tmp_path: Path) -> None:
+    sync = make_sync("fsync")
+    assert type(sync) is FileSync
+    group = logs(tmp_path, 4)
+    for plog in group:
+        append(plog)
+    assert sync.sync(group) == [None] * 4
+    assert [p.durable_offset for p in group] == [1] * 4
+    sync.close()
+    assert isinstance(make_sync("syncfs"), FilesystemSync)
