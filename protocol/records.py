@@ -255,15 +255,78 @@ def _decode_group_value(data: bytes) -> GroupMetadata:
     return GroupMetadata(v.protocol_type or "", v.generation, v.protocol, v.leader, cst, members)
 
 
+# Loading replays every record of a log: offset keys and values v0-v3 (all Kafka has written) are read
+# straight from their bytes by ``decode_record`` (~4x faster than the schema decoders, which remain the
+# reference in tests, read every other version and say precisely what is wrong with a bad record).
+# Group and topic names are cached by their bytes: a million keys share a few thousand strings, and
+# the records are made with ``tuple.__new__``, which skips the NamedTuple constructors' Python frames.
+_KEY_HEAD = struct.Struct(">hh")  # record type, group length
+_PARTITION = struct.Struct(">i")
+_V3_HEAD = struct.Struct(">hqih")  # version, offset, leader epoch, metadata length
+_V0_HEAD = struct.Struct(">hqh")  # version, offset, metadata length (v0-v2)
+_TIMESTAMP_PAIR = struct.Struct(">qq")
+_NAMES_MAX = 1 << 16
+_names: dict[bytes, str] = {}
+_new = tuple.__new__
+
+
+def _name(raw: bytes) -> str:
+    name = _names.get(raw)
+    if name is None:
+        if len(_names) >= _NAMES_MAX:
+            _names.clear()
+        name = _names[raw] = raw.decode()
+    return name
+
+
+def _fast_offset_record(key: bytes, value: bytes | None) -> OffsetCommitRecord:
+    """Raises ValueError, struct.error or UnicodeDecodeError for anything it does not read exactly."""
+    glen = _KEY_HEAD.unpack_from(key)[1]
+    pos = 4 + glen
+    tlen = _I16.unpack_from(key, pos)[0]
+    end = pos + 2 + tlen
+    if glen < 0 or tlen < 0 or end + 4 != len(key):
+        raise ValueError("lengths do not match the key's size")
+    okey = _new(OffsetKey, (_name(key[4:pos]), _name(key[pos + 2 : end]), _PARTITION.unpack_from(key, end)[0]))
+    if value is None:
+        return _new(OffsetCommitRecord, (okey, None))
+    version = _I16.unpack_from(value)[0]
+    if version == 3:
+        _, offset, epoch, mlen = _V3_HEAD.unpack_from(value)
+        pos, tail = 16, 8
+    elif 0 <= version <= 2:
+        _, offset, mlen = _V0_HEAD.unpack_from(value)
+        epoch, pos, tail = -1, 12, 16 if version == 1 else 8
+    else:
+        raise ValueError(f"value version {version} is read by the schema decoder")
+    end = pos + mlen
+    if mlen < 0 or len(value) != end + tail:
+        raise ValueError("lengths do not match the value's size")
+    metadata = value[pos:end].decode() if mlen else ""
+    if version == 1:
+        commit_ts, expire_ts = _TIMESTAMP_PAIR.unpack_from(value, end)
+    else:
+        commit_ts, expire_ts = _TIMESTAMP.unpack_from(value, end)[0], -1
+    return _new(OffsetCommitRecord, (okey, _new(OffsetAndMetadata, (offset, epoch, metadata, commit_ts, expire_ts))))
+
+
+def _offset_record(key: bytes, value: bytes | None) -> OffsetCommitRecord:
+    try:
+        return _fast_offset_record(key, value)
+    except (struct.error, ValueError, UnicodeDecodeError):
+        pass
+    k = _decode_struct(_OFFSET_KEY, key, _version_of(key), "OffsetCommitKey")
+    okey = OffsetKey(k.group, k.topic, k.partition)
+    return OffsetCommitRecord(okey, None if value is None else _decode_offset_value(value))
+
+
 def decode_record(key: bytes | None, value: bytes | None) -> Record | UnknownRecord:
     """Decodes one ``__consumer_offsets`` record; raises RecordError for a known type that is corrupt."""
     if key is None:
         raise RecordError("record without key")
     record_type = _version_of(key)
     if record_type in (OFFSET_COMMIT_LEGACY_TYPE, OFFSET_COMMIT_TYPE):
-        k = _decode_struct(_OFFSET_KEY, key, record_type, "OffsetCommitKey")
-        okey = OffsetKey(k.group, k.topic, k.partition)
-        return OffsetCommitRecord(okey, None if value is None else _decode_offset_value(value))
+        return _offset_record(key, value)
     if record_type == GROUP_METADATA_TYPE:
         g = _decode_struct(_GROUP_KEY, key, record_type, "GroupMetadataKey")
         return GroupMetadataRecord(g.group, None if value is None else _decode_group_value(value))

@@ -1,5 +1,7 @@
 """Kafka v2 record batches (magic 2): built with aiokafka's record builder (C; byte-identical to
-kafka-python's once base offset and leader epoch are stamped, checked in tests), read with kafka-python's.
+kafka-python's once base offset and leader epoch are stamped, checked in tests), read with aiokafka's C
+reader (1M records in ~0.25 s against ~4.5 s with kafka-python's) unless compressed: kcoord never
+compresses, a Kafka broker may, and kafka-python's reader has the codecs this package depends on.
 
 Layout (reference section 8.1, all big-endian): baseOffset int64 | batchLength int32 |
 partitionLeaderEpoch int32 | magic int8 = 2 | crc uint32 (CRC-32C over attributes..end) |
@@ -9,11 +11,12 @@ partitionLeaderEpoch, so both are stamped after the batch is built.
 """
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Protocol
 
 import crc32c
+from aiokafka.record._crecords.default_records import DefaultRecordBatch as CDefaultRecordBatch
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import encode_varint
@@ -34,11 +37,20 @@ class BatchError(Exception):
     """A batch whose bytes are not a valid v2 batch (bad magic, size, CRC or record structure)."""
 
 
-class LogRecord(NamedTuple):
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
+class LogRecord(Protocol):
+    """One record of a batch, as both readers give it (no copy into an object of our own)."""
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def timestamp(self) -> int: ...
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def value(self) -> bytes | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +64,7 @@ class Batch:
     producer_epoch: int
     is_transactional: bool
     control_type: ControlType | None
-    records: tuple[LogRecord, ...]
+    records: Sequence[LogRecord]
     base_timestamp: int
     max_timestamp: int
     attributes: int
@@ -96,11 +108,12 @@ def decode_batch(data: bytes) -> Batch:
         raise BatchError(f"batch of {len(data)} bytes is shorter than the v2 header")
     if data[_MAGIC_OFFSET] != MAGIC:
         raise BatchError(f"magic {data[_MAGIC_OFFSET]} is not 2")
-    raw = DefaultRecordBatch(data)
+    compressed = data[_ATTRIBUTES_POSITION + 1] & COMPRESSION_MASK
+    raw = DefaultRecordBatch(data) if compressed else CDefaultRecordBatch(data)
     if not raw.validate_crc():
         raise BatchError(f"CRC mismatch in batch at offset {raw.base_offset}")
     try:
-        records = tuple(_records(raw))
+        records = list(raw)
     except Exception as exc:  # corrupt records, an unknown or unavailable codec: never a crash
         raise BatchError(f"batch at offset {raw.base_offset}: {exc!r}") from exc
     control: ControlType | None = None
@@ -111,7 +124,7 @@ def decode_batch(data: bytes) -> Batch:
         control = int.from_bytes(key[2:4], "big", signed=True)
     return Batch(
         base_offset=raw.base_offset,
-        last_offset=raw.last_offset,
+        last_offset=raw.base_offset + raw.last_offset_delta,
         size=len(data),
         producer_id=raw.producer_id,
         producer_epoch=raw.producer_epoch,
@@ -122,11 +135,6 @@ def decode_batch(data: bytes) -> Batch:
         max_timestamp=raw.max_timestamp,
         attributes=raw.attributes,
     )
-
-
-def _records(raw: DefaultRecordBatch) -> Iterator[LogRecord]:
-    for r in raw:
-        yield LogRecord(r.offset, r.timestamp, r.key, r.value)
 
 
 # baseOffset batchLength leaderEpoch magic crc attributes lastOffsetDelta baseTimestamp maxTimestamp
