@@ -264,19 +264,26 @@ class PartitionLog:
         if self._dir_dirty:
             fsync_path(self.directory)
 
-    def synced(self) -> None:
+    def synced(self, checkpoint: bool = True) -> None:
         """Everything appended is on disk (fsynced, by ``fsync_files`` or a syncfs of its file system):
-        advance the durable end, and record it at most once a second."""
+        advance the durable end and, with ``checkpoint``, record it at most once a second (storage.sync
+        records many logs' at once instead)."""
         self._dir_dirty = False
         self._mark_durable()
-        if time.monotonic() - self._checkpointed_at >= CHECKPOINT_INTERVAL_S:
+        if checkpoint and self.checkpoint_due():
             try:
                 self.checkpoint()
             except OSError as exc:
-                # The data is durable already; the claim is an optimisation. Failing the batch for it
-                # (out of file descriptors, say) would fail commits that are on disk.
-                self._checkpointed_at = time.monotonic()
-                log.warning("%s: could not record the recovery point (%s)", self.directory, exc.strerror or exc)
+                self.checkpoint_failed(exc)
+
+    def checkpoint_due(self) -> bool:
+        return self._durable_base >= 0 and time.monotonic() - self._checkpointed_at >= CHECKPOINT_INTERVAL_S
+
+    def checkpoint_failed(self, exc: OSError) -> None:
+        # The data is durable already; the claim is an optimisation. Failing the batch for it (out of
+        # file descriptors, say) would fail commits that are on disk. Try again after the interval.
+        self._checkpointed_at = time.monotonic()
+        log.warning("%s: could not record the recovery point (%s)", self.directory, exc.strerror or exc)
 
     def checkpoint(self) -> None:
         """Records how far the log is known durable: written to a temporary file, fsynced, renamed
@@ -284,13 +291,22 @@ class PartitionLog:
         (both true, since the data was fsynced first), never a torn one."""
         if self._durable_base < 0:
             return
+        tmp = self.write_checkpoint()
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        self.install_checkpoint(tmp)
+        fsync_path(self.directory)
+
+    def write_checkpoint(self) -> Path:
+        """The claim in a temporary file, not yet fsynced (``checkpoint``, or storage.sync for many)."""
         tmp = self.directory / (RECOVERY_POINT + ".tmp")
         with open(tmp, "w") as f:
             f.write(f"{self._durable_base} {self._durable_size}\n")
-            f.flush()
-            os.fsync(f.fileno())
+        return tmp
+
+    def install_checkpoint(self, tmp: Path) -> None:
+        """Renames a durable temporary claim into place (the directory still needs syncing)."""
         os.replace(tmp, self.directory / RECOVERY_POINT)
-        fsync_path(self.directory)
         self._checkpointed_at = time.monotonic()
 
     def _read_checkpoint(self) -> tuple[int, int]:

@@ -111,13 +111,13 @@ class FaultyLog(PartitionLog):
             raise OSError(errno.EROFS, "Read-only file system (injected)", str(self.directory))
         super().truncate_to_durable()
 
-    def synced(self) -> None:
+    def synced(self, checkpoint: bool = True) -> None:
         # Called once the log's fsyncs (or its file system's syncfs) returned: failing here is an
         # fsync failure in either sync mode, before the durable end moves.
         if self.faults.fail_next_sync:
             self.faults.fail_next_sync = False
             raise OSError(errno.EIO, "injected EIO in fsync")
-        super().synced()
+        super().synced(checkpoint)
 
     def probe(self) -> None:
         if self.faults.read_only:

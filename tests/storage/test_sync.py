@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from storage.batch import build_batch
-from storage.log import PartitionLog
+from storage.log import RECOVERY_POINT, PartitionLog
 from storage.sync import SYNCFS, FileSync, FilesystemSync, make_sync
 
 T = 1700000000000
@@ -94,3 +94,22 @@ def test_fsync_mode_never_uses_syncfs(tmp_path: Path) -> None:
     assert [p.durable_offset for p in group] == [1] * 4
     sync.close()
     assert isinstance(make_sync("syncfs"), FilesystemSync)
+
+
+def test_due_recovery_points_are_recorded_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import storage.log
+
+    monkeypatch.setattr(storage.log, "CHECKPOINT_INTERVAL_S", 0.0)  # every sync is due
+    syncfs = CountingSyncfs()
+    sync = FilesystemSync(syncfs)
+    group = logs(tmp_path, 3)
+    for _ in range(2):
+        for plog in group:
+            append(plog)
+        assert sync.sync(group) == [None] * 3
+    assert syncfs.calls == 3  # the data's syncfs, then one before and one after renaming the claims
+    for plog in group:
+        base, position = (plog.directory / RECOVERY_POINT).read_text().split()
+        assert (int(base), int(position)) == (0, plog.segments[-1].size)
+        assert not (plog.directory / (RECOVERY_POINT + ".tmp")).exists()
+    sync.close()
