@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Smoke test of the container, end to end, against a real Docker daemon:
 #   1. build the image from the top-level Dockerfile (the base image must exist: deploy/base-image.sh);
-#   2. run it with host networking on free loopback ports and a fresh named volume;
+#   2. run it with host networking on free loopback ports and a fresh named volume, with a read-only
+#      root file system and no capabilities;
 #   3. wait for /readyz and for Docker's own HEALTHCHECK to report healthy; check the user is not root
 #      and the event loop is uvloop;
 #   4. commit offsets with a stock client (kafka-python, from the host's Python) and read them back;
@@ -65,11 +66,13 @@ while True:
 PY
 }
 
-# run_kcoord NAME: a detached container on the host network, loopback ports, the smoke volume. The
-# image's HEALTHCHECK command runs every second here (15 s in the image) so the smoke need not wait.
+# run_kcoord NAME: a detached container on the host network, loopback ports, the smoke volume, locked
+# down as deploy/k8s runs it (read-only root file system, no capabilities, no privilege escalation).
+# The image's HEALTHCHECK command runs every second here (15 s in the image) so the smoke need not wait.
 run_kcoord() {
     containers+=("$1")
     docker run --detach --name "$1" --network host \
+        --read-only --cap-drop ALL --security-opt no-new-privileges \
         --volume "$volume:/var/lib/kcoord" \
         --env KCOORD_LISTEN="127.0.0.1:$port" \
         --env KCOORD_ADVERTISED_LISTENER="127.0.0.1:$port" \
