@@ -1,0 +1,142 @@
+"""The top-level Dockerfile: hadolint finds nothing, the image keeps what operators rely on (non-root,
+volume, ports, healthcheck, stop signal, env defaults), and the two helpers it ships work: the
+HEALTHCHECK command against a real kcoord, and the entrypoint's advertised-listener default."""
+
+import http.server
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.deploy import tools
+from tests.deploy.conftest import DEPLOY
+from tests.kcoord_process import REPO, KcoordProcess, free_port
+
+DOCKERFILE = REPO / "Dockerfile"
+HEALTHCHECK = DEPLOY / "docker" / "healthcheck.py"
+ENTRYPOINT = DEPLOY / "docker" / "entrypoint.sh"
+
+
+def hadolint(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([tools.hadolint(), "--no-color", str(path)], capture_output=True, text=True, timeout=120)
+
+
+def test_hadolint_finds_nothing() -> None:
+    result = hadolint(DOCKERFILE)
+    assert result.returncode == 0 and result.stdout == "", result.stdout + result.stderr
+    assert "hadolint ignore" not in DOCKERFILE.read_text()
+
+
+def test_hadolint_does_lint(tmp_path: Path) -> None:
+    """Not a linter that passes everything: a careless Dockerfile gets the findings it deserves."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian:latest\nRUN apt-get update && apt-get install -y curl\nRUN cd /tmp\n")
+    result = hadolint(bad)
+    assert result.returncode != 0
+    for rule in ("DL3007", "DL3008", "DL3015", "DL3003"):  # latest tag, unpinned, recommends, cd
+        assert rule in result.stdout
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n\s*", " ", "\n".join(line for line in DOCKERFILE.read_text().splitlines()
+                                             if not line.lstrip().startswith("#")))
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
+            for line in text.splitlines() if line.strip()]
+
+
+def test_the_image_keeps_its_operational_contract() -> None:
+    got = instructions()
+    froms = [args for ins, args in got if ins == "FROM"]
+    assert len(froms) == 2 and froms[0].endswith(" AS build"), froms  # multi-stage
+    assert ("ARG", "PYTHON_IMAGE=python:3.11-slim-bookworm") in got
+    runtime = got[[ins for ins, _ in got].index("FROM", 1):]
+    user = next(args for ins, args in runtime if ins == "USER")
+    assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", user), user  # numeric, not root (runAsNonRoot can check it)
+    assert ("VOLUME", '["/var/lib/kcoord"]') in runtime
+    assert ("EXPOSE", "9092 9404") in runtime
+    assert ("STOPSIGNAL", "SIGTERM") in runtime
+    health = next(args for ins, args in runtime if ins == "HEALTHCHECK")
+    assert "--start-period=" in health and "kcoord-healthcheck" in health
+    env = " ".join(args for ins, args in runtime if ins == "ENV")
+    for default in ("KCOORD_LISTEN=0.0.0.0:9092", "KCOORD_METRICS_LISTEN=0.0.0.0:9404",
+                    "KCOORD_DATA_DIR=/var/lib/kcoord"):
+        assert default in env
+    build = " ".join(args for ins, args in got if ins == "RUN")
+    assert "import uvloop" in build  # the build fails when uvloop is not installed
+    assert "COPY --from=build /opt/kcoord /opt/kcoord" in " ".join(f"{i} {a}" for i, a in runtime)
+
+
+def healthcheck(listen: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, KCOORD_METRICS_LISTEN=listen)
+    return subprocess.run([sys.executable, str(HEALTHCHECK)], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_healthcheck_follows_readyz_of_a_real_kcoord(tmp_path: Path) -> None:
+    server = KcoordProcess(tmp_path / "data").start()
+    try:
+        ready = healthcheck(f"0.0.0.0:{server.metrics_port}")  # a wildcard is asked on loopback
+        assert ready.returncode == 0 and '"status": "ready"' in ready.stdout, ready.stdout
+    finally:
+        assert server.stop() == 0
+    gone = healthcheck(f"127.0.0.1:{server.metrics_port}")
+    assert gone.returncode == 1 and "Connection refused" in gone.stdout, gone.stdout
+
+
+@pytest.fixture
+def unready_listener() -> Iterator[int]:
+    """An HTTP server answering /readyz as kcoord does while partitions load."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"status": "not ready", "loading": [3]}'
+            self.send_response(503 if self.path == "/readyz" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield int(httpd.server_address[1])
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_healthcheck_fails_while_not_ready_and_passes_with_metrics_off(unready_listener: int) -> None:
+    unready = healthcheck(f"127.0.0.1:{unready_listener}")
+    assert unready.returncode == 1 and '503 {"status": "not ready", "loading": [3]}' in unready.stdout
+    off = healthcheck("off")
+    assert off.returncode == 0 and "nothing to check" in off.stdout
+
+
+def entrypoint(tmp_path: Path, **env: str) -> str:
+    """Runs the entrypoint with a stand-in ``kcoord`` on PATH that prints what it was given."""
+    fake = tmp_path / "bin" / "kcoord"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text('#!/bin/sh\necho "args=$* advertised=${KCOORD_ADVERTISED_LISTENER:-unset}"\n')
+    fake.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KCOORD_")}
+    full = dict(base, PATH=f"{fake.parent}:{os.environ['PATH']}", **env)
+    result = subprocess.run(["sh", str(ENTRYPOINT), "serve", "--log-level", "DEBUG"], env=full,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_entrypoint_advertises_the_hostname_only_for_a_wildcard_listener(tmp_path: Path) -> None:
+    hostname = subprocess.run(["hostname"], capture_output=True, text=True, check=True).stdout.strip()
+    port = free_port()
+    assert entrypoint(tmp_path, KCOORD_LISTEN=f"0.0.0.0:{port}") == \
+        f"args=serve --log-level DEBUG advertised={hostname}:{port}"
+    assert entrypoint(tmp_path, KCOORD_LISTEN="[::]:9092").endswith(f"advertised={hostname}:9092")
+    assert entrypoint(tmp_path, KCOORD_LISTEN="0.0.0.0:9092", KCOORD_ADVERTISED_LISTENER="kc.example:19092") \
+        .endswith("advertised=kc.example:19092")
+    assert entrypoint(tmp_path, KCOORD_LISTEN="127.0.0.1:9092").endswith("advertised=unset")
