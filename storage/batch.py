@@ -1,5 +1,7 @@
 """Kafka v2 record batches (magic 2): built with aiokafka's record builder (C; byte-identical to
-kafka-python's once base offset and leader epoch are stamped, checked in tests), read with kafka-python's.
+kafka-python's once base offset and leader epoch are stamped, checked in tests) and read with aiokafka's
+record reader (C, ~15x faster than kafka-python's and equivalent on valid and damaged batches, checked in
+tests); kafka-python's pure-Python classes stand in where the C extension is not built.
 
 Layout (reference section 8.1, all big-endian): baseOffset int64 | batchLength int32 |
 partitionLeaderEpoch int32 | magic int8 = 2 | crc uint32 (CRC-32C over attributes..end) |
@@ -17,6 +19,11 @@ import crc32c
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import encode_varint
+
+try:
+    from aiokafka.record._crecords.default_records import DefaultRecordBatch as BatchReader
+except ImportError:  # a platform without aiokafka's C extension
+    BatchReader = DefaultRecordBatch
 
 LOG_OVERHEAD = 12  # baseOffset + batchLength
 BATCH_HEADER_BYTES = 61
@@ -96,7 +103,7 @@ def decode_batch(data: bytes) -> Batch:
         raise BatchError(f"batch of {len(data)} bytes is shorter than the v2 header")
     if data[_MAGIC_OFFSET] != MAGIC:
         raise BatchError(f"magic {data[_MAGIC_OFFSET]} is not 2")
-    raw = DefaultRecordBatch(data)
+    raw = BatchReader(data)
     if not raw.validate_crc():
         raise BatchError(f"CRC mismatch in batch at offset {raw.base_offset}")
     try:
@@ -111,7 +118,7 @@ def decode_batch(data: bytes) -> Batch:
         control = int.from_bytes(key[2:4], "big", signed=True)
     return Batch(
         base_offset=raw.base_offset,
-        last_offset=raw.last_offset,
+        last_offset=raw.base_offset + raw.last_offset_delta,
         size=len(data),
         producer_id=raw.producer_id,
         producer_epoch=raw.producer_epoch,
