@@ -9,7 +9,7 @@ from tests.kcoord_process import REPO
 
 CHECKS = {
     "mypy": [sys.executable, "-m", "mypy"],
-    "ruff": [sys.executable, "-m", "ruff", "check", "coordinator", "protocol", "storage", "tests", "bench"],
+    "ruff": [sys.executable, "-m", "ruff", "check", "coordinator", "protocol", "storage", "pipeline", "tests", "bench"],
 }
 
 
