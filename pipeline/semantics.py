@@ -18,19 +18,24 @@ TRANSACTION_COLUMNS = ("log_partition", "log_offset", "record_type", "producer_i
                        "control_type")
 
 
-def counted(df: DataFrame) -> DataFrame:
-    """The offset-commit rows (tombstones included) that count, with the transactional ones resolved.
-    Needs the TRANSACTION_COLUMNS. The marker of a transactional row is the nearest control row after it
-    for its producer: a window over (log partition, producer) in descending log order, whose growing
-    frame Spark computes in one pass. Plain rows never need a marker, so each is its own window
-    partition: nothing piles up in one task."""
+def with_counts(df: DataFrame, kinds: tuple[str, ...] = (OFFSET_COMMIT,)) -> DataFrame:
+    """Every row, with ``counts``: true for the rows of ``kinds`` that count (the transactional ones
+    only once committed). Needs the TRANSACTION_COLUMNS. The marker of a transactional row is the nearest
+    control row after it for its producer: a window over (log partition, producer) in descending log
+    order, whose growing frame Spark computes in one pass. Plain rows never need a marker, so each is its
+    own window partition: nothing piles up in one task."""
     spread = F.when(F.col("transactional"), F.lit(-1)).otherwise(F.col("log_offset"))
     newer_first = (Window.partitionBy("log_partition", "producer_id", spread).orderBy(F.desc("log_offset"))
                    .rowsBetween(Window.unboundedPreceding, -1))
     marker = F.last("control_type", ignorenulls=True).over(newer_first)
-    counts: Column = (F.col("record_type") == OFFSET_COMMIT) & (~F.col("transactional") | (marker == "COMMIT"))
-    return df.filter(F.col("record_type").isin(OFFSET_COMMIT, CONTROL)).withColumn("_counts", counts) \
-        .filter(F.col("_counts")).drop("_counts")
+    counts: Column = F.col("record_type").isin(*kinds) & (~F.col("transactional") | (marker == "COMMIT"))
+    return df.withColumn("counts", counts)
+
+
+def counted(df: DataFrame) -> DataFrame:
+    """The offset-commit rows (tombstones included) that count."""
+    commits_and_markers = df.filter(F.col("record_type").isin(OFFSET_COMMIT, CONTROL))
+    return with_counts(commits_and_markers).filter(F.col("counts")).drop("counts")
 
 
 def latest_offsets(commits: DataFrame, columns: tuple[str, ...]) -> DataFrame:
