@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
+from pipeline import decode
 from pipeline.decode import GROUP_METADATA, OFFSET_COMMIT, UNKNOWN
 from pipeline.layout import META_FILE, OFFSETS_TOPIC, is_uri
 from pipeline.output import OutputError, say
@@ -50,15 +50,20 @@ SUMMARY_DDL = ("target int, records bigint, batches bigint, bytes bigint, droppe
 
 def targets(rows: DataFrame, partitions: int) -> DataFrame:
     """``rows`` with ``target``: the new partition of each record to move, null for those left out."""
+    carried = ("log_partition", "log_offset", "record_type", "timestamp", "key", "value")
+    schema = pa.schema([*(decode.RECORD_SCHEMA.field(c) for c in carried), ("target", pa.int32())])
 
-    @F.pandas_udf("int")  # type: ignore[call-overload]
-    def target(groups: pd.Series) -> pd.Series:
-        known: dict[str, int] = {}  # group ids repeat: hash each once per batch
-        return groups.map(lambda g: None if g is None else known.get(g) or known.setdefault(
-            g, partition_for(g, partitions))).astype("Int32")
+    def add_target(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        known: dict[str, int] = {}  # group ids repeat: hash each once
+        for batch in batches:
+            groups, counts = batch.column("group").to_pylist(), batch.column("counts").to_pylist()
+            target = [known[g] if g in known else known.setdefault(g, partition_for(g, partitions))
+                      if c and g is not None else None for g, c in zip(groups, counts, strict=True)]
+            yield pa.RecordBatch.from_arrays([*(batch.column(c) for c in carried), pa.array(target, pa.int32())],
+                                             schema=schema)
 
-    moved = with_counts(rows, (OFFSET_COMMIT, GROUP_METADATA))
-    return moved.withColumn("target", F.when(F.col("counts"), target(F.col("group"))))
+    moved = with_counts(rows, (OFFSET_COMMIT, GROUP_METADATA)).select(*carried, "group", "counts")
+    return moved.mapInArrow(add_target, from_arrow_schema(schema))
 
 
 class _TargetWriter:
