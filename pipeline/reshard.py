@@ -57,7 +57,7 @@ def targets(rows: DataFrame, partitions: int) -> DataFrame:
         known: dict[str, int] = {}  # group ids repeat: hash each once
         for batch in batches:
             groups, counts = batch.column("group").to_pylist(), batch.column("counts").to_pylist()
-            target = [known[g] if g in known else known.setdefault(g, partition_for(g, partitions))
+            target = [(known[g] if g in known else known.setdefault(g, partition_for(g, partitions)))
                       if c and g is not None else None for g, c in zip(groups, counts, strict=True)]
             yield pa.RecordBatch.from_arrays([*(batch.column(c) for c in carried), pa.array(target, pa.int32())],
                                              schema=schema)
