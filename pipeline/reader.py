@@ -9,7 +9,7 @@ Damaged batches and unreadable records go to an accumulator: ``LogRead.damages()
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
 import pyarrow as pa
 from pyspark.accumulators import Accumulator, AccumulatorParam
@@ -21,9 +21,6 @@ from pipeline.layout import SegmentFile, describe, files_for, find_segments
 from pipeline.splits import Split, batch_boundaries, pack, ranges, split_bytes_for
 
 ROWS_PER_BATCH = 32_768
-SPLIT_FIELDS = ("path", "log_partition", "base_offset", "size", "last", "durable_below", "start", "end")
-SPLIT_SCHEMA = ("path string, log_partition int, base_offset bigint, size bigint, last boolean, "
-                "durable_below bigint, start bigint, end bigint")
 
 
 class _ListParam(AccumulatorParam[list[decode.Damage]]):
@@ -78,9 +75,10 @@ def read_offsets_log(spark: SparkSession, paths: list[str], columns: tuple[str, 
     if not tasks:
         df = spark.createDataFrame([], schema)
     else:
-        split_rows = sc.parallelize(tasks, len(tasks)).flatMap(lambda task: [_split_row(s) for s in task])
-        splits_df = spark.createDataFrame(split_rows, SPLIT_SCHEMA)
-        df = splits_df.mapInArrow(_decoder(columns, latest_only, damages, records), schema)
+        # one row per task, one task per Spark partition (range() splits evenly): the splits travel in
+        # the function's closure, so no Python step runs before the decoding itself
+        task_ids = spark.range(0, len(tasks), 1, len(tasks))
+        df = task_ids.mapInArrow(_decoder(tasks, columns, latest_only, damages, records), schema)
     return LogRead(df, segments, splits, len(tasks), size, damages, records)
 
 
@@ -101,18 +99,8 @@ def plan(spark: SparkSession, segments: list[SegmentFile], split_bytes: int) -> 
     return out
 
 
-def _split_row(split: Split) -> tuple[Any, ...]:
-    s = split.segment
-    return (s.path, s.log_partition, s.base_offset, s.size, s.last, s.durable_below, split.start, split.end)
-
-
-def _split_of(row: dict[str, Any]) -> Split:
-    segment = SegmentFile(row["path"], row["log_partition"], row["base_offset"], row["size"], row["last"],
-                          row["durable_below"])
-    return Split(segment, row["start"], row["end"])
-
-
-def _decoder(columns: tuple[str, ...], latest_only: bool, damages: Accumulator[list[decode.Damage]],
+def _decoder(tasks: list[list[Split]], columns: tuple[str, ...], latest_only: bool,
+             damages: Accumulator[list[decode.Damage]],
              records: Accumulator[int]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found: list[decode.Damage] = []
@@ -121,11 +109,11 @@ def _decoder(columns: tuple[str, ...], latest_only: bool, damages: Accumulator[l
         def task_rows() -> Iterator[decode.Row]:
             nonlocal count
             for batch in batches:
-                for row in batch.to_pylist():
-                    split = _split_of(row)
-                    for r in decode.rows(split, files_for(split.segment.path), found.append):
-                        count += 1
-                        yield r
+                for task in batch.column(0).to_pylist():
+                    for split in tasks[task]:
+                        for r in decode.rows(split, files_for(split.segment.path), found.append):
+                            count += 1
+                            yield r
 
         stream = decode.latest_per_key(task_rows()) if latest_only else task_rows()
         chunk: list[decode.Row] = []
