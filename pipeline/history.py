@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipeline.chart import bucket_ms, render
-from pipeline.output import StagedOutput, say
+from pipeline.output import StagedOutput, say, settle, skipped
 from pipeline.reader import read_offsets_log, report_damages
 from pipeline.semantics import KEY, LOG_ORDER, TRANSACTION_COLUMNS, counted
 
@@ -100,11 +100,8 @@ def run(spark: SparkSession, args: argparse.Namespace, err: TextIO) -> int:
     finally:
         history.unpersist()
     corrupt = report_damages(read, err)
-    if corrupt and not args.skip_corrupt:
-        out.discard()
-        say(f"{corrupt} corrupt batches or records: nothing written (--skip-corrupt writes what can be read)", err)
+    if not settle(out, corrupt, args.skip_corrupt, err):
         return 1
-    out.commit()
     say(f"wrote rates/, stalled/ ({args.format}) and offset-advance.png to {args.out} from {read.records_read:,} "
-        "records" + (f"; skipped {corrupt} corrupt batches or records" if corrupt else ""), err)
+        "records" + skipped(corrupt), err)
     return 0

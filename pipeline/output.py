@@ -8,7 +8,7 @@ through Hadoop's FileSystem API on the driver, the same one Spark's writers use,
 
 import sys
 import uuid
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -58,6 +58,27 @@ class StagedOutput:
 
     def discard(self) -> None:
         self._fs.delete(self.staging, True)
+
+
+class Staging(Protocol):
+    def commit(self) -> None: ...
+
+    def discard(self) -> None: ...
+
+
+def settle(staging: Staging, corrupt: int, skip_corrupt: bool, err: TextIO) -> bool:
+    """Puts the output in place, unless corruption was found without ``--skip-corrupt``: then it is
+    discarded and the reason printed. True if the output was committed."""
+    if corrupt and not skip_corrupt:
+        staging.discard()
+        say(f"{corrupt} corrupt batches or records: nothing written (--skip-corrupt writes what can be read)", err)
+        return False
+    staging.commit()
+    return True
+
+
+def skipped(corrupt: int) -> str:
+    return f"; skipped {corrupt} corrupt batches or records" if corrupt else ""
 
 
 def say(message: str, err: TextIO | None = None) -> None:

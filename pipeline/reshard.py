@@ -31,7 +31,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pipeline import decode
 from pipeline.decode import GROUP_METADATA, OFFSET_COMMIT, UNKNOWN
 from pipeline.layout import META_FILE, OFFSETS_TOPIC, is_uri
-from pipeline.output import OutputError, say
+from pipeline.output import OutputError, say, settle, skipped
 from pipeline.reader import read_offsets_log, report_damages
 from pipeline.semantics import TRANSACTION_COLUMNS, with_counts
 from protocol.partitioning import partition_for
@@ -156,35 +156,45 @@ def finish_data_dir(directory: Path, partitions: int) -> None:
     fsync_path(directory)
 
 
+class LocalStaging:
+    """``<out>.kcoord-tmp-<id>`` beside ``out``; committed by completing it as a data directory and
+    renaming it into place."""
+
+    def __init__(self, out: Path, partitions: int) -> None:
+        if out.exists():
+            raise OutputError(f"{out} exists already: give a new path")
+        self.out, self.partitions = out, partitions
+        self.directory = out.with_name(f"{out.name}.kcoord-tmp-{uuid.uuid4().hex[:8]}")
+        self.directory.mkdir(parents=True)
+
+    def commit(self) -> None:
+        finish_data_dir(self.directory, self.partitions)
+        os.rename(self.directory, self.out)
+        fsync_path(self.out.parent)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
 def run(spark: SparkSession, args: argparse.Namespace, err: TextIO) -> int:
     if is_uri(args.out) and not args.out.startswith("file://"):
         raise OutputError(f"{args.out}: reshard writes a data directory kcoord serves, so --out is a local path")
-    out = Path(args.out.removeprefix("file://")).absolute()
-    if out.exists():
-        raise OutputError(f"{out} exists already: give a new path")
-    staging = out.with_name(f"{out.name}.kcoord-tmp-{uuid.uuid4().hex[:8]}")
-    staging.mkdir(parents=True)
+    staging = LocalStaging(Path(args.out.removeprefix("file://")).absolute(), args.partitions)
     try:
         read = read_offsets_log(spark, args.data_dir, READ_COLUMNS, args.split_bytes)
         say(f"reshard to {args.partitions} partitions of {read.summary()}", err)
-        summaries = reshard(read.df, args.partitions, staging, args.segment_bytes)
+        summaries = reshard(read.df, args.partitions, staging.directory, args.segment_bytes)
         corrupt = report_damages(read, err)
-        if corrupt and not args.skip_corrupt:
-            say(f"{corrupt} corrupt batches or records: nothing written (--skip-corrupt writes what can be read)",
-                err)
-            shutil.rmtree(staging)
+        if not settle(staging, corrupt, args.skip_corrupt, err):
             return 1
-        finish_data_dir(staging, args.partitions)
-        os.rename(staging, out)
-        fsync_path(out.parent)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        staging.discard()
         raise
     written = [s for s in summaries if s["target"] >= 0]
     say(f"wrote {sum(s['records'] for s in written):,} records in {sum(s['batches'] for s in written):,} batches "
-        f"({sum(s['bytes'] for s in written):,} bytes) to {len(written)} of {args.partitions} partitions in {out}; "
-        f"left out {sum(s['dropped_transactional'] for s in summaries)} aborted or open transactional commits and "
-        f"{sum(s['dropped_unknown'] for s in summaries)} records of types kcoord does not model"
-        + (f"; skipped {corrupt} corrupt batches or records" if corrupt else ""), err)
-    say(f"serve it with: kcoord serve --data-dir {out} --offsets-partitions {args.partitions}", err)
+        f"({sum(s['bytes'] for s in written):,} bytes) to {len(written)} of {args.partitions} partitions in "
+        f"{staging.out}; left out {sum(s['dropped_transactional'] for s in summaries)} aborted or open "
+        f"transactional commits and {sum(s['dropped_unknown'] for s in summaries)} records of types kcoord does "
+        "not model" + skipped(corrupt), err)
+    say(f"serve it with: kcoord serve --data-dir {staging.out} --offsets-partitions {args.partitions}", err)
     return 0

@@ -9,7 +9,7 @@ from typing import TextIO
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.output import StagedOutput, say
+from pipeline.output import StagedOutput, say, settle, skipped
 from pipeline.reader import LogRead, read_offsets_log, report_damages
 from pipeline.semantics import KEY, LOG_ORDER, TRANSACTION_COLUMNS, counted, latest_offsets
 
@@ -29,12 +29,9 @@ def run(spark: SparkSession, args: argparse.Namespace, err: TextIO) -> int:
     result = snapshot(read).withColumn("commit_time", F.timestamp_millis("commit_timestamp"))
     out.write(result, "", args.format)
     corrupt = report_damages(read, err)
-    if corrupt and not args.skip_corrupt:
-        out.discard()
-        say(f"{corrupt} corrupt batches or records: nothing written (--skip-corrupt writes what can be read)", err)
+    if not settle(out, corrupt, args.skip_corrupt, err):
         return 1
-    out.commit()
     rows = spark.read.format(args.format).option("header", "true").load(args.out).count()
     say(f"wrote {rows:,} offsets from {read.records_read:,} records to {args.out} ({args.format})"
-        + (f"; skipped {corrupt} corrupt batches or records" if corrupt else ""), err)
+        + skipped(corrupt), err)
     return 0

@@ -30,6 +30,23 @@ def job(spark: Any, *argv: str) -> tuple[int, str]:
     return code, err.getvalue()
 
 
+def served(directory: Path, partitions: int, groups: list[str]) -> tuple[dict[str, Offsets], set[str]]:
+    """What a fresh kcoord serving ``directory`` answers: OffsetFetch for each group, and ListGroups."""
+    server = KcoordProcess(directory, "--offsets-partitions", str(partitions)).start()
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=server.bootstrap, request_timeout_ms=10_000)
+        try:
+            answers = {g: offset_fetch(admin, g) for g in groups}
+            listed = {g["group_id"] for g in admin.list_groups()}
+        finally:
+            admin.close()
+        assert server.stop() == 0
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
+    return answers, listed
+
+
 def snapshot_rows(spark: Any, out: Path, fmt: str = "parquet") -> dict[str, Offsets]:
     got: dict[str, Offsets] = {}
     for r in spark.read.format(fmt).option("header", "true").option("inferSchema", "true").load(str(out)).collect():
@@ -83,18 +100,7 @@ def test_reshard_is_served_by_a_fresh_kcoord_with_the_new_partition_count(spark:
                 assert partition_for(group, 64) == p
                 groups_seen.add(group)
     assert {"members", "hist", "kp-7"} <= groups_seen  # the deleted group's tombstones moved too
-    server = KcoordProcess(out, "--offsets-partitions", "64").start()
-    try:
-        admin = KafkaAdminClient(bootstrap_servers=server.bootstrap, request_timeout_ms=10_000)
-        try:
-            assert {g: offset_fetch(admin, g) for g in committed_log.expected} == committed_log.expected
-            assert {g["group_id"] for g in admin.list_groups()} == committed_log.listed
-        finally:
-            admin.close()
-        assert server.stop() == 0
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            server.kill()
+    assert served(out, 64, list(committed_log.expected)) == (committed_log.expected, committed_log.listed)
     # the old count is refused by the new directory, as for any kcoord data directory
     refused = subprocess.run([sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(out),
                               "--offsets-partitions", "50", "--listen", "127.0.0.1:0"], cwd=REPO,
@@ -181,15 +187,5 @@ def test_a_kafka_written_log_with_transactions_reads_as_kcoord_serves_it(spark: 
                                                                                ("t", 1): (3, "", -1)}}
     code, err = job(spark, "reshard", "--data-dir", str(source), "--out", str(tmp_path / "three"), "--partitions", "3")
     assert code == 0 and "left out 2 aborted or open" in err and "1 records of types" in err, err
-    for directory, partitions in ((source, "1"), (tmp_path / "three", "3")):
-        server = KcoordProcess(directory, "--offsets-partitions", partitions).start()
-        try:
-            admin = KafkaAdminClient(bootstrap_servers=server.bootstrap, request_timeout_ms=10_000)
-            try:
-                assert {g: offset_fetch(admin, g) for g in got} == got
-            finally:
-                admin.close()
-            assert server.stop() == 0
-        finally:
-            if server.proc is not None and server.proc.poll() is None:
-                server.kill()
+    for directory, partitions in ((source, 1), (tmp_path / "three", 3)):
+        assert served(directory, partitions, list(got))[0] == got
