@@ -19,6 +19,7 @@ RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.tom
 COPY coordinator ./coordinator
 COPY protocol ./protocol
 COPY storage ./storage
+COPY pipeline ./pipeline
 # kcoord itself; then the venv must import uvloop (the faster event loop) and need no pip at run time.
 RUN /opt/kcoord/bin/pip install --no-deps . \
     && /opt/kcoord/bin/pip check \

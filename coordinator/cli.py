@@ -1,6 +1,7 @@
 """``kcoord serve`` runs the coordinator; ``kcoord dump-log`` prints an offsets log as Kafka's offsets
 formatter does (``[group,topic,partition]::OffsetAndMetadata[offset,metadata,commitTimestamp]``);
-``kcoord groups`` administers consumer groups over the wire (coordinator/groups_cli.py)."""
+``kcoord groups`` administers consumer groups over the wire (coordinator/groups_cli.py); ``kcoord pipeline``
+runs the Spark jobs over an offsets log (pipeline/cli.py)."""
 
 import argparse
 import asyncio
@@ -12,7 +13,7 @@ import resource
 import signal
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from coordinator.config import Config, ConfigError, add_serve_arguments, config_from_args
 from coordinator.exporter import Exporter
@@ -183,6 +184,18 @@ def _dump(parser: argparse.ArgumentParser, target: Path) -> int:
     return 0
 
 
+def _add_pipeline_parser(sub: Any) -> None:
+    """``kcoord pipeline``: the Spark jobs (pipeline/). Imported here only, and PySpark only when a job
+    runs, so the service neither depends on the pipeline nor needs its extra installed (an install
+    without the package at all just has no ``pipeline`` command)."""
+    try:
+        from pipeline.cli import add_pipeline_parser
+    except ImportError:
+        return
+
+    add_pipeline_parser(sub)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kcoord", description="A standalone Kafka group coordinator.")
     parser.add_argument("--version", action="version", version=f"kcoord {_version()}")
@@ -192,12 +205,17 @@ def main(argv: list[str] | None = None) -> int:
     dump = sub.add_parser("dump-log", help="print the records of an offsets log (segment, partition or data dir)")
     dump.add_argument("target", type=Path, help="a .log segment, a __consumer_offsets-N directory or a data directory")
     add_groups_parser(sub)
+    _add_pipeline_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "dump-log":
         return _dump(dump, args.target)
     if args.command == "groups":
         return run_groups(args)
+    if args.command == "pipeline":
+        from pipeline.cli import run as run_pipeline
+
+        return run_pipeline(args)
 
     try:
         config = config_from_args(args)

@@ -16,10 +16,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import crc32c
-from aiokafka.record._crecords.default_records import DefaultRecordBatch as CDefaultRecordBatch
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import encode_varint
+
+try:
+    from aiokafka.record._crecords.default_records import DefaultRecordBatch as BatchReader
+except ImportError:  # a platform without aiokafka's C extension
+    BatchReader = DefaultRecordBatch
 
 LOG_OVERHEAD = 12  # baseOffset + batchLength
 BATCH_HEADER_BYTES = 61
@@ -109,7 +113,7 @@ def decode_batch(data: bytes) -> Batch:
     if data[_MAGIC_OFFSET] != MAGIC:
         raise BatchError(f"magic {data[_MAGIC_OFFSET]} is not 2")
     compressed = data[_ATTRIBUTES_POSITION + 1] & COMPRESSION_MASK
-    raw = DefaultRecordBatch(data) if compressed else CDefaultRecordBatch(data)
+    raw = DefaultRecordBatch(data) if compressed else BatchReader(data)
     if not raw.validate_crc():
         raise BatchError(f"CRC mismatch in batch at offset {raw.base_offset}")
     try:

@@ -9,7 +9,8 @@ from tests.kcoord_process import REPO
 
 CHECKS = {
     "mypy": [sys.executable, "-m", "mypy"],
-    "ruff": [sys.executable, "-m", "ruff", "check", "coordinator", "protocol", "storage", "tests", "bench", "deploy"],
+    "ruff": [sys.executable, "-m", "ruff", "check", "coordinator", "protocol", "storage", "pipeline", "tests", "bench",
+             "deploy"],
 }
 
 

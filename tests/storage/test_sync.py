@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import storage.log
 from storage.batch import build_batch
 from storage.log import RECOVERY_POINT, PartitionLog
 from storage.sync import SYNCFS, FileSync, FilesystemSync, make_sync
@@ -29,6 +30,13 @@ class CountingSyncfs:
             raise OSError(errno.EIO, "syncfs: Input/output error (injected)")
         assert SYNCFS is not None
         SYNCFS(fd)
+
+
+@pytest.fixture(autouse=True)
+def no_recovery_points_due(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recovery points (one a second) would add syncfs calls on a slow run; the test that wants them
+    sets its own interval."""
+    monkeypatch.setattr(storage.log, "CHECKPOINT_INTERVAL_S", 3600.0)
 
 
 def logs(tmp_path: Path, n: int) -> list[PartitionLog]:
@@ -97,8 +105,6 @@ def test_fsync_mode_never_uses_syncfs(tmp_path: Path) -> None:
 
 
 def test_due_recovery_points_are_recorded_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import storage.log
-
     monkeypatch.setattr(storage.log, "CHECKPOINT_INTERVAL_S", 0.0)  # every sync is due
     syncfs = CountingSyncfs()
     sync = FilesystemSync(syncfs)

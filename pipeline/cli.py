@@ -1,0 +1,116 @@
+"""``kcoord pipeline JOB``: the Spark jobs from the command line (also ``python -m pipeline JOB`` and
+``spark-submit pipeline/submit.py JOB``).
+
+    kcoord pipeline snapshot --data-dir D --out O
+    kcoord pipeline history  --data-dir D --out O --stalled-after 5m
+    kcoord pipeline reshard  --data-dir D --out O --partitions 64
+
+Common options: ``--master`` (default ``local[*]``), ``--format parquet|csv``, ``--skip-corrupt``,
+``--split-bytes N``, ``--conf KEY=VALUE``. Exit codes: 0 done, 1 corrupt batches found (nothing written)
+or the job failed, 2 bad usage or the pipeline extra not installed. Nothing here imports PySpark until a
+job runs, so ``kcoord`` without the extra still starts.
+"""
+
+import argparse
+import importlib
+import re
+import sys
+from typing import Any, TextIO
+
+JOBS = {"snapshot": "pipeline.snapshot", "history": "pipeline.history", "reshard": "pipeline.reshard"}
+DEFAULT_MASTER = "local[*]"
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms(text: str) -> int:
+    """``10s``, ``5m``, ``1.5h``, ``250ms``, ``2d`` as milliseconds."""
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 10s, 5m, 2h or 250ms")
+    return int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+
+
+def _conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def add_pipeline_parser(sub: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "pipeline", help="Spark jobs over an offsets log: snapshot, history, reshard (needs the pipeline extra)")
+    add_jobs(parser)
+    return parser
+
+
+def add_jobs(parser: argparse.ArgumentParser) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", action="append", required=True, metavar="DIR",
+                        help="a kcoord data dir, a Kafka log dir or a __consumer_offsets-N dir (local, hdfs://, "
+                             "s3a://; repeat for several)")
+    common.add_argument("--out", required=True, help="output path (it must not exist)")
+    common.add_argument("--master", default=None, help=f"Spark master (default {DEFAULT_MASTER})")
+    common.add_argument("--skip-corrupt", action="store_true",
+                        help="write what can be read when batches are corrupt (they are still reported)")
+    common.add_argument("--split-bytes", type=_positive, default=None,
+                        help="cut segments into ranges of about this size (default: a core's share, 4-128 MiB)")
+    common.add_argument("--conf", type=_conf, action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, e.g. spark.driver.memory=4g (repeatable)")
+    tables = argparse.ArgumentParser(add_help=False)
+    tables.add_argument("--format", choices=("parquet", "csv"), default="parquet",
+                        help="output format (default parquet; csv part files carry a header row)")
+    jobs = parser.add_subparsers(dest="job", required=True)
+    jobs.add_parser("snapshot", parents=[common, tables],
+                    help="the latest committed offset per group, topic and partition")
+    history = jobs.add_parser("history", parents=[common, tables],
+                              help="commit rates, stalled partitions and a chart of offset advance")
+    history.add_argument("--stalled-after", type=duration_ms, default=duration_ms("5m"), metavar="DURATION",
+                         help="report partitions whose offset has not moved this long (default 5m)")
+    history.add_argument("--top", type=_positive, default=8, help="groups in the chart (default 8)")
+    reshard = jobs.add_parser("reshard", parents=[common],
+                              help="rewrite the log for another partition count, as a data dir kcoord serves")
+    reshard.add_argument("--partitions", type=_positive, required=True, help="the new partition count")
+    reshard.add_argument("--segment-bytes", type=_positive, default=100 * 1024 * 1024,
+                         help="segment roll size of the new log (default 104857600)")
+
+
+def run(args: argparse.Namespace, err: TextIO = sys.stderr, spark: Any = None,
+        default_master: str | None = DEFAULT_MASTER) -> int:
+    """Runs ``args.job`` in ``spark`` (or a session built from ``--master``, stopped afterwards)."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        print("kcoord pipeline: PySpark is not installed: pip install 'kcoord[pipeline]'", file=err)
+        return 2
+    from pipeline.layout import LayoutError
+    from pipeline.output import OutputError
+    from pipeline.session import build_session
+
+    own = spark is None
+    if own:
+        spark = build_session(args.master or default_master, f"kcoord-pipeline-{args.job}", conf=dict(args.conf))
+    try:
+        job = importlib.import_module(JOBS[args.job])
+        code: int = job.run(spark, args, err)
+        return code
+    except (LayoutError, OutputError) as exc:
+        print(f"kcoord pipeline {args.job}: {exc}", file=err)
+        return 2
+    finally:
+        if own:
+            spark.stop()
+
+
+def main(argv: list[str] | None = None, default_master: str | None = DEFAULT_MASTER) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__.split("\n\n")[0])
+    add_jobs(parser)
+    return run(parser.parse_args(argv), default_master=default_master)

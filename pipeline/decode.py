@@ -1,0 +1,222 @@
+"""Decoding one split into rows: the work every executor does, with no Spark in it.
+
+Batches are read with ``storage.batch.decode_batch`` (aiokafka's C reader) and records with
+``protocol.records.decode_record``, the service's own decoders. A batch that cannot be read is a
+``Damage`` at its byte position; the walk goes on after it when its length is sane (so ``--skip-corrupt``
+loses only that batch) and stops at a length that is not. A damaged tail that kcoord's own recovery would
+cut aside (torn, in the partition's last segment, past the recovery point) is reported as a torn tail:
+never acknowledged, so not corruption. A record whose key or value does not parse is a Damage too.
+
+Rows are tuples in ``COLUMNS`` order (see ``RECORD_SCHEMA``); ``to_batch`` turns them into an Arrow batch
+of the requested columns.
+"""
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+
+from pipeline.layout import Files
+from pipeline.splits import Split
+from protocol.records import (
+    GroupMetadataRecord,
+    OffsetCommitRecord,
+    RecordError,
+    UnknownRecord,
+    decode_record,
+)
+from storage.batch import BATCH_HEADER_BYTES, COMMIT, LOG_OVERHEAD, Batch, BatchError, decode_batch, read_head
+
+OFFSET_COMMIT = "offset_commit"
+GROUP_METADATA = "group_metadata"
+CONTROL = "control"
+UNKNOWN = "unknown"
+CONTROL_TYPES = {0: "ABORT", COMMIT: "COMMIT"}
+
+MEMBER = pa.struct([
+    ("member_id", pa.string()), ("group_instance_id", pa.string()), ("client_id", pa.string()),
+    ("client_host", pa.string()), ("rebalance_timeout", pa.int32()), ("session_timeout", pa.int32()),
+    ("subscription", pa.binary()), ("assignment", pa.binary()),
+])
+RECORD_SCHEMA = pa.schema([
+    ("log_partition", pa.int32()),  # the __consumer_offsets partition the record is in
+    ("log_offset", pa.int64()),  # its offset in that partition
+    ("timestamp", pa.int64()),  # the record's (append) timestamp, ms
+    ("record_type", pa.string()),  # offset_commit, group_metadata, control or unknown
+    ("key_version", pa.int16()),  # the key's int16 record type (0/1 offsets, 2 group, 3+ not modelled)
+    ("group", pa.string()),
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),  # the committed offset
+    ("leader_epoch", pa.int32()),
+    ("metadata", pa.string()),
+    ("commit_timestamp", pa.int64()),
+    ("expire_timestamp", pa.int64()),  # -1 unless the commit set a retention (value v1)
+    ("tombstone", pa.bool_()),  # a null value: the offset or the group is deleted
+    ("protocol_type", pa.string()),
+    ("generation", pa.int32()),
+    ("protocol", pa.string()),
+    ("leader", pa.string()),
+    ("current_state_timestamp", pa.int64()),
+    ("members", pa.list_(MEMBER)),
+    ("producer_id", pa.int64()),  # -1 outside transactions
+    ("transactional", pa.bool_()),  # written in a transaction: visible only once its marker commits it
+    ("control_type", pa.string()),  # COMMIT or ABORT on control rows
+    ("key", pa.binary()),  # the record's bytes, for jobs that rewrite them (reshard)
+    ("value", pa.binary()),
+])
+COLUMNS = tuple(RECORD_SCHEMA.names)
+INDEX = {name: i for i, name in enumerate(COLUMNS)}
+Row = tuple[Any, ...]
+_NO_GROUP_FIELDS = (None,) * 6  # protocol_type .. members
+_NO_OFFSET_FIELDS = (None,) * 8  # group .. expire_timestamp
+
+
+class Damage(NamedTuple):
+    """A batch (or record) that could not be read; ``torn_tail``: one kcoord would cut aside on load."""
+
+    path: str
+    log_partition: int
+    position: int
+    reason: str
+    torn_tail: bool
+
+
+def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
+    """``(byte position, batch)`` for every batch starting in the split, and a Damage for each one that
+    cannot be read."""
+    seg = split.segment
+    buf, buf_start = files.read(seg.path, split.start, split.size), split.start
+
+    def ensure(pos: int, need: int) -> None:
+        nonlocal buf, buf_start
+        if pos + need > buf_start + len(buf):
+            keep = buf[pos - buf_start:]
+            buf = keep + files.read(seg.path, pos + len(keep), pos + need - (pos + len(keep)))
+            buf_start = pos
+
+    def damage(pos: int, reason: str, torn: bool) -> Damage:
+        return Damage(seg.path, seg.log_partition, pos, reason, torn and seg.last and pos >= seg.durable_below)
+
+    pos = split.start
+    while pos < split.end:
+        if seg.size - pos < LOG_OVERHEAD:
+            yield damage(pos, f"{seg.size - pos} bytes too short for a batch header", True)
+            return
+        ensure(pos, LOG_OVERHEAD)
+        _, batch_size = read_head(buf, pos - buf_start)
+        if batch_size < BATCH_HEADER_BYTES:
+            yield damage(pos, f"batch length {batch_size - LOG_OVERHEAD} is invalid", _only_zeros(files, seg.path,
+                                                                                             pos, seg.size))
+            return
+        if pos + batch_size > seg.size:
+            yield damage(pos, f"batch of {batch_size} bytes runs past the end of the file", True)
+            return
+        ensure(pos, batch_size)
+        rel = pos - buf_start
+        try:
+            batch = decode_batch(buf[rel : rel + batch_size])
+        except BatchError as exc:
+            yield damage(pos, str(exc), pos + batch_size == seg.size)
+        else:
+            yield pos, batch
+        pos += batch_size
+
+
+def _only_zeros(files: Files, path: str, pos: int, size: int) -> bool:
+    """A preallocated or zero-filled tail: what a crash leaves, not corruption."""
+    while pos < size:
+        chunk = files.read(path, pos, min(1 << 20, size - pos))
+        if not chunk or chunk.count(0) != len(chunk):
+            return False
+        pos += len(chunk)
+    return True
+
+
+def rows(split: Split, files: Files, on_damage: Callable[[Damage], None]) -> Iterator[Row]:
+    """One row per record of the split, in log order."""
+    partition = split.segment.log_partition
+    for item in walk(split, files):
+        if isinstance(item, Damage):
+            on_damage(item)
+            continue
+        pos, batch = item
+        producer = batch.producer_id
+        txn = batch.is_transactional
+        if batch.control_type is not None:
+            rec = batch.records[0]
+            yield control_row(partition, rec.offset, rec.timestamp, producer, batch.control_type, rec.key, rec.value)
+            continue
+        for rec in batch.records:
+            try:
+                record = decode_record(rec.key, rec.value)
+            except RecordError as exc:
+                on_damage(Damage(split.segment.path, partition, pos, f"record at offset {rec.offset}: {exc}", False))
+                continue
+            yield record_row(partition, rec.offset, rec.timestamp, producer, txn, rec.key, rec.value, record)
+
+
+def record_row(partition: int, log_offset: int, timestamp: int, producer: int, txn: bool, key: bytes | None,
+               value: bytes | None, record: OffsetCommitRecord | GroupMetadataRecord | UnknownRecord) -> Row:
+    if type(record) is OffsetCommitRecord:
+        k, v = record
+        assert key is not None  # decode_record refuses records without a key
+        if v is None:
+            return (partition, log_offset, timestamp, OFFSET_COMMIT, key[1], k.group, k.topic, k.partition,
+                    None, None, None, None, None, True, *_NO_GROUP_FIELDS, producer, txn, None, key, value)
+        return (partition, log_offset, timestamp, OFFSET_COMMIT, key[1], k.group, k.topic, k.partition,
+                v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp, False,
+                *_NO_GROUP_FIELDS, producer, txn, None, key, value)
+    if isinstance(record, GroupMetadataRecord):
+        g = record.value
+        head = (partition, log_offset, timestamp, GROUP_METADATA, 2, record.group, *_NO_OFFSET_FIELDS[1:])
+        if g is None:
+            return (*head, True, *_NO_GROUP_FIELDS, producer, txn, None, key, value)
+        members = [{
+            "member_id": m.member_id, "group_instance_id": m.group_instance_id, "client_id": m.client_id,
+            "client_host": m.client_host, "rebalance_timeout": m.rebalance_timeout,
+            "session_timeout": m.session_timeout, "subscription": m.subscription, "assignment": m.assignment,
+        } for m in g.members]
+        return (*head, False, g.protocol_type, g.generation, g.protocol, g.leader, g.current_state_timestamp,
+                members, producer, txn, None, key, value)
+    assert isinstance(record, UnknownRecord)
+    return (partition, log_offset, timestamp, UNKNOWN, record.record_type, *_NO_OFFSET_FIELDS,
+            value is None, *_NO_GROUP_FIELDS, producer, txn, None, key, value)
+
+
+def control_row(partition: int, log_offset: int, timestamp: int, producer: int, control_type: int,
+                key: bytes | None, value: bytes | None) -> Row:
+    name = CONTROL_TYPES.get(control_type, str(control_type))
+    return (partition, log_offset, timestamp, CONTROL, None, *_NO_OFFSET_FIELDS, None, *_NO_GROUP_FIELDS,
+            producer, True, name, key, value)
+
+
+def latest_per_key(rows_in: Iterable[Row]) -> Iterator[Row]:
+    """A map-side combine for the snapshot: of the plain (non-transactional) offset commits, only the
+    last row per (group, topic, partition); transactional rows and markers pass through, since whether
+    they count is decided later; group and unknown records are dropped. Rows must come in log order."""
+    latest: dict[tuple[str, str, int], Row] = {}
+    kind, group, topic, partition, txn = (INDEX[c] for c in ("record_type", "group", "topic", "partition",
+                                                              "transactional"))
+    for row in rows_in:
+        if row[kind] == OFFSET_COMMIT:
+            if row[txn]:
+                yield row
+            else:
+                latest[(row[group], row[topic], row[partition])] = row
+        elif row[kind] == CONTROL:
+            yield row
+    yield from latest.values()
+
+
+def to_batch(batch_rows: list[Row], columns: tuple[str, ...]) -> pa.RecordBatch:
+    """An Arrow batch of ``columns`` (a subset of COLUMNS, in any order) from rows."""
+    if not batch_rows:
+        return pa.RecordBatch.from_pylist([], schema=schema_of(columns))
+    transposed = list(zip(*batch_rows, strict=True))
+    arrays = [pa.array(transposed[INDEX[c]], type=RECORD_SCHEMA.field(c).type) for c in columns]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema_of(columns))
+
+
+def schema_of(columns: tuple[str, ...]) -> pa.Schema:
+    return pa.schema([RECORD_SCHEMA.field(c) for c in columns])

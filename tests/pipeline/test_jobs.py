@@ -1,0 +1,191 @@
+"""The three jobs with real local Spark over a log a real kcoord wrote for stock clients (conftest.py):
+the snapshot equals OffsetFetch, a resharded log served by a fresh kcoord answers the same, history
+finds the idle partition and not the moving ones, and a corrupt batch is reported."""
+
+import argparse
+import io
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaAdminClient
+
+from pipeline.cli import add_jobs, run
+from pipeline.reader import read_offsets_log
+from protocol.partitioning import partition_for
+from protocol.records import GroupMetadataRecord, OffsetCommitRecord, decode_record
+from storage.log import PartitionLog
+from tests.kcoord_process import REPO, KcoordProcess
+from tests.pipeline.conftest import IDLE, MOVING, CommittedLog, Offsets, offset_fetch
+
+
+def job(spark: Any, *argv: str) -> tuple[int, str]:
+    parser = argparse.ArgumentParser()
+    add_jobs(parser)
+    err = io.StringIO()
+    code = run(parser.parse_args(list(argv)), err=err, spark=spark)
+    return code, err.getvalue()
+
+
+def served(directory: Path, partitions: int, groups: list[str]) -> tuple[dict[str, Offsets], set[str]]:
+    """What a fresh kcoord serving ``directory`` answers: OffsetFetch for each group, and ListGroups."""
+    server = KcoordProcess(directory, "--offsets-partitions", str(partitions)).start()
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=server.bootstrap, request_timeout_ms=10_000)
+        try:
+            answers = {g: offset_fetch(admin, g) for g in groups}
+            listed = {g["group_id"] for g in admin.list_groups()}
+        finally:
+            admin.close()
+        assert server.stop() == 0
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
+    return answers, listed
+
+
+def snapshot_rows(spark: Any, out: Path, fmt: str = "parquet") -> dict[str, Offsets]:
+    got: dict[str, Offsets] = {}
+    for r in spark.read.format(fmt).option("header", "true").option("inferSchema", "true").load(str(out)).collect():
+        got.setdefault(r["group"], {})[(r["topic"], int(r["partition"]))] = (
+            int(r["offset"]), r["metadata"] or "", int(r["leader_epoch"]))
+    return got
+
+
+def test_snapshot_equals_offset_fetch_for_every_group(spark: Any, committed_log: CommittedLog, tmp_path: Path,
+                                                      report: Any) -> None:
+    out = tmp_path / "snapshot"
+    # small ranges: every partition's segment is cut into several, decoded by different tasks
+    code, err = job(spark, "snapshot", "--data-dir", str(committed_log.data_dir), "--out", str(out),
+                    "--split-bytes", "2048")
+    assert code == 0, err
+    read = read_offsets_log(spark, [str(committed_log.data_dir)], split_bytes=2048)
+    assert len(read.splits) > len(read.segments)
+    got = snapshot_rows(spark, out)
+    expected = {g: offsets for g, offsets in committed_log.expected.items() if offsets}
+    assert got == expected
+    assert "kp-7" not in got and "members" in got and len(got) == 17
+    report.figure("snapshot offsets", sum(len(v) for v in got.values()), "rows")
+
+
+def test_snapshot_as_csv_with_a_header(spark: Any, committed_log: CommittedLog, tmp_path: Path) -> None:
+    out = tmp_path / "csv"
+    code, err = job(spark, "snapshot", "--data-dir", str(committed_log.data_dir), "--out", str(out),
+                    "--format", "csv")
+    assert code == 0, err
+    parts = sorted(out.glob("part-*.csv"))
+    assert parts and all(p.read_text().startswith("group,topic,partition,offset,leader_epoch,metadata,") for p in parts)
+    # Spark's CSV writer drops NUL characters, which librdkafka appends to commit metadata (parquet keeps them)
+    expected = {g: {k: (o, m.replace("\0", ""), e) for k, (o, m, e) in offsets.items()}
+                for g, offsets in committed_log.expected.items() if offsets}
+    assert snapshot_rows(spark, out, "csv") == expected
+
+
+def test_reshard_is_served_by_a_fresh_kcoord_with_the_new_partition_count(spark: Any, committed_log: CommittedLog,
+                                                                          tmp_path: Path) -> None:
+    out = tmp_path / "resharded"
+    code, err = job(spark, "reshard", "--data-dir", str(committed_log.data_dir), "--out", str(out),
+                    "--partitions", "64", "--split-bytes", "4096")
+    assert code == 0, err
+    groups_seen: set[str] = set()
+    for p in range(64):
+        for batch in PartitionLog(out / f"__consumer_offsets-{p}").recover():
+            for rec in batch.records:
+                record = decode_record(rec.key, rec.value)
+                group = record.key.group if isinstance(record, OffsetCommitRecord) else (
+                    record.group if isinstance(record, GroupMetadataRecord) else "")
+                assert partition_for(group, 64) == p
+                groups_seen.add(group)
+    assert {"members", "hist", "kp-7"} <= groups_seen  # the deleted group's tombstones moved too
+    assert served(out, 64, list(committed_log.expected)) == (committed_log.expected, committed_log.listed)
+    # the old count is refused by the new directory, as for any kcoord data directory
+    refused = subprocess.run([sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(out),
+                              "--offsets-partitions", "50", "--listen", "127.0.0.1:0"], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+
+
+def test_history_finds_the_idle_partition_and_not_the_moving_ones(spark: Any, committed_log: CommittedLog,
+                                                                  tmp_path: Path) -> None:
+    out = tmp_path / "history"
+    code, err = job(spark, "history", "--data-dir", str(committed_log.data_dir), "--out", str(out),
+                    "--stalled-after", "1500ms")
+    assert code == 0, err
+    stalled = {(r["group"], r["topic"], r["partition"]): r for r in spark.read.parquet(str(out / "stalled")).collect()}
+    idle = stalled[("hist", *IDLE)]
+    assert idle["offset"] == 7 and idle["stalled_for_ms"] >= 2000 and idle["recommits"] >= 10
+    assert not [k for k in stalled if k[0] == "hist" and (k[1], k[2]) in MOVING]
+    rates = spark.read.parquet(str(out / "rates")).filter("group = 'hist' and topic = 'moving'").collect()
+    assert sum(r["commits"] for r in rates) >= 20 and sum(r["offset_advance"] for r in rates) > 0
+    png = (out / "offset-advance.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+def corrupt_copy(committed_log: CommittedLog, tmp_path: Path) -> tuple[Path, str, int]:
+    """A copy of the log with one byte flipped inside the second batch of the hist group's segment."""
+    copy = tmp_path / "damaged"
+    shutil.copytree(committed_log.data_dir, copy)
+    segment = copy / f"__consumer_offsets-{partition_for('hist', 50)}" / "00000000000000000000.log"
+    data = bytearray(segment.read_bytes())
+    second = int.from_bytes(data[8:12], "big") + 12
+    data[second + 70] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    return copy, str(segment), second
+
+
+def test_a_corrupt_batch_is_reported_and_skip_corrupt_proceeds(spark: Any, committed_log: CommittedLog,
+                                                                tmp_path: Path) -> None:
+    damaged, segment, position = corrupt_copy(committed_log, tmp_path)
+    out = tmp_path / "refused"
+    code, err = job(spark, "snapshot", "--data-dir", str(damaged), "--out", str(out))
+    assert code == 1
+    assert f"CORRUPT: {segment} at byte {position}: CRC mismatch" in err and "1 corrupt" in err
+    assert not out.exists() and not list(tmp_path.glob("refused.kcoord-tmp-*"))
+    code, err = job(spark, "snapshot", "--data-dir", str(damaged), "--out", str(out), "--skip-corrupt")
+    assert code == 0 and f"at byte {position}" in err and "skipped 1 corrupt" in err
+    got = snapshot_rows(spark, out)
+    assert got["kp-0"] == committed_log.expected["kp-0"] and got["hist"][IDLE] == committed_log.expected["hist"][IDLE]
+
+
+@pytest.mark.slow
+def test_kcoord_pipeline_command_exits_non_zero_on_corruption(committed_log: CommittedLog, tmp_path: Path) -> None:
+    """The real command line, in its own process with its own Spark (local[1])."""
+    damaged, segment, position = corrupt_copy(committed_log, tmp_path)
+    result = subprocess.run([sys.executable, "-m", "coordinator.cli", "pipeline", "snapshot", "--data-dir",
+                             str(damaged), "--out", str(tmp_path / "out"), "--master", "local[1]"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert f"CORRUPT: {segment} at byte {position}" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_kafka_written_log_with_transactions_reads_as_kcoord_serves_it(spark: Any, tmp_path: Path) -> None:
+    """Compressed batches, leader epoch 7, committed, aborted and open transactions, a record type kcoord
+    does not model: the snapshot equals what kcoord serves from the same files, and so does the log
+    resharded to 3 partitions."""
+    from tests.coordinator.test_load_kafka_logs import GZIP, kafka_batch, marker, offset
+    from tests.pipeline.logs import tombstone, write_partition
+
+    unknown = (b"\x00\x03\x00\x01g", b"\x00\x00")
+    source = tmp_path / "kafka"
+    write_partition(source / "__consumer_offsets-0", [
+        kafka_batch(0, [offset("a", 0, 5), offset("a", 1, 50), offset("b", 0, 1)], compression=GZIP),
+        kafka_batch(3, [offset("a", 0, 9)], producer=(9, 0), transactional=True),
+        kafka_batch(4, [offset("b", 0, 2)]),
+        kafka_batch(5, [marker(commit=False)], producer=(9, 0), transactional=True, control=True),
+        kafka_batch(6, [offset("a", 2, 11), offset("b", 1, 3)], producer=(10, 0), transactional=True),
+        kafka_batch(8, [tombstone("a", "t", 1), unknown]),
+        kafka_batch(10, [marker(commit=True)], producer=(10, 0), transactional=True, control=True),
+        kafka_batch(11, [offset("a", 3, 13)], producer=(11, 0), transactional=True),  # still open
+    ], checkpoint=False)
+    code, err = job(spark, "snapshot", "--data-dir", str(source), "--out", str(tmp_path / "snap"))
+    assert code == 0, err
+    got = snapshot_rows(spark, tmp_path / "snap")
+    assert got == {"a": {("t", 0): (5, "", -1), ("t", 2): (11, "", -1)}, "b": {("t", 0): (2, "", -1),
+                                                                               ("t", 1): (3, "", -1)}}
+    code, err = job(spark, "reshard", "--data-dir", str(source), "--out", str(tmp_path / "three"), "--partitions", "3")
+    assert code == 0 and "left out 2 aborted or open" in err and "1 records of types" in err, err
+    for directory, partitions in ((source, 1), (tmp_path / "three", 3)):
+        assert served(directory, partitions, list(got))[0] == got

@@ -1,0 +1,52 @@
+"""Finding an offsets log: kcoord data dirs, Kafka log dirs (other topics and -delete dirs ignored), one
+partition dir, several dirs, file:// URIs through pyarrow; the recovery point; kcoord's own names."""
+
+from pathlib import Path
+
+import pytest
+
+from coordinator import runtime
+from pipeline.layout import META_FILE, OFFSETS_TOPIC, LayoutError, files_for, find_segments
+from tests.pipeline.logs import commit, plain_batches, write_partition
+
+
+def test_names_agree_with_the_service() -> None:
+    assert (OFFSETS_TOPIC, META_FILE) == (runtime.OFFSETS_TOPIC, runtime.META_FILE)
+
+
+def make_log(root: Path, partition: int) -> None:
+    write_partition(root / f"__consumer_offsets-{partition}", plain_batches([[commit("g", "t", 0, 1)]]))
+
+
+def test_a_kafka_log_dir_with_other_topics(tmp_path: Path) -> None:
+    make_log(tmp_path, 3)
+    make_log(tmp_path, 12)
+    (tmp_path / "__consumer_offsets-3.8f1e-delete").mkdir()
+    (tmp_path / "orders-0").mkdir()
+    (tmp_path / "__consumer_offsets-12" / "00000000000000000000.index").write_bytes(b"\0" * 8)
+    segs = find_segments([str(tmp_path)])
+    assert [(s.log_partition, Path(s.path).name, s.last) for s in segs] == [
+        (3, "00000000000000000000.log", True), (12, "00000000000000000000.log", True)]
+    assert all(s.durable_below == s.size for s in segs)  # the recovery point covers what was synced
+
+
+def test_several_dirs_one_partition_dir_and_file_uris(tmp_path: Path) -> None:
+    make_log(tmp_path / "a", 0)
+    make_log(tmp_path / "b", 1)
+    assert [s.log_partition for s in find_segments([str(tmp_path / "a"), str(tmp_path / "b")])] == [0, 1]
+    assert [s.log_partition for s in find_segments([str(tmp_path / "b" / "__consumer_offsets-1")])] == [1]
+    uri = f"file://{tmp_path / 'a'}"
+    segs = find_segments([uri])
+    assert segs[0].path.startswith("file://")
+    assert files_for(segs[0].path).read(segs[0].path, 0, 8) == (tmp_path / "a" / "__consumer_offsets-0" /
+                                                                "00000000000000000000.log").read_bytes()[:8]
+
+
+def test_a_partition_in_two_dirs_or_none_at_all_is_refused(tmp_path: Path) -> None:
+    make_log(tmp_path / "a", 0)
+    make_log(tmp_path / "b", 0)
+    with pytest.raises(LayoutError, match="partition 0 is in both"):
+        find_segments([str(tmp_path / "a"), str(tmp_path / "b")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LayoutError, match="no __consumer_offsets"):
+        find_segments([str(tmp_path / "empty")])
