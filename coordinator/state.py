@@ -19,6 +19,7 @@ from protocol.records import (
 __all__ = ["NO_PRODUCER", "ClassicGroup", "GroupState", "ShardData", "TopicPartition"]
 
 NO_PRODUCER = -1
+INTERNED_PARTITIONS_MAX = 1 << 20
 
 
 TopicPartition = tuple[str, int]
@@ -27,7 +28,7 @@ TopicPartition = tuple[str, int]
 class ShardData:
     """Groups, committed offsets and pending transactional offsets of one shard."""
 
-    __slots__ = ("contested", "groups", "num_offsets", "offsets", "pending", "pending_count")
+    __slots__ = ("contested", "groups", "num_offsets", "offsets", "partitions", "pending", "pending_count")
 
     def __init__(self) -> None:
         self.groups: dict[str, ClassicGroup] = {}
@@ -40,6 +41,10 @@ class ShardData:
         # COMMIT marker only installs the transactional offset if it was written after this one
         self.contested: dict[OffsetKey, int] = {}
         self.num_offsets = 0
+        # one shared (topic, partition) tuple per partition, used as the key in every group's dict:
+        # a million cached offsets over a few thousand partitions would otherwise hold a million tuples
+        # (~84 bytes of RSS each with the partition's int). Cleared when it grows past its bound.
+        self.partitions: dict[TopicPartition, TopicPartition] = {}
 
     def replay(self, offset: int, record: Record, producer_id: int = NO_PRODUCER) -> None:
         """Applies one record appended at log ``offset`` (see ``replay_records``)."""
@@ -53,6 +58,7 @@ class ShardData:
         offset = first_offset
         offsets = self.offsets
         pending_count = self.pending_count
+        partitions = self.partitions
         for record in records:
             if type(record) is OffsetCommitRecord:
                 key, value = record
@@ -67,6 +73,7 @@ class ShardData:
                     if group is None:
                         group = self._new_offsets_group(key.group)
                     tp = (key.topic, key.partition)
+                    tp = partitions.get(tp) or self._intern(tp)
                     if tp not in group:
                         self.num_offsets += 1
                     group[tp] = value
@@ -110,9 +117,16 @@ class ShardData:
         if group is None:
             group = self._new_offsets_group(key.group)
         tp = (key.topic, key.partition)
+        tp = self.partitions.get(tp) or self._intern(tp)
         if tp not in group:
             self.num_offsets += 1
         group[tp] = value
+
+    def _intern(self, tp: TopicPartition) -> TopicPartition:
+        if len(self.partitions) >= INTERNED_PARTITIONS_MAX:
+            self.partitions.clear()
+        self.partitions[tp] = tp
+        return tp
 
     def _delete_offset(self, key: OffsetKey) -> None:
         group = self.offsets.get(key.group)

@@ -268,6 +268,7 @@ _TIMESTAMP_PAIR = struct.Struct(">qq")
 _NAMES_MAX = 1 << 16
 _names: dict[bytes, str] = {}
 _new = tuple.__new__
+_last_commit_ts = [0]
 
 
 def _name(raw: bytes) -> str:
@@ -307,6 +308,10 @@ def _fast_offset_record(key: bytes, value: bytes | None) -> OffsetCommitRecord:
         commit_ts, expire_ts = _TIMESTAMP_PAIR.unpack_from(value, end)
     else:
         commit_ts, expire_ts = _TIMESTAMP.unpack_from(value, end)[0], -1
+    if commit_ts == _last_commit_ts[0]:  # the records of one commit share one int (32 bytes each)
+        commit_ts = _last_commit_ts[0]
+    else:
+        _last_commit_ts[0] = commit_ts
     return _new(OffsetCommitRecord, (okey, _new(OffsetAndMetadata, (offset, epoch, metadata, commit_ts, expire_ts))))
 
 

@@ -62,3 +62,15 @@ def test_group_metadata_loads_empty_or_stable() -> None:
     assert data.groups["s"].state is GroupState.STABLE and data.groups["s"].static_members == {"i1": "m1"}
     data.replay(2, GroupMetadataRecord("s", None))
     assert "s" not in data.groups
+
+
+def test_groups_share_one_key_per_topic_partition() -> None:
+    """Memory: a million offsets over a few thousand partitions hold a few thousand key tuples. Both
+    paths in (a whole batch, and a pending offset made visible by its COMMIT marker) share them."""
+    data = ShardData()
+    data.replay_records(0, [OffsetCommitRecord(OffsetKey(g, "t", 300), value(1)) for g in ("a", "b")])
+    data.replay(2, OffsetCommitRecord(OffsetKey("c", "t", 300), value(1)), producer_id=4)
+    data.replay_end_transaction(4, commit=True)
+    keys = [next(iter(data.offsets[g])) for g in ("a", "b", "c")]
+    assert keys[0] == ("t", 300) and keys[1] is keys[0] and keys[2] is keys[0]
+    assert data.committed("b", "t", 300) == value(1)
