@@ -201,17 +201,35 @@ def _cached_string(s: str) -> bytes:
     return _string(s)
 
 
+_EMPTY_STRING = _string("")
+
+
 def encode_offset_key(key: OffsetKey) -> bytes:
     return _key_head(key.group) + _cached_string(key.topic) + _KEY_TAIL.pack(key.partition)
 
 
+def offset_key_prefix(group: str, topic: str) -> bytes:
+    """An offset key's bytes before its partition: ``prefix + partition_bytes(p)`` is the whole key
+    (a commit of many partitions of one topic builds the prefix once)."""
+    return _key_head(group) + _cached_string(topic)
+
+
+partition_bytes: Callable[[int], bytes] = _KEY_TAIL.pack
+
+
 def encode_offset_value(value: OffsetAndMetadata) -> bytes:
-    metadata = _cached_string(value.metadata) if not value.metadata else _string(value.metadata)
-    if value.expire_timestamp == -1:
-        return (_VALUE_V3_HEAD.pack(OFFSET_VALUE_VERSION, value.offset, value.leader_epoch) + metadata
-                + _TIMESTAMP.pack(value.commit_timestamp))
-    return (_VALUE_V1_HEAD.pack(OFFSET_VALUE_VERSION_WITH_EXPIRY, value.offset) + metadata
-            + _TIMESTAMPS.pack(value.commit_timestamp, value.expire_timestamp))
+    return offset_value_bytes(*value)
+
+
+def offset_value_bytes(offset: int, leader_epoch: int, metadata: str, commit_timestamp: int,
+                       expire_timestamp: int) -> bytes:
+    """``encode_offset_value`` from the fields (a commit of many partitions has them at hand)."""
+    meta = _string(metadata) if metadata else _EMPTY_STRING
+    if expire_timestamp == -1:
+        return (_VALUE_V3_HEAD.pack(OFFSET_VALUE_VERSION, offset, leader_epoch) + meta
+                + _TIMESTAMP.pack(commit_timestamp))
+    return (_VALUE_V1_HEAD.pack(OFFSET_VALUE_VERSION_WITH_EXPIRY, offset) + meta
+            + _TIMESTAMPS.pack(commit_timestamp, expire_timestamp))
 
 
 def encode_group_value(value: GroupMetadata) -> bytes:

@@ -35,11 +35,14 @@ Partition = Topic.OffsetCommitResponsePartition
 
 
 def to_commit_request(version: int, req: Any) -> CommitRequest:
-    def partition(p: Any) -> PartitionCommit:
-        epoch = p.committed_leader_epoch if version >= 6 else -1
-        ts = p.commit_timestamp if version == 1 else -1
-        return PartitionCommit(p.partition_index, p.committed_offset, epoch, ts, p.committed_metadata)
-
+    new = tuple.__new__
+    if version >= 6:
+        topics = [(t.name, [new(PartitionCommit, (p.partition_index, p.committed_offset, p.committed_leader_epoch, -1,
+                                                  p.committed_metadata)) for p in t.partitions]) for t in req.topics]
+    else:
+        ts_of = (lambda p: p.commit_timestamp) if version == 1 else (lambda p: -1)
+        topics = [(t.name, [new(PartitionCommit, (p.partition_index, p.committed_offset, -1, ts_of(p),
+                                                  p.committed_metadata)) for p in t.partitions]) for t in req.topics]
     return CommitRequest(
         version=version,
         group_id=req.group_id,
@@ -47,7 +50,7 @@ def to_commit_request(version: int, req: Any) -> CommitRequest:
         member_id=(req.member_id or "") if version >= 1 else "",
         group_instance_id=req.group_instance_id if version >= 7 else None,
         retention_ms=req.retention_time_ms if 2 <= version <= 4 else -1,
-        topics=[(t.name, [partition(p) for p in t.partitions]) for t in req.topics],
+        topics=topics,
     )
 
 

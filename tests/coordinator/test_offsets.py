@@ -6,11 +6,12 @@ from coordinator.offsets import (
     commit_offsets,
     fetch_offsets,
     group_id_error,
+    prepare_commit,
     refuse_all,
 )
 from coordinator.state import ClassicGroup, GroupState, ShardData
 from protocol.errors import ErrorCode
-from protocol.records import MemberMetadata, OffsetAndMetadata, OffsetCommitRecord, OffsetKey
+from protocol.records import MemberMetadata, OffsetAndMetadata, OffsetCommitRecord, OffsetKey, encode_record
 
 NOW = 1_700_000_000_000
 E = ErrorCode
@@ -46,6 +47,18 @@ def test_simple_commit_writes_one_v3_record_per_partition() -> None:
         OffsetCommitRecord(OffsetKey("g", "t", 1), OffsetAndMetadata(11, -1, "", NOW, -1)),
     ]
     assert result == [("t", [(0, E.NONE), (1, E.NONE)])]
+
+
+def test_prepared_record_bytes_are_what_the_record_encoder_writes() -> None:
+    """prepare_commit builds keys from a per-topic prefix and values directly: the same bytes."""
+    parts = [PartitionCommit(p, 10 + p, p % 3 - 1, -1, "é" * p) for p in range(5)]
+    parts.append(PartitionCommit(-1, 1, -1, -1, ""))
+    topics = [("t", parts), ("other.topic", parts[:2]), ("b@d", parts)]
+    for retention in (-1, 1000):
+        req = CommitRequest(8, "grüppe", -1, "", None, retention, topics)
+        prepared = prepare_commit(req, NOW, 4096)
+        assert len(prepared.records) == 7
+        assert prepared.encoded == [encode_record(r) for r in prepared.records]
 
 
 def test_retention_and_explicit_commit_timestamp() -> None:
