@@ -61,6 +61,22 @@ def _name(raw: bytes) -> str:
     return name
 
 
+class _Previous:
+    """The previous key's group and topic and where their bytes are in the batch: the keys of one commit
+    share them, and comparing a few bytes is cheaper than slicing and hashing them."""
+
+    def __init__(self) -> None:
+        self.gpos = self.glen = self.tpos = self.tlen = -1
+        self.group = self.topic = ""
+
+
+def _same(data: bytes, a: int, b: int, n: int) -> bool:
+    for i in range(n):
+        if data[a + i] != data[b + i]:
+            return False
+    return True
+
+
 def _int16(data: bytes, pos: int) -> int:
     v = (data[pos] << 8) | data[pos + 1]
     return v - 0x10000 if v >= 0x8000 else v
@@ -79,7 +95,9 @@ def _int64(data: bytes, pos: int) -> int:
     return hi * 0x100000000 + lo
 
 
-def _offset_record(data: bytes, kpos: int, kend: int, vpos: int, vend: int) -> OffsetCommitRecord | None:
+def _offset_record(
+    data: bytes, kpos: int, kend: int, vpos: int, vend: int, prev: _Previous
+) -> OffsetCommitRecord | None:
     """The offset commit whose key is ``data[kpos:kend]`` and value ``data[vpos:vend]`` (vpos -1 for a
     tombstone); None for anything it does not read exactly (the schema decoders then decide)."""
     if kend - kpos < 8:
@@ -94,8 +112,16 @@ def _offset_record(data: bytes, kpos: int, kend: int, vpos: int, vend: int) -> O
     if tlen < 0 or tend + 4 != kend:
         return None
     try:
-        group = _name(data[gstart:tpos])
-        topic = _name(data[tpos + 2 : tend])
+        if glen == prev.glen and _same(data, gstart, prev.gpos, glen):
+            group = prev.group
+        else:
+            group = _name(data[gstart:tpos])
+            prev.gpos, prev.glen, prev.group = gstart, glen, group
+        if tlen == prev.tlen and _same(data, tpos + 2, prev.tpos, tlen):
+            topic = prev.topic
+        else:
+            topic = _name(data[tpos + 2 : tend])
+            prev.tpos, prev.tlen, prev.topic = tpos + 2, tlen, topic
     except UnicodeDecodeError:
         return None
     key: OffsetKey = _new(_OffsetKey, (group, topic, _int32(data, tend)))
@@ -143,6 +169,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
     run_start = next_expected = -1
     unknown = 0
     error: RecordError | None = None
+    prev = _Previous()
     pos = RECORDS_START
     for _ in range(count):
         # length, attributes, timestampDelta, offsetDelta, key, value, headers (reference section 8.2)
@@ -183,7 +210,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
         if klen >= 2:
             rtype = _int16(data, kpos)
             if rtype == OFFSET_COMMIT_TYPE or rtype == OFFSET_COMMIT_LEGACY_TYPE:
-                record = _offset_record(data, kpos, kpos + klen, vpos, vpos + vlen)
+                record = _offset_record(data, kpos, kpos + klen, vpos, vpos + vlen, prev)
         if record is None:
             key = data[kpos : kpos + klen] if klen >= 0 else None
             value = data[vpos : vpos + vlen] if vpos >= 0 else None

@@ -71,7 +71,8 @@ def test_compiled_when_the_machine_can_compile() -> None:
         pytest.skip("KCOORD_PURE_PYTHON is set")
     if shutil.which("cc") is None or not Path(sysconfig.get_paths()["include"], "Python.h").exists():
         pytest.skip("no C compiler or Python headers here")
-    assert installed.COMPILED, "storage/loadcodec was not compiled: run pip install -e . (see setup.py's log line)"
+    assert installed.COMPILED, ("storage/loadcodec was not compiled: see the 'kcoord build:' line of pip install -v -e "
+                                ". (an install made with KCOORD_PURE_PYTHON=1 is tested with it set too)")
     assert not batch_module.codec_stale(), "the compiled storage/loadcodec is older than its source: pip install -e ."
     assert batch_module.FAST_REPLAY
 
