@@ -32,7 +32,6 @@ except ImportError:  # a platform without aiokafka's C extension
     BatchReader = DefaultRecordBatch
 
 
-
 def codec_stale() -> bool:
     """True when the compiled loadcodec is older than its source beside it: an editable install whose
     source was edited (or checked out) after the build, until ``pip install -e .`` runs again."""
