@@ -12,7 +12,7 @@ WORKDIR /src
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 RUN python3 -m venv /opt/kcoord
 # Dependencies first, read from pyproject.toml: this layer is rebuilt only when they change.
-COPY pyproject.toml ./
+COPY pyproject.toml setup.py ./
 RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
         > requirements.txt \
     && /opt/kcoord/bin/pip install --requirement requirements.txt

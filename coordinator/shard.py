@@ -32,8 +32,8 @@ from coordinator.request import Fixup, Request, ShardUnavailable
 from coordinator.state import NO_PRODUCER, ShardData
 from coordinator.timers import Clock, Timers
 from protocol.errors import ErrorCode
-from protocol.records import Record, RecordError, UnknownRecord, decode_record, encode_record
-from storage.batch import COMMIT, BatchError, build_batch
+from protocol.records import Record, RecordError, encode_record
+from storage.batch import COMMIT, BatchError, build_batch, decode_runs
 from storage.log import LogCorruptError, PartitionLog, TailNotCut
 
 log = logging.getLogger(__name__)
@@ -519,7 +519,7 @@ class Shard:
         otherwise rescan every cached offset again and again: measured 2x the whole load's CPU)."""
         records = unknown = 0
         frozen_at = 0
-        for batch in (self.log.read_durable() if durable_only else self.log.recover()):
+        for batch in (self.log.read_durable(True) if durable_only else self.log.recover(True)):
             if self._closing:
                 raise LoadCancelled()
             if records - frozen_at >= GC_FREEZE_EVERY:
@@ -529,30 +529,11 @@ class Shard:
                 data.replay_end_transaction(batch.producer_id, batch.control_type == COMMIT)
                 continue
             producer = batch.producer_id if batch.is_transactional else NO_PRODUCER
-            recs = batch.records
-            if recs and recs[-1].offset - recs[0].offset == len(recs) - 1:  # no compaction gaps
-                decoded = [decode_record(rec.key, rec.value) for rec in recs]
-                if not any(type(r) is UnknownRecord for r in decoded):
-                    data.replay_records(recs[0].offset, decoded, producer)  # type: ignore[arg-type]
-                    records += len(decoded)
-                    continue
-            run: list[Record] = []  # records at consecutive offsets (compaction leaves gaps)
-            run_start = next_expected = -1
-            for rec in batch.records:
-                record = decode_record(rec.key, rec.value)
-                if isinstance(record, UnknownRecord):
-                    unknown += 1
-                    continue
-                if rec.offset != next_expected and run:
-                    data.replay_records(run_start, run, producer)
-                    run = []
-                if not run:
-                    run_start = rec.offset
-                run.append(record)
-                next_expected = rec.offset + 1
-                records += 1
-            if run:
-                data.replay_records(run_start, run, producer)
+            runs, skipped = (batch.runs, batch.unknown) if batch.runs is not None else decode_runs(batch.records)
+            for start, run in runs:
+                data.replay_records(start, run, producer)
+                records += len(run)
+            unknown += skipped
         if unknown:
             log.warning("partition %d: skipped %d records of types kcoord does not model", self.partition, unknown)
         return records

@@ -10,9 +10,11 @@ producerEpoch int16 | baseSequence int32 | recordsCount int32 | records. The CRC
 partitionLeaderEpoch, so both are stamped after the batch is built.
 """
 
+import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import crc32c
@@ -20,10 +22,30 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import encode_varint
 
+from protocol.records import Record, UnknownRecord, decode_record
+from storage import loadcodec
+from storage.loadcodec import RecordsError, Run
+
 try:
     from aiokafka.record._crecords.default_records import DefaultRecordBatch as BatchReader
 except ImportError:  # a platform without aiokafka's C extension
     BatchReader = DefaultRecordBatch
+
+
+def codec_stale() -> bool:
+    """True when the compiled loadcodec is older than its source beside it: an editable install whose
+    source was edited (or checked out) after the build, until ``pip install -e .`` runs again."""
+    source = Path(loadcodec.__file__).with_name("loadcodec.py")
+    try:
+        return source.stat().st_mtime > Path(loadcodec.__file__).stat().st_mtime + 2
+    except OSError:
+        return False
+
+
+# The loader's fast path needs the compiled codec (interpreted, it is slower than the path it replaces);
+# KCOORD_PURE_PYTHON=1 turns it off at run time too, tests flip it to load both ways.
+FAST_REPLAY = (loadcodec.COMPILED and not codec_stale()
+               and os.environ.get("KCOORD_PURE_PYTHON", "") in ("", "0"))
 
 LOG_OVERHEAD = 12  # baseOffset + batchLength
 BATCH_HEADER_BYTES = 61
@@ -72,6 +94,10 @@ class Batch:
     base_timestamp: int
     max_timestamp: int
     attributes: int
+    # set instead of ``records`` when read with ``replayable``: the decoded records in runs of consecutive
+    # offsets, and how many records of types kcoord does not model were left out
+    runs: list[Run] | None = None
+    unknown: int = 0
 
 
 def build_batch(
@@ -106,8 +132,10 @@ def read_head(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     return base_offset, length + LOG_OVERHEAD
 
 
-def decode_batch(data: bytes) -> Batch:
-    """Decodes a whole batch (``data`` is exactly its bytes), checking magic, CRC and record layout."""
+def decode_batch(data: bytes, replayable: bool = False) -> Batch:
+    """Decodes a whole batch (``data`` is exactly its bytes), checking magic, CRC and record layout.
+    With ``replayable`` and the compiled ``storage.loadcodec``, an uncompressed data batch comes with its
+    decoded ``runs`` (and no ``records``): the loader's fast path, same checks, same errors."""
     if len(data) < BATCH_HEADER_BYTES:
         raise BatchError(f"batch of {len(data)} bytes is shorter than the v2 header")
     if data[_MAGIC_OFFSET] != MAGIC:
@@ -116,6 +144,12 @@ def decode_batch(data: bytes) -> Batch:
     raw = DefaultRecordBatch(data) if compressed else BatchReader(data)
     if not raw.validate_crc():
         raise BatchError(f"CRC mismatch in batch at offset {raw.base_offset}")
+    if replayable and FAST_REPLAY and not compressed and not raw.is_control_batch:
+        try:
+            runs, unknown = loadcodec.decode_records(data, raw.base_offset)
+        except RecordsError as exc:
+            raise BatchError(f"batch at offset {raw.base_offset}: {exc}") from exc
+        return _batch(raw, data, (), None, runs, unknown)
     try:
         records = list(raw)
     except Exception as exc:  # corrupt records, an unknown or unavailable codec: never a crash
@@ -126,6 +160,17 @@ def decode_batch(data: bytes) -> Batch:
         if key is None or len(key) < 4:
             raise BatchError(f"control batch at offset {raw.base_offset} without a marker key")
         control = int.from_bytes(key[2:4], "big", signed=True)
+    return _batch(raw, data, records, control)
+
+
+def _batch(
+    raw: DefaultRecordBatch,
+    data: bytes,
+    records: Sequence[LogRecord],
+    control: ControlType | None,
+    runs: list[Run] | None = None,
+    unknown: int = 0,
+) -> Batch:
     return Batch(
         base_offset=raw.base_offset,
         last_offset=raw.base_offset + raw.last_offset_delta,
@@ -138,7 +183,32 @@ def decode_batch(data: bytes) -> Batch:
         base_timestamp=raw.first_timestamp,
         max_timestamp=raw.max_timestamp,
         attributes=raw.attributes,
+        runs=runs,
+        unknown=unknown,
     )
+
+
+def decode_runs(records: Sequence[LogRecord]) -> tuple[list[Run], int]:
+    """What ``loadcodec.decode_records`` gives, from a batch's reader records: the pure-Python loader's
+    path and the reference the compiled one is tested against."""
+    if records and records[-1].offset - records[0].offset == len(records) - 1:  # no compaction gaps
+        decoded = [decode_record(rec.key, rec.value) for rec in records]
+        if not any(type(r) is UnknownRecord for r in decoded):
+            return [(records[0].offset, decoded)], 0  # type: ignore[list-item]
+    runs: list[Run] = []
+    run: list[Record] = []  # records at consecutive offsets (compaction leaves gaps)
+    next_expected = unknown = 0
+    for rec in records:
+        record = decode_record(rec.key, rec.value)
+        if isinstance(record, UnknownRecord):
+            unknown += 1
+            continue
+        if rec.offset != next_expected or not run:
+            run = []
+            runs.append((rec.offset, run))
+        run.append(record)
+        next_expected = rec.offset + 1
+    return runs, unknown
 
 
 # baseOffset batchLength leaderEpoch magic crc attributes lastOffsetDelta baseTimestamp maxTimestamp

@@ -85,10 +85,11 @@ class Damage:
     torn: bool
 
 
-def read_segment(path: Path, start: int = 0) -> Iterator[Batch | Damage]:
-    """Yields the batches of one segment file in order; ends with a Damage if the file does not end
-    on a valid batch. A damage is *torn* when nothing valid can follow it: the batch runs past the end
-    of the file, or it is the file's last batch, or only zero bytes follow (a preallocated tail)."""
+def read_segment(path: Path, start: int = 0, replayable: bool = False) -> Iterator[Batch | Damage]:
+    """Yields the batches of one segment file in order (see ``decode_batch`` for ``replayable``); ends
+    with a Damage if the file does not end on a valid batch. A damage is *torn* when nothing valid can
+    follow it: the batch runs past the end of the file, or it is the file's last batch, or only zero
+    bytes follow (a preallocated tail)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         f.seek(start)
@@ -113,7 +114,7 @@ def read_segment(path: Path, start: int = 0) -> Iterator[Batch | Damage]:
             if len(buf) - rel < batch_size:
                 buf, buf_start, rel = _refill(f, buf, rel, pos, max(LOAD_BUFFER_BYTES, batch_size))
             try:
-                batch = decode_batch(buf[rel : rel + batch_size])
+                batch = decode_batch(buf[rel : rel + batch_size], replayable)
             except BatchError as exc:
                 yield Damage(pos, str(exc), torn=pos + batch_size == size)
                 return
@@ -159,7 +160,7 @@ class PartitionLog:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def recover(self) -> Iterator[Batch]:
+    def recover(self, replayable: bool = False) -> Iterator[Batch]:
         """Reads every batch from the start. Damage past the recovery point that looks like a torn
         write (nothing valid after it in its segment) is cut aside together with any newer segments,
         as a crash between an append and its fsync leaves it; damage anywhere else raises
@@ -174,7 +175,7 @@ class PartitionLog:
             self.next_offset = max(self.next_offset, seg.base_offset)
             damage = None
             position = 0
-            for item in read_segment(seg.path):
+            for item in read_segment(seg.path, replayable=replayable):
                 if isinstance(item, Damage):
                     damage = item
                     break
@@ -214,7 +215,7 @@ class PartitionLog:
             log.warning("%s: could not record the recovery point (%s); the log is intact", self.directory,
                         exc.strerror or exc)
 
-    def read_durable(self) -> Iterator[Batch]:
+    def read_durable(self, replayable: bool = False) -> Iterator[Batch]:
         """The batches below ``durable_offset``, read without writing anything: how a partition whose
         unacknowledged tail cannot be cut (a file system gone read-only) still serves what was
         acknowledged. Only valid after ``recover()``."""
@@ -223,7 +224,7 @@ class PartitionLog:
         for seg in self.segments:
             if seg.base_offset >= self.durable_offset:
                 return
-            for item in read_segment(seg.path):
+            for item in read_segment(seg.path, replayable=replayable):
                 if isinstance(item, Damage):
                     if item.position < (seg.size if seg.base_offset < self._durable_base else self._durable_size):
                         raise LogCorruptError(f"{seg.path} at byte {item.position}: {item.reason}")

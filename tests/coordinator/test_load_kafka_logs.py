@@ -6,6 +6,7 @@ import struct
 from pathlib import Path
 
 import crc32c
+import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from coordinator.shard import ShardState
@@ -16,6 +17,9 @@ from tests.coordinator.harness import OK, append, config, started, stop
 
 T = 1_700_000_000_000
 GZIP, TRANSACTIONAL, CONTROL = 1, 0x10, 0x20
+
+# every test loads both ways: compiled loadcodec and pure Python (tests/coordinator/conftest.py)
+pytestmark = pytest.mark.usefixtures("both_loader_paths")
 
 
 def kafka_batch(base: int, entries: list[tuple[bytes, bytes | None]], compression: int = 0,

@@ -31,6 +31,9 @@ from protocol.records import (
 from storage.log import PartitionLog, list_segments
 from tests.coordinator.harness import OK, Faults, append, commit, config, started, stop, wait_state
 
+# every test loads both ways: compiled loadcodec and pure Python (tests/coordinator/conftest.py)
+pytestmark = pytest.mark.usefixtures("both_loader_paths")
+
 
 def snapshot(data: ShardData) -> tuple[Any, ...]:
     groups = {g: (x.state, x.generation, x.protocol_type, tuple(x.members)) for g, x in data.groups.items()}

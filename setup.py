@@ -1,0 +1,90 @@
+"""The optional compile step: ``storage/loadcodec.py`` (the loader's batch decoder) is built with mypyc
+when mypy and a working C compiler are present, and shipped as its plain source otherwise (one line on
+stderr says which). ``KCOORD_PURE_PYTHON=1`` forces pure Python. Everything else is in pyproject.toml.
+
+The .py file is always installed too: without the extension, Python simply imports the source.
+"""
+
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+COMPILED = ["storage/loadcodec.py"]
+
+
+def _say(message: str) -> None:
+    print(f"kcoord build: {message}", file=sys.stderr, flush=True)
+
+
+def _remove_compiled() -> None:
+    """Drops compiled modules an earlier build left beside the sources (an editable install would still
+    import them) and in ``build/`` (a wheel would ship them): a pure build must really be pure."""
+    for source in COMPILED:
+        stem = Path(source).with_suffix("")
+        for old in [*Path().glob(f"{stem}*.so"), *Path().glob(f"{stem}*.pyd"), *Path("build").glob(f"lib*/{stem}*")]:
+            old.unlink()
+
+
+class _OptionalBuildExt(build_ext):
+    """A compile that fails (no compiler, no Python headers) leaves the pure-Python module in place: mypyc
+    makes two extensions per module (its code and a shim importing it), so one failing drops both."""
+
+    failed = False
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:
+            _say(f"mypyc extension not built ({exc}); using pure Python")
+            self.failed = True
+        if self.failed:
+            for ext in self.extensions:
+                Path(self.get_ext_fullpath(ext.name)).unlink(missing_ok=True)
+            _remove_compiled()
+
+    def build_extension(self, ext: Any) -> None:
+        if self.failed:
+            return
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            _say(f"mypyc extension {ext.name} not built ({exc}); using pure Python")
+            self.failed = True
+
+
+def _ext_modules() -> list[Any]:
+    if sys.argv[1:2] in (["egg_info"], ["dist_info"], ["sdist"]):
+        return []  # metadata only (pip asks for it before building): no need to run mypy for it
+    if os.environ.get("KCOORD_PURE_PYTHON", "") not in ("", "0"):
+        _say("KCOORD_PURE_PYTHON is set: pure Python")
+        _remove_compiled()
+        return []
+    if not Path(sysconfig.get_paths()["include"], "Python.h").exists():
+        _say("no Python headers (Python.h): pure Python")
+        _remove_compiled()
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        _say("mypy/mypyc not available: pure Python")
+        _remove_compiled()
+        return []
+    try:
+        # Only the named modules are compiled; the ones they import are type-checked, not built. Options are
+        # given here so the build does not depend on the installed versions of our dependencies' stubs.
+        modules: list[Any] = mypycify(["--ignore-missing-imports", "--no-warn-unused-ignores", *COMPILED],
+                                      opt_level="3")
+    except BaseException as exc:  # mypy reports type errors with SystemExit
+        _say(f"mypyc failed ({exc!r}): pure Python")
+        _remove_compiled()
+        return []
+    _say(f"compiling {', '.join(COMPILED)} with mypyc")
+    return modules
+
+
+setup(ext_modules=_ext_modules(), cmdclass={"build_ext": _OptionalBuildExt})

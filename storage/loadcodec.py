@@ -1,0 +1,255 @@
+"""Loading's hot loop: the records of a whole uncompressed v2 batch decoded straight from its bytes into
+``__consumer_offsets`` records, with no per-record reader objects in between.
+
+Written for mypyc (plain ints and bytes indexing, no closures): built as a C extension when the package
+is installed with a compiler present (see ``build_mypyc.py``), where it replaces aiokafka's record
+reader plus ``protocol.records.decode_record`` on the loader's path. Interpreted it is slower than those
+two C-assisted steps, so the loader only uses it compiled (``COMPILED``); the tests run it both ways
+against the reference readers. Offset commits of key v0/v1 and value v0-v3 (all Kafka writes) are read
+here; every other record goes through ``decode_record`` (same results, same errors).
+"""
+
+from typing import Final
+
+from protocol.records import (
+    OFFSET_COMMIT_LEGACY_TYPE,
+    OFFSET_COMMIT_TYPE,
+    OffsetAndMetadata,
+    OffsetCommitRecord,
+    OffsetKey,
+    Record,
+    RecordError,
+    UnknownRecord,
+    decode_record,
+)
+
+RECORDS_START: Final = 61  # the v2 batch header's size (reference section 8.1)
+_COUNT_POSITION: Final = 57
+_NAMES_MAX: Final = 1 << 16
+
+# ``(first log offset, records at consecutive offsets)``: compaction leaves gaps between runs.
+Run = tuple[int, list[Record]]
+
+
+class RecordsError(ValueError):
+    """The records section does not parse as its header says (a batch that is not valid v2)."""
+
+
+def compiled() -> bool:
+    """Whether this module runs as mypyc's C extension rather than from its source."""
+    return not __file__.endswith(".py")
+
+
+COMPILED = compiled()
+
+# Final: mypyc keeps these in C statics instead of looking them up in the module's dict on every use.
+_names: Final[dict[bytes, str]] = {}
+_new: Final = tuple.__new__
+_OffsetKey: Final = OffsetKey
+_OffsetAndMetadata: Final = OffsetAndMetadata
+_OffsetCommitRecord: Final = OffsetCommitRecord
+
+
+def _name(raw: bytes) -> str:
+    """Group and topic names shared across keys (1M keys have a few thousand names: memory and time)."""
+    name = _names.get(raw)
+    if name is None:
+        if len(_names) >= _NAMES_MAX:
+            _names.clear()
+        name = raw.decode()
+        _names[raw] = name
+    return name
+
+
+class _Previous:
+    """The previous key's group and topic and where their bytes are in the batch: the keys of one commit
+    share them, and comparing a few bytes is cheaper than slicing and hashing them."""
+
+    def __init__(self) -> None:
+        self.gpos = self.glen = self.tpos = self.tlen = -1
+        self.group = self.topic = ""
+
+
+def _same(data: bytes, a: int, b: int, n: int) -> bool:
+    for i in range(n):
+        if data[a + i] != data[b + i]:
+            return False
+    return True
+
+
+def _int16(data: bytes, pos: int) -> int:
+    v = (data[pos] << 8) | data[pos + 1]
+    return v - 0x10000 if v >= 0x8000 else v
+
+
+def _int32(data: bytes, pos: int) -> int:
+    v = (data[pos] << 24) | (data[pos + 1] << 16) | (data[pos + 2] << 8) | data[pos + 3]
+    return v - 0x100000000 if v >= 0x80000000 else v
+
+
+def _int64(data: bytes, pos: int) -> int:
+    hi = (data[pos] << 24) | (data[pos + 1] << 16) | (data[pos + 2] << 8) | data[pos + 3]
+    lo = (data[pos + 4] << 24) | (data[pos + 5] << 16) | (data[pos + 6] << 8) | data[pos + 7]
+    if hi >= 0x80000000:
+        hi -= 0x100000000
+    return hi * 0x100000000 + lo
+
+
+def _offset_record(
+    data: bytes, kpos: int, kend: int, vpos: int, vend: int, prev: _Previous
+) -> OffsetCommitRecord | None:
+    """The offset commit whose key is ``data[kpos:kend]`` and value ``data[vpos:vend]`` (vpos -1 for a
+    tombstone); None for anything it does not read exactly (the schema decoders then decide)."""
+    if kend - kpos < 8:
+        return None
+    glen = _int16(data, kpos + 2)
+    gstart = kpos + 4
+    tpos = gstart + glen
+    if glen < 0 or tpos + 2 > kend:
+        return None
+    tlen = _int16(data, tpos)
+    tend = tpos + 2 + tlen
+    if tlen < 0 or tend + 4 != kend:
+        return None
+    try:
+        if glen == prev.glen and _same(data, gstart, prev.gpos, glen):
+            group = prev.group
+        else:
+            group = _name(data[gstart:tpos])
+            prev.gpos, prev.glen, prev.group = gstart, glen, group
+        if tlen == prev.tlen and _same(data, tpos + 2, prev.tpos, tlen):
+            topic = prev.topic
+        else:
+            topic = _name(data[tpos + 2 : tend])
+            prev.tpos, prev.tlen, prev.topic = tpos + 2, tlen, topic
+    except UnicodeDecodeError:
+        return None
+    key: OffsetKey = _new(_OffsetKey, (group, topic, _int32(data, tend)))
+    if vpos < 0:
+        return _new(_OffsetCommitRecord, (key, None))
+    if vend - vpos < 12:
+        return None
+    version = _int16(data, vpos)
+    offset = _int64(data, vpos + 2)
+    if version == 3:
+        if vend - vpos < 16:
+            return None
+        epoch = _int32(data, vpos + 10)
+        mpos, tail = vpos + 16, 8
+    elif 0 <= version <= 2:
+        epoch, mpos, tail = -1, vpos + 12, 16 if version == 1 else 8
+    else:
+        return None
+    mlen = _int16(data, mpos - 2)
+    mend = mpos + mlen
+    if mlen < 0 or mend + tail != vend:
+        return None
+    metadata = ""
+    if mlen:
+        try:
+            metadata = data[mpos:mend].decode()
+        except UnicodeDecodeError:
+            return None
+    commit_ts = _int64(data, mend)
+    expire_ts = _int64(data, mend + 8) if version == 1 else -1
+    value: OffsetAndMetadata = _new(_OffsetAndMetadata, (offset, epoch, metadata, commit_ts, expire_ts))
+    return _new(_OffsetCommitRecord, (key, value))
+
+
+def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
+    """``(runs, unknown)``: every record of the uncompressed batch ``data`` (CRC already checked), in
+    runs of consecutive offsets, and how many were of types kcoord does not model (left out). Raises
+    RecordsError for a records section that does not parse, RecordError for a corrupt known record."""
+    size = len(data)
+    if size < RECORDS_START:
+        raise RecordsError(f"batch of {size} bytes is shorter than the v2 header")
+    count = _int32(data, _COUNT_POSITION)
+    runs: list[Run] = []
+    run: list[Record] = []
+    run_start = next_expected = -1
+    unknown = 0
+    error: RecordError | None = None
+    prev = _Previous()
+    pos = RECORDS_START
+    for _ in range(count):
+        # length, attributes, timestampDelta, offsetDelta, key, value, headers (reference section 8.2)
+        length, pos = _varint(data, pos, size)
+        end = pos + length
+        if length < 6 or end > size:
+            raise RecordsError(f"record of {length} bytes at byte {pos} does not fit the batch")
+        _, pos = _varint(data, pos, end)  # attributes: an int8, read as a varint as the reference readers do
+        _, pos = _varint(data, pos, end)
+        delta, pos = _varint(data, pos, end)
+        klen, pos = _varint(data, pos, end)
+        kpos = pos
+        if klen >= 0:
+            pos += klen
+        vlen, pos = _varint(data, pos, end)
+        vpos = pos
+        if vlen >= 0:
+            pos += vlen
+        else:
+            vpos = -1
+        headers, pos = _varint(data, pos, end)
+        for _ in range(headers):  # kcoord has no use for them, but they must be well formed
+            hlen, pos = _varint(data, pos, end)
+            if hlen < 0 or pos + hlen > end:
+                raise RecordsError(f"record header key of {hlen} bytes at byte {pos}")
+            try:
+                data[pos : pos + hlen].decode()
+            except UnicodeDecodeError as exc:
+                raise RecordsError(f"record header key at byte {pos} is not UTF-8") from exc
+            pos += hlen
+            hlen, pos = _varint(data, pos, end)
+            pos += max(hlen, 0)
+        if pos != end or klen < -1 or vlen < -1 or headers < 0:
+            raise RecordsError(f"record at byte {end - length} does not match its length")
+        if error is not None:
+            continue  # a corrupt record was found: only the remaining layout is still checked
+        record: Record | UnknownRecord | None = None
+        if klen >= 2:
+            rtype = _int16(data, kpos)
+            if rtype == OFFSET_COMMIT_TYPE or rtype == OFFSET_COMMIT_LEGACY_TYPE:
+                record = _offset_record(data, kpos, kpos + klen, vpos, vpos + vlen, prev)
+        if record is None:
+            key = data[kpos : kpos + klen] if klen >= 0 else None
+            value = data[vpos : vpos + vlen] if vpos >= 0 else None
+            try:
+                record = decode_record(key, value)
+            except RecordError as exc:
+                error = exc
+                continue
+            if type(record) is UnknownRecord:
+                unknown += 1
+                continue
+        offset = base_offset + delta
+        if offset != next_expected:
+            if run:
+                runs.append((run_start, run))
+            run = []
+            run_start = offset
+        run.append(record)  # type: ignore[arg-type]
+        next_expected = offset + 1
+    if pos != size:
+        raise RecordsError(f"{size - pos} bytes follow the batch's {count} records")
+    if error is not None:
+        raise error  # as the reference readers do: a batch's layout is checked before its records
+    if run:
+        runs.append((run_start, run))
+    return runs, unknown
+
+
+def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """A zigzag varint (at most 10 bytes) at ``pos`` and the position after it."""
+    shift = 0
+    value = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise RecordsError(f"varint at byte {pos} runs past its record")
+        b = data[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+    return (value >> 1) ^ -(value & 1), pos

@@ -1,0 +1,248 @@
+"""``storage.loadcodec`` (the loader's whole-batch decoder) gives exactly what the reference path gives:
+aiokafka's or kafka-python's record reader plus ``protocol.records.decode_record``, for the same bytes:
+same records, same runs, same errors. Every test runs twice: against the mypyc-compiled module (when the
+install built it) and against its source, interpreted, so both builds stay correct."""
+
+import importlib.util
+import os
+import shutil
+import struct
+import sys
+import sysconfig
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import crc32c
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+import storage.batch as batch_module
+import storage.loadcodec as installed
+from protocol.records import (
+    GroupMetadata,
+    GroupMetadataRecord,
+    MemberMetadata,
+    OffsetAndMetadata,
+    OffsetCommitRecord,
+    OffsetKey,
+    RecordError,
+    encode_offset_value,
+    encode_record,
+)
+from storage.batch import BatchError, build_batch, decode_batch, decode_runs, rebuild_batch
+
+T = 1_700_000_000_000
+SOURCE = Path(installed.__file__).with_name("loadcodec.py")
+
+
+def _pure() -> ModuleType:
+    """The module's source, interpreted, whatever the install built."""
+    spec = importlib.util.spec_from_file_location("storage._loadcodec_interpreted", SOURCE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+PURE = _pure()
+
+
+@pytest.fixture(params=["compiled", "interpreted"])
+def codec(request: pytest.FixtureRequest) -> ModuleType:
+    if request.param == "interpreted":
+        return PURE
+    if not installed.COMPILED:
+        pytest.skip("this install has no compiled loadcodec (no C compiler, or KCOORD_PURE_PYTHON at install)")
+    return installed
+
+
+def test_the_interpreted_module_is_really_interpreted() -> None:
+    assert not PURE.compiled() and PURE.__file__ == str(SOURCE)
+
+
+def test_compiled_when_the_machine_can_compile() -> None:
+    """The README's install builds the extension wherever gcc and Python's headers exist: a build that
+    silently stopped compiling would otherwise only show up as a slower restart."""
+    if os.environ.get("KCOORD_PURE_PYTHON", "") not in ("", "0"):
+        pytest.skip("KCOORD_PURE_PYTHON is set")
+    if shutil.which("cc") is None or not Path(sysconfig.get_paths()["include"], "Python.h").exists():
+        pytest.skip("no C compiler or Python headers here")
+    assert installed.COMPILED, ("storage/loadcodec was not compiled: see the 'kcoord build:' line of pip install -v -e "
+                                ". (an install made with KCOORD_PURE_PYTHON=1 is tested with it set too)")
+    assert not batch_module.codec_stale(), "the compiled storage/loadcodec is older than its source: pip install -e ."
+    assert batch_module.FAST_REPLAY
+
+
+def reference(data: bytes) -> tuple[list[Any], int]:
+    return decode_runs(decode_batch(data).records)
+
+
+def decoded(codec: ModuleType, data: bytes) -> tuple[list[Any], int]:
+    runs, unknown = codec.decode_records(data, struct.unpack_from(">q", data)[0])
+    return runs, unknown
+
+
+def value_bytes(version: int, value: OffsetAndMetadata) -> bytes:
+    """Offset values in every version Kafka has written (v3 through the encoder the live path uses)."""
+    meta = value.metadata.encode()
+    head = struct.pack(">hq", version, value.offset)
+    if version == 3:
+        return encode_offset_value(value._replace(expire_timestamp=-1))
+    tail = struct.pack(">qq", value.commit_timestamp, value.expire_timestamp) if version == 1 else (
+        struct.pack(">q", value.commit_timestamp))
+    return head + struct.pack(">h", len(meta)) + meta + tail
+
+
+names = st.text(min_size=0, max_size=12)
+offset_values = st.builds(
+    OffsetAndMetadata,
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(2**31), 2**31 - 1),
+    st.text(max_size=20),
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(2**63), 2**63 - 1),
+)
+
+
+@st.composite
+def entries(draw: Any) -> tuple[bytes | None, bytes | None]:
+    kind = draw(st.sampled_from(["offset", "offset", "offset", "tombstone", "legacy", "group", "unknown", "raw"]))
+    key = OffsetKey(draw(names), draw(names), draw(st.integers(-(2**31), 2**31 - 1)))
+    if kind in ("offset", "legacy"):
+        k, _ = encode_record(OffsetCommitRecord(key, None))
+        if kind == "legacy":
+            k = b"\x00\x00" + k[2:]
+        version = draw(st.sampled_from([0, 1, 2, 3]))
+        value = draw(offset_values)
+        if version in (0, 2):
+            value = value._replace(expire_timestamp=-1)
+        if version != 3:
+            value = value._replace(leader_epoch=-1)
+        return k, value_bytes(version, value)
+    if kind == "tombstone":
+        return encode_record(OffsetCommitRecord(key, None))
+    if kind == "group":
+        member = MemberMetadata(draw(names), None, "client", "/127.0.0.1", 300, 10, b"\x01", b"")
+        meta = GroupMetadata("consumer", draw(st.integers(0, 100)), "range", member.member_id, T, (member,))
+        return encode_record(GroupMetadataRecord(draw(names), draw(st.sampled_from([meta, None]))))
+    if kind == "unknown":
+        return struct.pack(">h", draw(st.integers(3, 20))) + draw(st.binary(max_size=6)), draw(st.binary(max_size=6))
+    # arbitrary bytes, often starting like an offset key: must fail (or decode) exactly as the reference does
+    rtype = struct.pack(">h", draw(st.sampled_from([0, 1, 2])))
+    return rtype + draw(st.binary(max_size=30)), draw(st.one_of(st.none(), st.binary(max_size=40)))
+
+
+def same(codec: ModuleType, data: bytes) -> None:
+    try:
+        expected = reference(data)
+    except RecordError:
+        with pytest.raises(RecordError):
+            decoded(codec, data)
+        return
+    assert decoded(codec, data) == expected
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(entries(), min_size=1, max_size=30), st.integers(0, 2**40))
+def test_batches_decode_as_the_reference_does(codec: ModuleType, items: list[Any], base: int) -> None:
+    same(codec, build_batch(base, items, T))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(entries(), min_size=2, max_size=30), st.data())
+def test_compaction_gaps_split_runs(codec: ModuleType, items: list[Any], data: Any) -> None:
+    raw = build_batch(1000, items, T)
+    keep = set(data.draw(st.sets(st.integers(1000, 1000 + len(items) - 1), min_size=1)))
+    same(codec, rebuild_batch(raw, keep, data.draw(st.sampled_from([None, T + 5]))))
+
+
+def test_runs_and_unknown_records(codec: ModuleType) -> None:
+    a = encode_record(OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(5, 1, "", T)))
+    b = encode_record(OffsetCommitRecord(OffsetKey("g", "t", 1), None))
+    unknown = (b"\x00\x07xyz", b"v")
+    raw = build_batch(10, [a, unknown, b, a, a], T)
+    runs, skipped = decoded(codec, rebuild_batch(raw, {10, 11, 12, 14}, None))
+    assert skipped == 1
+    assert [(start, len(run)) for start, run in runs] == [(10, 1), (12, 1), (14, 1)]
+    assert runs[1][1][0] == OffsetCommitRecord(OffsetKey("g", "t", 1), None)
+    assert type(runs[0][1][0]) is OffsetCommitRecord and type(runs[0][1][0].key) is OffsetKey
+    assert type(runs[0][1][0].value) is OffsetAndMetadata
+
+
+headers = st.lists(st.tuples(st.text(max_size=4), st.one_of(st.none(), st.binary(max_size=4))), max_size=3)
+
+
+def with_headers(items: list[tuple[bytes | None, bytes | None]], record_headers: list[Any]) -> bytes:
+    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
+    for delta, (key, value) in enumerate(items):
+        builder.append(delta, T, key, value, record_headers)
+    return bytes(builder.build())
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(entries(), min_size=1, max_size=10), headers)
+def test_headers_are_checked_and_skipped(codec: ModuleType, items: list[Any], record_headers: list[Any]) -> None:
+    same(codec, with_headers(items, record_headers))
+
+
+def test_headers_are_skipped(codec: ModuleType) -> None:
+    key, value = encode_record(OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(5, 1, "m", T)))
+    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
+    builder.append(0, T, key, value, [("h", b"x"), ("n", None)])
+    builder.append(1, T, key, None, [])
+    same(codec, bytes(builder.build()))
+
+
+def signed(data: bytearray) -> bytes:
+    struct.pack_into(">I", data, 17, crc32c.crc32c(bytes(data[21:])))
+    return bytes(data)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(entries(), min_size=1, max_size=5), st.data())
+def test_damaged_records_sections_are_refused_like_the_reference(codec: ModuleType, items: list[Any],
+                                                                 data: Any) -> None:
+    """Bytes changed, cut or added after the header (CRC made valid again, as a buggy writer would):
+    the codec refuses with RecordsError (a BatchError for the loader) or decodes the same records."""
+    raw = bytearray(with_headers(items, data.draw(headers)) if data.draw(st.booleans()) else build_batch(0, items, T))
+    how = data.draw(st.sampled_from(["flip", "cut", "extend", "count"]))
+    if how == "flip":
+        i = data.draw(st.integers(61, len(raw) - 1))
+        raw[i] = data.draw(st.integers(0, 255))
+    elif how == "cut":
+        del raw[data.draw(st.integers(61, len(raw) - 1)):]
+    elif how == "extend":
+        raw += data.draw(st.binary(min_size=1, max_size=8))
+    else:
+        struct.pack_into(">i", raw, 57, data.draw(st.integers(-2, len(items) + 2)))
+    struct.pack_into(">i", raw, 8, len(raw) - 12)
+    damaged = signed(raw)
+    try:
+        expected: Any = reference(damaged)
+    except (BatchError, RecordError) as exc:
+        expected = type(exc)
+    try:
+        got: Any = decoded(codec, damaged)
+    except codec.RecordsError:
+        got = BatchError
+    except RecordError:
+        got = RecordError
+    if expected is BatchError:
+        assert got is BatchError
+    else:
+        assert got == expected
+
+
+def test_decode_batch_uses_the_codec_only_when_asked_and_fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = encode_record(OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(5, 1, "", T)))
+    data = build_batch(3, [entry, entry], T)
+    monkeypatch.setattr(batch_module, "FAST_REPLAY", True)
+    fast = decode_batch(data, replayable=True)
+    assert fast.runs == reference(data)[0] and fast.records == () and fast.last_offset == 4
+    assert decode_batch(data).runs is None
+    monkeypatch.setattr(batch_module, "FAST_REPLAY", False)
+    assert decode_batch(data, replayable=True).runs is None
