@@ -173,6 +173,17 @@ def test_runs_and_unknown_records(codec: ModuleType) -> None:
     assert type(runs[0][1][0].value) is OffsetAndMetadata
 
 
+def test_records_of_one_commit_share_their_commit_timestamp(codec: ModuleType) -> None:
+    """Memory: the cached offsets of one commit hold one int for their time (32 bytes each otherwise)."""
+    ts, other = 1_700_000_000_123, 1_700_000_000_999
+    entries = [encode_record(OffsetCommitRecord(OffsetKey("g", "t", p), OffsetAndMetadata(p, -1, "", t)))
+               for p, t in enumerate((ts, ts, ts, other))]
+    runs, _ = decoded(codec, build_batch(0, entries, T))
+    values = [r.value for _, run in runs for r in run]
+    assert [v.commit_timestamp for v in values] == [ts, ts, ts, other]
+    assert values[0].commit_timestamp is values[1].commit_timestamp is values[2].commit_timestamp
+
+
 headers = st.lists(st.tuples(st.text(max_size=4), st.one_of(st.none(), st.binary(max_size=4))), max_size=3)
 
 
