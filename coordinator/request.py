@@ -48,6 +48,16 @@ class ShardUnavailable(Exception):
         self.error = error
 
 
+class Relayed:
+    """A reply slot whose bytes come from elsewhere (gateway mode: an upstream broker's reply, passed on
+    unchanged or rewritten); it keeps its place among the connection's replies."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data: bytes | None = None
+
+
 class Request:
     __slots__ = ("api", "body", "client_host", "client_id", "correlation_id", "data", "large", "outcome",
                  "pending", "released", "response", "sink", "started", "version")

@@ -1,0 +1,65 @@
+"""Gateway figures for /metrics: relayed requests and bytes per API and upstream node, relay latency,
+upstream errors. Counted in plain dicts on the event loop (a labelled prometheus-client child costs
+microseconds per request) and turned into metric families when scraped, as coordinator/metrics.py does."""
+
+from collections import Counter
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from protocol.registry import REGISTRY
+
+
+def _api_name(key: int) -> str:
+    spec = REGISTRY.get(key)
+    return spec.name if spec is not None else str(key)
+
+
+class GatewayMetrics(Collector):
+    def __init__(self) -> None:
+        # (api key, upstream node) -> [requests, request bytes, reply bytes, seconds]
+        self.relayed_by: dict[tuple[int, int], list[float]] = {}
+        self.errors: Counter[tuple[int, str]] = Counter()  # (upstream node, kind) -> n
+        self.upstream_brokers = 0
+
+    def relayed(self, api_key: int, node: int, sent: int, received: int, seconds: float) -> None:
+        row = self.relayed_by.get((api_key, node))
+        if row is None:
+            row = self.relayed_by[(api_key, node)] = [0, 0, 0, 0.0]
+        row[0] += 1
+        row[1] += sent
+        row[2] += received
+        row[3] += seconds
+
+    def upstream_error(self, node: int, why: str) -> None:
+        """``why`` is a free sentence; it is reduced to a fixed word for the label."""
+        kind = ("timeout" if "did not answer" in why else "connect" if "cannot connect" in why
+                else "closed" if "closed" in why else why if " " not in why else "other")
+        self.errors[(node, kind)] += 1
+
+    def collect(self) -> Iterator[Metric]:
+        rows = dict(self.relayed_by)
+        labels = ["api", "upstream_node"]
+        families = [
+            CounterMetricFamily("kcoord_gateway_relayed_requests", "Requests relayed to the upstream cluster, by "
+                                "API and the upstream node they went to (-1: the bootstrap listener's choice).",
+                                labels=labels),
+            CounterMetricFamily("kcoord_gateway_relayed_request_bytes", "Request bytes relayed upstream.",
+                                labels=labels),
+            CounterMetricFamily("kcoord_gateway_relayed_reply_bytes", "Reply bytes relayed back to clients.",
+                                labels=labels),
+            CounterMetricFamily("kcoord_gateway_relay_seconds", "Time from relaying a request to having its reply.",
+                                labels=labels),
+        ]
+        for (key, node), row in sorted(rows.items()):
+            for family, value in zip(families, row, strict=True):
+                family.add_metric([_api_name(key), str(node)], value)
+        yield from families
+        errors = CounterMetricFamily("kcoord_gateway_upstream_errors", "Upstream links that failed (their clients' "
+                                     "connections were closed), by node and kind.", labels=["upstream_node", "kind"])
+        for (node, kind), n in sorted(self.errors.items()):
+            errors.add_metric([str(node), kind], n)
+        yield errors
+        yield GaugeMetricFamily("kcoord_gateway_upstream_brokers", "Upstream brokers known (each has a listener).",
+                                value=self.upstream_brokers)
