@@ -11,9 +11,18 @@ from prometheus_client.registry import Collector
 from protocol.registry import REGISTRY
 
 
+# Relayed APIs kcoord has no codec registered for (their names, for labels).
+NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 4: "LeaderAndIsr", 19: "CreateTopics", 20: "DeleteTopics",
+         21: "DeleteRecords", 22: "InitProducerId", 23: "OffsetForLeaderEpoch", 24: "AddPartitionsToTxn",
+         25: "AddOffsetsToTxn", 26: "EndTxn", 28: "TxnOffsetCommit", 32: "DescribeConfigs", 33: "AlterConfigs",
+         35: "DescribeLogDirs", 37: "CreatePartitions", 44: "IncrementalAlterConfigs", 60: "DescribeCluster",
+         61: "DescribeProducers", 65: "DescribeTransactions", 66: "ListTransactions", 71: "GetTelemetrySubscriptions",
+         72: "PushTelemetry"}
+
+
 def _api_name(key: int) -> str:
     spec = REGISTRY.get(key)
-    return spec.name if spec is not None else str(key)
+    return spec.name if spec is not None else NAMES.get(key, str(key))
 
 
 class GatewayMetrics(Collector):
