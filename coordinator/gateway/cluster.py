@@ -41,6 +41,8 @@ class Cluster:
         self.offered: list[tuple[int, int, int]] | None = None  # ApiVersions answer, once known
         self.upstream_versions: dict[int, tuple[int, int]] = {}
         self.advertised_host = config.broker_host or config.advertised[0]
+        self.cluster_id: str | None = None  # the upstream's, as last seen
+        self.controller_id = -1
         self._add_listener = add_listener
         self._healthy = False
 
@@ -54,6 +56,9 @@ class Cluster:
                 return None
             port = self._listen(node)
         return self.advertised_host, port
+
+    def nodes(self) -> list[int]:
+        return sorted(self.listeners)
 
     def coordinator_for(self, node: int | None) -> tuple[int, str, int] | None:
         """The node given for group keys: the listener the client asked on, else the lowest node id."""
@@ -124,6 +129,8 @@ class Cluster:
                 self.upstream_versions = versions
                 self.offered = rewrite.api_versions(versions)
             self.learn((b.node_id, b.host, b.port) for b in body.brokers)
+            if body.controller_id >= 0:
+                self.controller_id = body.controller_id
             if not self._healthy:
                 log.info("upstream cluster reachable: %d brokers %s", len(self.brokers), sorted(self.brokers))
             self._healthy = True

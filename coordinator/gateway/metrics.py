@@ -3,13 +3,12 @@ upstream errors. Counted in plain dicts on the event loop (a labelled prometheus
 microseconds per request) and turned into metric families when scraped, as coordinator/metrics.py does."""
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from protocol.registry import REGISTRY
-
 
 # Relayed APIs kcoord has no codec registered for (their names, for labels).
 NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 4: "LeaderAndIsr", 19: "CreateTopics", 20: "DeleteTopics",
@@ -30,7 +29,8 @@ class GatewayMetrics(Collector):
         # (api key, upstream node) -> [requests, request bytes, reply bytes, seconds]
         self.relayed_by: dict[tuple[int, int], list[float]] = {}
         self.errors: Counter[tuple[int, str]] = Counter()  # (upstream node, kind) -> n
-        self.upstream_brokers = 0
+        self.upstream_brokers: Callable[[], int] = lambda: 0
+        self.metadata_from_cache = 0
 
     def relayed(self, api_key: int, node: int, sent: int, received: int, seconds: float) -> None:
         row = self.relayed_by.get((api_key, node))
@@ -70,5 +70,8 @@ class GatewayMetrics(Collector):
         for (node, kind), n in sorted(self.errors.items()):
             errors.add_metric([str(node), kind], n)
         yield errors
+        yield CounterMetricFamily("kcoord_gateway_metadata_from_cache", "Metadata requests answered from the "
+                                  "gateway's own view because the upstream did not answer.",
+                                  value=self.metadata_from_cache)
         yield GaugeMetricFamily("kcoord_gateway_upstream_brokers", "Upstream brokers known (each has a listener).",
-                                value=self.upstream_brokers)
+                                value=self.upstream_brokers())

@@ -85,6 +85,7 @@ class Gateway:
         self.timeout_s = config.upstream_timeout_ms / 1000.0
         self.metrics = metrics or GatewayMetrics()
         self.cluster = Cluster(config, self._serve_listener)
+        self.metrics.upstream_brokers = lambda: len(self.cluster.brokers)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, wait_s: float = 10.0) -> None:
@@ -113,7 +114,8 @@ class Gateway:
         elif api_key == rewrite.FIND_COORDINATOR:
             self._find_coordinator(conn, frame, version, correlation_id)
         elif api_key == rewrite.METADATA and version <= rewrite.CAPS[rewrite.METADATA]:
-            self._relay(conn, frame, api_key, version, self._brokers_rewriter(rewrite.METADATA_RESPONSE, version))
+            self._relay(conn, frame, api_key, version, self._brokers_rewriter(rewrite.METADATA_RESPONSE, version),
+                        lambda: self._metadata_from_cache(frame, version, correlation_id))
         elif api_key == rewrite.DESCRIBE_CLUSTER and version <= rewrite.CAPS[rewrite.DESCRIBE_CLUSTER]:
             self._relay(conn, frame, api_key, version,
                         self._brokers_rewriter(rewrite.DESCRIBE_CLUSTER_RESPONSE, version))
@@ -180,13 +182,21 @@ class Gateway:
             answer = k10.answer(version, keys, error, message, (-1, "", -1))
         self._reply(conn, spec.encode_response(answer, version, correlation_id))
 
+    def _metadata_from_cache(self, frame: bytes, version: int, correlation_id: int) -> bytes:
+        """The upstream did not answer a Metadata request: kcoord answers from what it knows (every broker,
+        each topic asked for LEADER_NOT_AVAILABLE, which clients retry), so clients keep a usable broker
+        list and keep reaching the group coordinator while the upstream is away."""
+        self.metrics.metadata_from_cache += 1
+        _, body = rewrite.METADATA_REQUEST.decode_request(frame, version)
+        return rewrite.metadata_from_cache(body, version, correlation_id, self.cluster)
+
     def _brokers_rewriter(self, codec: MessageCodec, version: int) -> Callable[[bytes], bytes]:
-        return lambda reply: rewrite.rewrite_brokers(codec, reply, version, self.cluster.address, self.cluster.learn)
+        return lambda reply: rewrite.rewrite_brokers(codec, reply, version, self.cluster)
 
     # -- relay ---------------------------------------------------------------------------------
 
     def _relay(self, conn: Connection, frame: bytes, api_key: int, version: int,
-               finish: Callable[[bytes], bytes] | None) -> None:
+               finish: Callable[[bytes], bytes] | None, fallback: Callable[[], bytes] | None = None) -> None:
         addr = self.cluster.target(conn.node)
         node = -1 if conn.node is None else conn.node
         if addr is None:
@@ -216,7 +226,12 @@ class Gateway:
             metrics.relayed(api_key, node, len(frame) + 4, len(reply), time.perf_counter() - started)
             conn.slot_filled()
 
-        link.send(frame, on_reply)
+        def on_fail() -> None:
+            assert fallback is not None
+            slot.data = fallback()
+            conn.slot_filled()
+
+        link.send(frame, on_reply, on_fail if fallback is not None else None)
 
     async def _sweep(self) -> None:
         """Fails links whose oldest request has waited longer than --upstream-timeout-ms."""

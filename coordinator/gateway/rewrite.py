@@ -12,9 +12,11 @@ out so that no client takes them to the upstream's own coordinator.
 """
 
 import struct
+import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
+from coordinator.apis import k03_metadata as k03
 from coordinator.apis import k10_find_coordinator as k10
 from coordinator.apis import k18_api_versions as k18
 from protocol.codec import MessageCodec
@@ -24,6 +26,8 @@ from protocol.registry import REGISTRY, skip_tagged_fields
 from protocol.schema import load_message
 
 _SIZE = struct.Struct(">i")
+_NO_ID = uuid.UUID(int=0)
+LEADER_NOT_AVAILABLE = 5  # retriable: clients ask again shortly
 
 # Answered by kcoord's own coordinator on every listener, at kcoord's versions.
 LOCAL = frozenset({8, 9, 11, 12, 13, 14, 15, 16, 42, 47})
@@ -39,7 +43,8 @@ def _codec(name: str) -> MessageCodec:
     return MessageCodec(load_message(name))
 
 
-METADATA_RESPONSE = REGISTRY[METADATA].response if METADATA in REGISTRY else _codec("MetadataResponse")
+METADATA_REQUEST = k03.SPEC
+METADATA_RESPONSE = k03.SPEC.response
 DESCRIBE_CLUSTER_RESPONSE = _codec("DescribeClusterResponse")
 FIND_COORDINATOR_RESPONSE = k10.SPEC.response
 
@@ -79,18 +84,49 @@ def _encode(codec: MessageCodec, body: Any, version: int, correlation: int, flex
     return _SIZE.pack(len(head) + len(payload)) + head + payload
 
 
-def rewrite_brokers(codec: MessageCodec, frame: bytes, version: int, address: Address,
-                    learn: Callable[[Iterable[tuple[int, str, int]]], None]) -> bytes:
+class ClusterFacts(Protocol):
+    cluster_id: str | None
+    controller_id: int
+
+    def address(self, node: int) -> tuple[str, int] | None: ...
+
+    def learn(self, brokers: Iterable[tuple[int, str, int]]) -> None: ...
+
+    def nodes(self) -> list[int]: ...
+
+
+def rewrite_brokers(codec: MessageCodec, frame: bytes, version: int, cluster: ClusterFacts) -> bytes:
     """Metadata or DescribeCluster: every broker gets kcoord's listener for its node id; the upstream
-    addresses are handed to ``learn`` first (listeners are made for new node ids there)."""
+    addresses are learnt first (listeners are made for new node ids there)."""
     correlation, body = decode_reply(codec, frame, version)
     brokers = body.brokers
-    learn([(b.node_id if hasattr(b, "node_id") else b.broker_id, b.host, b.port) for b in brokers])
+    cluster.learn([(b.node_id if hasattr(b, "node_id") else b.broker_id, b.host, b.port) for b in brokers])
+    if hasattr(body, "cluster_id") and body.cluster_id is not None:
+        cluster.cluster_id = body.cluster_id
+    if getattr(body, "controller_id", -1) >= 0:
+        cluster.controller_id = body.controller_id
+    address = cluster.address
     for b in brokers:
         mapped = address(b.node_id if hasattr(b, "node_id") else b.broker_id)
         if mapped is not None:
             b.host, b.port = mapped
     return _encode(codec, body, version, correlation)
+
+
+def metadata_from_cache(request: Any, version: int, correlation: int, cluster: ClusterFacts) -> bytes:
+    """A Metadata answer without the upstream: the brokers known, every topic asked for retriable."""
+    cls = METADATA_RESPONSE.cls
+    brokers = []
+    for node in cluster.nodes():
+        mapped = cluster.address(node)
+        if mapped is not None:
+            brokers.append(cls.MetadataResponseBroker(node_id=node, host=mapped[0], port=mapped[1], rack=None))
+    topics = [cls.MetadataResponseTopic(error_code=LEADER_NOT_AVAILABLE, name=t.name,
+                                        topic_id=getattr(t, "topic_id", None) or _NO_ID, is_internal=False,
+                                        partitions=[]) for t in request.topics or []]
+    body = cls(throttle_time_ms=0, brokers=brokers, cluster_id=cluster.cluster_id, controller_id=cluster.controller_id,
+               topics=topics)
+    return _encode(METADATA_RESPONSE, body, version, correlation)
 
 
 def rewrite_find_coordinator(frame: bytes, version: int, address: Address) -> bytes:

@@ -27,6 +27,7 @@ MAX_REPLY_BYTES = 1 << 30  # a Fetch reply is bounded by the client's fetch.max.
 WRITE_BUFFER_HIGH = 1024 * 1024
 
 Reply = Callable[[bytes], None]
+Fallback = Callable[[], None]  # a request's own answer when its link fails (else the client's connection closes)
 
 
 class LinkOwner:
@@ -48,7 +49,7 @@ class UpstreamLink(asyncio.Protocol):
         self.owner = owner
         self.timeout_s = timeout_s
         self.failed: str | None = None
-        self._pending: deque[tuple[Reply, float]] = deque()
+        self._pending: deque[tuple[Reply, Fallback | None, float]] = deque()
         self._out: list[bytes] = []  # frames sent before the connection is up
         self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
@@ -94,7 +95,7 @@ class UpstreamLink(asyncio.Protocol):
             if not self._pending:
                 self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a reply nobody asked for")
                 return
-            on_reply, _ = self._pending.popleft()
+            on_reply, _, _ = self._pending.popleft()
             on_reply(frame)
         if pos:
             del buf[:pos]
@@ -112,11 +113,12 @@ class UpstreamLink(asyncio.Protocol):
 
     # -- use -----------------------------------------------------------------------------------
 
-    def send(self, frame: bytes, on_reply: Reply) -> None:
-        """Sends a request frame (without its size prefix); ``on_reply`` gets the framed reply."""
+    def send(self, frame: bytes, on_reply: Reply, on_fail: Fallback | None = None) -> None:
+        """Sends a request frame (without its size prefix); ``on_reply`` gets the framed reply, or
+        ``on_fail`` is called if the link fails first."""
         if self.failed is not None:
             raise FrameError(self.failed)
-        self._pending.append((on_reply, self._loop.time()))
+        self._pending.append((on_reply, on_fail, self._loop.time()))
         head = _SIZE.pack(len(frame))
         if self._transport is None:
             self._out += (head, frame)
@@ -147,7 +149,7 @@ class UpstreamLink(asyncio.Protocol):
     def overdue(self, now: float) -> bool:
         """True if the oldest reply waited for is later than the timeout (or the link is still connecting
         after it): checked by the gateway's sweeper, not by a timer per request."""
-        return bool(self._pending) and now - self._pending[0][1] > self.timeout_s
+        return bool(self._pending) and now - self._pending[0][2] > self.timeout_s
 
     @property
     def waiting(self) -> int:
@@ -169,10 +171,16 @@ class UpstreamLink(asyncio.Protocol):
         self._set_blocked(False)
         if self._probe is not None and not self._probe.done():
             self._probe.set_exception(ConnectionError(why))
-        outstanding = len(self._pending)
-        if outstanding and why != "closed":
-            log.info("%s (%d replies outstanding)", why, outstanding)
+        pending = list(self._pending)
         self._pending.clear()
+        if pending and why != "closed":
+            log.info("%s (%d replies outstanding)", why, len(pending))
+        outstanding = 0
+        for _, on_fail, _ in pending:
+            if on_fail is None:
+                outstanding += 1
+            else:
+                on_fail()
         self.owner.link_failed(self, why, outstanding)
 
     def close(self) -> None:
