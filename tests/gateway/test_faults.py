@@ -14,6 +14,7 @@ from kafka import KafkaAdminClient
 from tests.gateway.cable import Cable
 from tests.gateway.conftest import Member, node_ports, relayed_apis, start_gateway, wait_all
 from tests.gateway.mock_cluster import MockCluster
+from tests.kcoord_process import KcoordProcess
 from tests.tansu_process import TansuProcess
 
 PARTITIONS = 4
