@@ -162,9 +162,9 @@ def consume(bootstrap: str, topic: str) -> tuple[int, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--upstream", choices=["mock", "tansu"], default="mock")
-    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--hold-mock", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()

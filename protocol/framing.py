@@ -57,7 +57,8 @@ class FrameReader:
         end = start + size
         if end > len(self._buf):
             return None
-        frame = bytes(self._buf[start:end])
+        with memoryview(self._buf) as view:  # one copy (slicing the bytearray itself would make two)
+            frame = bytes(view[start:end])
         if end == len(self._buf):
             self._buf.clear()
             self._pos = 0

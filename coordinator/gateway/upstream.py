@@ -81,24 +81,35 @@ class UpstreamLink(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf
+        if not buf and len(data) >= 4 and _SIZE.unpack_from(data)[0] + 4 == len(data):
+            self._deliver(data)  # exactly one reply, the common case for small ones: no copy
+            return
         buf += data
         pos, end = 0, len(buf)
-        while end - pos >= 4 and self.failed is None:
+        replies = []
+        while end - pos >= 4:
             (size,) = _SIZE.unpack_from(buf, pos)
             if size < 4 or size > MAX_REPLY_BYTES:
                 self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a frame of {size} bytes")
                 return
             if end - pos - 4 < size:
                 break
-            frame = bytes(buf[pos:pos + 4 + size])
+            with memoryview(buf) as view:
+                replies.append(bytes(view[pos:pos + 4 + size]))
             pos += 4 + size
-            if not self._pending:
-                self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a reply nobody asked for")
-                return
-            on_reply, _, _ = self._pending.popleft()
-            on_reply(frame)
         if pos:
             del buf[:pos]
+        for reply in replies:
+            self._deliver(reply)
+
+    def _deliver(self, reply: bytes) -> None:
+        if self.failed is not None:
+            return
+        if not self._pending:
+            self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a reply nobody asked for")
+            return
+        on_reply, _, _ = self._pending.popleft()
+        on_reply(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.failed is None:
