@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from coordinator.apis import k03_metadata as k03
 from coordinator.apis import k10_find_coordinator as k10
 from coordinator.apis import k18_api_versions as k18
+from coordinator.apis import load_all
 from protocol.codec import MessageCodec
 from protocol.errors import ErrorCode
 from protocol.header import response_header
@@ -153,6 +154,7 @@ def find_coordinator_local(version: int, keys: list[str], node: tuple[int, str, 
 
 def api_versions(upstream: dict[int, tuple[int, int]]) -> list[tuple[int, int, int]]:
     """``(key, min, max)`` offered to clients, given the upstream's ranges."""
+    load_all()  # every local API registered (the server has done it; a lone caller may not have)
     out: dict[int, tuple[int, int]] = {}
     for key, (lo, hi) in upstream.items():
         if key in HIDDEN or key in LOCAL:
