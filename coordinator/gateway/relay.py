@@ -87,6 +87,7 @@ class Gateway:
         self.cluster = Cluster(config, self._serve_listener)
         self.metrics.upstream_brokers = lambda: len(self.cluster.brokers)
         self._tasks: list[asyncio.Task[None]] = []
+        self._starting: set[asyncio.Task[None]] = set()  # listeners being set up (a task needs a reference)
 
     async def start(self, wait_s: float = 10.0) -> None:
         """First discovery (bounded: an upstream that is down at start-up is retried in the background,
@@ -102,7 +103,11 @@ class Gateway:
             task.cancel()
 
     def _serve_listener(self, sock: socket.socket, node: int) -> None:
-        asyncio.get_running_loop().create_task(self.server.add_listener(sock, node))
+        """The socket is bound and listening already (its port is given out at once); serving starts on
+        the loop. Connections arriving in between wait in its backlog."""
+        task = asyncio.get_running_loop().create_task(self.server.add_listener(sock, node))
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
 
     # -- coordinator.server.Gateway ------------------------------------------------------------
 

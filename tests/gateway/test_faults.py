@@ -150,3 +150,70 @@ def test_whole_upstream_killed(tmp_path: Path) -> None:
     finally:
         kcoord.stop()
         mock.stop()
+
+
+def test_upstream_broker_killed_and_restarted(tmp_path: Path) -> None:
+    """Tansu itself killed (SIGKILL) mid-run and started again on the same port. Its storage is in
+    memory, so the topic comes back empty (an upstream's loss, not kcoord's): kcoord stays up, serves
+    the group's committed offsets throughout, and the same consumer processes carry on with what is
+    produced after the restart from their committed positions (nothing committed is lost)."""
+    tansu = TansuProcess(tmp_path).start()
+    kcoord = start_gateway(tmp_path, tansu.bootstrap, "--upstream-timeout-ms", "5000")
+    topic, group = "restarts", "restarted"
+    members: list[Member] = []
+
+    def make_topic() -> None:
+        """After the restart a member's Metadata request may have auto-created it already."""
+        admin = AdminClient({"bootstrap.servers": kcoord.bootstrap})
+        for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
+            try:
+                future.result(30)
+            except ck.KafkaException as exc:
+                if exc.args[0].code() != ck.KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+
+    try:
+        make_topic()
+        producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap, "linger.ms": 5})
+        before = [f"before-{i}" for i in range(40)]
+        for i, v in enumerate(before):
+            producer.produce(topic, value=v.encode(), partition=i % PARTITIONS)
+        assert producer.flush(30) == 0
+        members = [Member(kcoord, "confluent", group, topic, "confluent"),
+                   Member(kcoord, "aiokafka", group, topic, "aiokafka")]
+        assert set(before) <= wait_all(members, set(before))
+        committed = committed_sum(kcoord, group, topic, 40)
+
+        assert tansu.proc is not None
+        tansu.proc.kill()
+        tansu.proc.wait(10)
+        time.sleep(2)
+        assert kcoord.proc is not None and kcoord.proc.poll() is None
+        assert group_offsets(kcoord.bootstrap, group, topic) == committed
+        tansu.start()  # same port, empty storage
+        make_topic()
+        offsets: dict[str, tuple[int, int]] = {}
+
+        def delivered(err: object, msg: ck.Message) -> None:
+            if err is None:
+                offsets[msg.value().decode()] = (msg.partition(), msg.offset())
+
+        producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap, "linger.ms": 5})
+        after = [f"after-{i}" for i in range(80)]
+        for v in after:  # the partitioner's choice: an auto-created topic may have fewer partitions
+            producer.produce(topic, value=v.encode(), on_delivery=delivered)
+        assert producer.flush(60) == 0
+        assert len(offsets) == len(after)
+        # records below a partition's committed offset were "already consumed" as far as the group
+        # knows; every record at or above it must reach the group
+        expected = {v for v, (p, o) in offsets.items() if o >= committed.get(p, 0)}
+        assert expected
+        seen = wait_all(members, expected, timeout=120)
+        assert expected <= seen, (len(expected - seen), [m.stderr() for m in members])
+    finally:
+        for m in members:
+            if m.proc.poll() is None:
+                m.leave()
+        if kcoord.proc is not None and kcoord.proc.poll() is None:
+            kcoord.stop()
+        tansu.stop()
