@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import cast
 
-from protocol.framing import FrameError
+from protocol.framing import FrameError, FrameReader
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class UpstreamLink(asyncio.Protocol):
         self.failed: str | None = None
         self._pending: deque[tuple[Reply, Fallback | None, float]] = deque()
         self._out: list[bytes] = []  # frames sent before the connection is up
-        self._buf = bytearray()
+        self._reader = FrameReader(MAX_REPLY_BYTES)  # large replies are assembled from chunks
         self._transport: asyncio.Transport | None = None
         self._paused = False
         self._blocked = False
@@ -80,27 +80,16 @@ class UpstreamLink(asyncio.Protocol):
             self._out = []
 
     def data_received(self, data: bytes) -> None:
-        buf = self._buf
-        if not buf and len(data) >= 4 and _SIZE.unpack_from(data)[0] + 4 == len(data):
+        reader = self._reader
+        if not reader.buffered and len(data) >= 4 and _SIZE.unpack_from(data)[0] + 4 == len(data):
             self._deliver(data)  # exactly one reply, the common case for small ones: no copy
             return
-        buf += data
-        pos, end = 0, len(buf)
-        replies = []
-        while end - pos >= 4:
-            (size,) = _SIZE.unpack_from(buf, pos)
-            if size < 4 or size > MAX_REPLY_BYTES:
-                self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a frame of {size} bytes")
-                return
-            if end - pos - 4 < size:
-                break
-            with memoryview(buf) as view:
-                replies.append(bytes(view[pos:pos + 4 + size]))
-            pos += 4 + size
-        if pos:
-            del buf[:pos]
-        for reply in replies:
-            self._deliver(reply)
+        try:
+            reader.feed(data)
+            while self.failed is None and (reply := reader.next_frame()) is not None:
+                self._deliver(_SIZE.pack(len(reply)) + reply)
+        except FrameError as exc:
+            self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a bad frame: {exc}")
 
     def _deliver(self, reply: bytes) -> None:
         if self.failed is not None:
