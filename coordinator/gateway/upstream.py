@@ -12,7 +12,9 @@ owner stops reading requests from its client), and can be paused while the clien
 """
 
 import asyncio
+import contextlib
 import logging
+import socket
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 _SIZE = struct.Struct(">i")
 MAX_REPLY_BYTES = 1 << 30  # a Fetch reply is bounded by the client's fetch.max.bytes; this only refuses nonsense
 WRITE_BUFFER_HIGH = 1024 * 1024
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 
 Reply = Callable[[bytes], None]
 Fallback = Callable[[], None]  # a request's own answer when its link fails (else the client's connection closes)
@@ -73,6 +76,11 @@ class UpstreamLink(asyncio.Protocol):
             self._transport.abort()
             return
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        sock = self._transport.get_extra_info("socket")
+        if sock is not None:  # a relayed Produce request of ~1 MB goes to the kernel in one write
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
         if self._paused:
             self._transport.pause_reading()
         if self._out:
