@@ -33,11 +33,11 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from coordinator.apis import APIS, Api, load_all
 from coordinator.handoff import on_loop
-from coordinator.request import PARKED, Lazy, Relayed, Request, ShardUnavailable
+from coordinator.request import PARKED, Gateway, Lazy, Relayed, Request, ShardUnavailable
 from coordinator.runtime import Runtime
 from protocol.errors import ErrorCode
 from protocol.framing import FrameError, FrameReader
@@ -57,18 +57,6 @@ BULK_FRAME_BYTES = 64 * 1024
 WRITE_BUFFER_HIGH = 256 * 1024
 MAX_IDLE_S = 600.0  # Kafka's connections.max.idle.ms
 IDLE_SWEEP_S = 30.0
-
-
-class Gateway(Protocol):
-    """Gateway mode (coordinator/gateway): takes the frames kcoord does not answer itself."""
-
-    def route(self, conn: "Connection", frame: bytes, api_key: int, version: int, correlation_id: int) -> bool:
-        """True if the gateway took the frame (it queued a ``Relayed`` slot with ``conn.enqueue``)."""
-        ...
-
-    def closed(self, conn: "Connection") -> None: ...
-
-    def writable(self, conn: "Connection", writable: bool) -> None: ...
 
 
 class Connection(asyncio.Protocol):

@@ -152,6 +152,9 @@ class Gateway:
         if version > spec.max_version:
             self._reply(conn, api_versions_fallback(correlation_id))
             return
+        if version < spec.min_version:
+            conn.abort(f"ApiVersions v{version} is not supported", "unsupported_version")
+            return
         offered = self.cluster.offered
         if offered is None:
             conn.abort("no upstream broker has answered yet: cannot say which APIs are available", "upstream")

@@ -1,6 +1,7 @@
 """A TCP relay between kcoord and an upstream broker that a test can cut and restore: cut closes its
 listener and resets every connection through it (what a crashed broker looks like from kcoord: resets,
-then refused connections), restore listens on the same port again. The broker advertises the cable's
+then refused connections), restore listens on the same port again; ``stalled`` holds every byte (a
+broker that hangs). The broker advertises the cable's
 port, so kcoord only ever reaches it through the cable; its data survives the cut."""
 
 import asyncio
@@ -17,6 +18,7 @@ class Cable:
         self.loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self.stalled = False  # a broker that accepts and reads nothing: bytes wait in the cable
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
 
     def _call(self, coro: "asyncio.Future[None] | object") -> None:
@@ -51,6 +53,8 @@ class Cable:
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(65536):
+                while self.stalled:
+                    await asyncio.sleep(0.05)
                 writer.write(data)
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError):

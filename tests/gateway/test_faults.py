@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient
 
 from tests.gateway.cable import Cable
-from tests.gateway.conftest import Member, node_ports, relayed_apis, start_gateway, wait_all
+from tests.gateway.conftest import Member, node_ports, relayed_apis, scrape, start_gateway, wait_all
 from tests.gateway.mock_cluster import MockCluster
 from tests.kcoord_process import KcoordProcess
 from tests.tansu_process import TansuProcess
@@ -217,3 +217,26 @@ def test_upstream_broker_killed_and_restarted(tmp_path: Path) -> None:
         if kcoord.proc is not None and kcoord.proc.poll() is None:
             kcoord.stop()
         tansu.stop()
+
+
+def test_stalled_broker_times_out(tmp_path: Path) -> None:
+    """A broker that accepts but never answers: after --upstream-timeout-ms the client's connection is
+    closed (clients retry), counted as an upstream timeout; group APIs are answered meanwhile."""
+    cable = Cable(0)
+    tansu = TansuProcess(tmp_path, advertised_port=cable.port)
+    cable.target_port = tansu.port
+    tansu.start()
+    cable.restore()
+    kcoord = start_gateway(tmp_path, f"127.0.0.1:{cable.port}", "--upstream-timeout-ms", "1500")
+    try:
+        cable.stalled = True
+        assert produce_request_closed(kcoord.port)
+        assert metadata_request_answered(kcoord.port)  # from kcoord's own view, after the timeout
+        assert group_offsets(kcoord.bootstrap, "nobody", "t") == {}
+        text = scrape(kcoord)
+        assert 'kind="timeout"' in text, text[-2000:]
+    finally:
+        cable.stalled = False
+        kcoord.stop()
+        tansu.stop()
+        cable.close()
