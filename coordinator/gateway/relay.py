@@ -236,7 +236,11 @@ class Gateway:
 
         def on_fail() -> None:
             assert fallback is not None
-            slot.data = fallback()
+            try:
+                slot.data = fallback()
+            except DecodeError as exc:
+                conn.abort(f"malformed request: {exc}", "malformed")
+                return
             conn.slot_filled()
 
         link.send(frame, on_reply, on_fail if fallback is not None else None)

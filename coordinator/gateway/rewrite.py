@@ -122,7 +122,9 @@ def metadata_from_cache(request: Any, version: int, correlation: int, cluster: C
         mapped = cluster.address(node)
         if mapped is not None:
             brokers.append(cls.MetadataResponseBroker(node_id=node, host=mapped[0], port=mapped[1], rack=None))
-    topics = [cls.MetadataResponseTopic(error_code=LEADER_NOT_AVAILABLE, name=t.name,
+    # Before v12 a response topic has a name, even when the request looked one up by id.
+    topics = [cls.MetadataResponseTopic(error_code=LEADER_NOT_AVAILABLE,
+                                        name=t.name if t.name is not None or version >= 12 else "",
                                         topic_id=getattr(t, "topic_id", None) or _NO_ID, is_internal=False,
                                         partitions=[]) for t in request.topics or []]
     body = cls(throttle_time_ms=0, brokers=brokers, cluster_id=cluster.cluster_id, controller_id=cluster.controller_id,
