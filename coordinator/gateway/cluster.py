@@ -12,6 +12,7 @@ import asyncio
 import logging
 import socket
 import struct
+import time
 from collections.abc import Callable, Iterable
 
 from coordinator.config import Config
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 CLIENT_ID = b"kcoord-gateway"
 RETRY_S = 1.0  # discovery retry while no upstream broker has answered yet
+DOWN_S = 5.0  # a broker that could not be reached is tried last for Metadata for this long
 
 
 def _request(api_key: int, version: int, correlation: int, body: bytes) -> bytes:
@@ -45,6 +47,7 @@ class Cluster:
         self.controller_id = -1
         self._add_listener = add_listener
         self._healthy = False
+        self._down: dict[tuple[str, int], float] = {}  # upstream address -> when it last failed
 
     # -- addresses -----------------------------------------------------------------------------
 
@@ -76,6 +79,16 @@ class Cluster:
         if self.brokers:
             return self.brokers[min(self.brokers)]
         return self.config.upstream[0]
+
+    def mark_down(self, addr: tuple[str, int]) -> None:
+        self._down[addr] = time.monotonic()
+
+    def candidates(self, primary: tuple[str, int]) -> list[tuple[str, int]]:
+        """Where a request any broker can answer (Metadata) is tried, in order: ``primary`` first
+        unless it failed lately, brokers that failed lately last."""
+        now = time.monotonic()
+        addresses = list(dict.fromkeys([primary, *(self.brokers[n] for n in sorted(self.brokers))]))
+        return sorted(addresses, key=lambda a: now - self._down.get(a, float("-inf")) < DOWN_S)
 
     def learn(self, brokers: Iterable[tuple[int, str, int]]) -> None:
         """Upstream brokers seen in a Metadata (or DescribeCluster) answer."""

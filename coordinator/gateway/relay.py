@@ -66,6 +66,8 @@ class ClientLinks(LinkOwner):
         never come); an idle one is just dropped, and the next request opens a new one."""
         if self.links.get(link.addr) is link:
             del self.links[link.addr]
+        if "cannot connect" in why or "did not answer" in why:
+            self.gateway.cluster.mark_down(link.addr)
         if outstanding and not self.conn.closed:
             self.gateway.metrics.upstream_error(link.node, why)
             self.conn.abort(why, "upstream")
@@ -205,18 +207,19 @@ class Gateway:
 
     def _relay(self, conn: Connection, frame: bytes, api_key: int, version: int,
                finish: Callable[[bytes], bytes] | None, fallback: Callable[[], bytes] | None = None) -> None:
-        addr = self.cluster.target(conn.node)
+        """Relays to the listener's broker. With a ``fallback`` (Metadata, which any broker answers),
+        brokers known to be down are tried last and, when a link fails, the next broker is tried, then
+        the fallback answers: a client asking a dead broker's listener still learns where leaders went."""
+        primary = self.cluster.target(conn.node)
         node = -1 if conn.node is None else conn.node
-        if addr is None:
+        if primary is None:
             self.metrics.upstream_error(node, "unknown node")
             conn.abort(f"no upstream address known for node {conn.node}", "upstream")
             return
+        candidates = self.cluster.candidates(primary) if fallback is not None else [primary]
         links = conn.links
         if not isinstance(links, ClientLinks):
             links = conn.links = ClientLinks(self, conn)
-        link = links.link_for(addr, node)
-        if self.server.debug:
-            log.debug("%s: api %d v%d relayed to node %d at %s:%d", conn.peer, api_key, version, node, *addr)
         slot = Relayed()
         conn.enqueue(slot)
         metrics = self.metrics
@@ -234,8 +237,19 @@ class Gateway:
             metrics.relayed(api_key, node, len(frame) + 4, len(reply), time.perf_counter() - started)
             conn.slot_filled()
 
+        def attempt() -> None:
+            addr = candidates.pop(0)
+            if self.server.debug:
+                log.debug("%s: api %d v%d relayed to node %d at %s:%d", conn.peer, api_key, version, node, *addr)
+            links.link_for(addr, node).send(frame, on_reply, on_fail if fallback is not None else None)
+
         def on_fail() -> None:
             assert fallback is not None
+            if conn.closed:
+                return
+            if candidates:
+                attempt()
+                return
             try:
                 slot.data = fallback()
             except DecodeError as exc:
@@ -243,7 +257,7 @@ class Gateway:
                 return
             conn.slot_filled()
 
-        link.send(frame, on_reply, on_fail if fallback is not None else None)
+        attempt()
 
     async def _sweep(self) -> None:
         """Fails links whose oldest request has waited longer than --upstream-timeout-ms."""
