@@ -128,8 +128,30 @@ class Gateway:
                         self._brokers_rewriter(rewrite.DESCRIBE_CLUSTER_RESPONSE, version))
         elif api_key in (rewrite.METADATA, rewrite.DESCRIBE_CLUSTER):
             conn.abort(f"api {api_key} v{version} is above what the gateway offers", "unsupported_version")
+        elif api_key == rewrite.PRODUCE and self._unanswered(conn, frame, version):
+            pass
         else:
             self._relay(conn, frame, api_key, version, None)
+        return True
+
+    def _unanswered(self, conn: Connection, frame: bytes, version: int) -> bool:
+        """A Produce with acks=0 gets no reply from the broker (nor from Kafka): sent on, no reply slot."""
+        try:
+            acks = rewrite.produce_acks(frame, version)
+        except rewrite.RewriteError as exc:
+            conn.abort(f"malformed request: {exc}", "malformed")
+            return True
+        if acks != 0:
+            return False
+        addr = self.cluster.target(conn.node)
+        if addr is None:
+            conn.abort(f"no upstream address known for node {conn.node}", "upstream")
+            return True
+        links = conn.links
+        if not isinstance(links, ClientLinks):
+            links = conn.links = ClientLinks(self, conn)
+        links.link_for(addr, -1 if conn.node is None else conn.node).send_only(frame)
+        self.metrics.relayed(rewrite.PRODUCE, -1 if conn.node is None else conn.node, len(frame) + 4, 0, 0.0)
         return True
 
     def closed(self, conn: Connection) -> None:

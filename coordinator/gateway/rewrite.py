@@ -20,7 +20,7 @@ from coordinator.apis import k03_metadata as k03
 from coordinator.apis import k10_find_coordinator as k10
 from coordinator.apis import k18_api_versions as k18
 from coordinator.apis import load_all
-from protocol.codec import MessageCodec
+from protocol.codec import MessageCodec, read_uvarint
 from protocol.errors import ErrorCode
 from protocol.header import response_header
 from protocol.registry import REGISTRY, skip_tagged_fields
@@ -130,6 +130,27 @@ def metadata_from_cache(request: Any, version: int, correlation: int, cluster: C
     body = cls(throttle_time_ms=0, brokers=brokers, cluster_id=cluster.cluster_id, controller_id=cluster.controller_id,
                topics=topics)
     return _encode(METADATA_RESPONSE, body, version, correlation)
+
+
+def produce_acks(frame: bytes, version: int) -> int:
+    """The ``acks`` of a Produce request (frame without its size): 0 means the broker sends no reply,
+    so the relay must not wait for one. Header v1 up to v8, v2 (tagged fields) from v9; the body
+    starts with the transactional id from v3 (a compact string from v9)."""
+    try:
+        (n,) = struct.unpack_from(">h", frame, 8)
+        pos = 10 + max(n, 0)
+        if version >= 9:
+            pos = skip_tagged_fields(frame, pos)
+        if version >= 9:
+            length, pos = read_uvarint(frame, pos)
+            pos += max(length - 1, 0)
+        elif version >= 3:
+            (n,) = struct.unpack_from(">h", frame, pos)
+            pos += 2 + max(n, 0)
+        (acks,) = struct.unpack_from(">h", frame, pos)
+    except (ValueError, struct.error) as exc:
+        raise RewriteError(f"Produce v{version}: {exc}") from exc
+    return int(acks)
 
 
 def rewrite_find_coordinator(frame: bytes, version: int, address: Address) -> bytes:

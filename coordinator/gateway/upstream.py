@@ -59,6 +59,7 @@ class UpstreamLink(asyncio.Protocol):
         self._paused = False
         self._blocked = False
         self._probe: asyncio.Future[bytes] | None = None
+        self._closing = False  # its owner closed it: deliver what was sent, then close
         self._loop = asyncio.get_running_loop()
         self._connect = self._loop.create_task(self._open())
 
@@ -86,6 +87,9 @@ class UpstreamLink(asyncio.Protocol):
         if self._out:
             self._transport.writelines(self._out)
             self._out = []
+        if self._closing:
+            self.failed = "closed"
+            self._transport.close()
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader
@@ -100,7 +104,7 @@ class UpstreamLink(asyncio.Protocol):
             self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a bad frame: {exc}")
 
     def _deliver(self, reply: bytes) -> None:
-        if self.failed is not None:
+        if self.failed is not None or self._closing:
             return
         if not self._pending:
             self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a reply nobody asked for")
@@ -127,6 +131,16 @@ class UpstreamLink(asyncio.Protocol):
         if self.failed is not None:
             raise FrameError(self.failed)
         self._pending.append((on_reply, on_fail, self._loop.time()))
+        head = _SIZE.pack(len(frame))
+        if self._transport is None:
+            self._out += (head, frame)
+        else:
+            self._transport.writelines((head, frame))
+
+    def send_only(self, frame: bytes) -> None:
+        """A request the broker does not answer (Produce with acks=0): nothing is waited for."""
+        if self.failed is not None:
+            raise FrameError(self.failed)
         head = _SIZE.pack(len(frame))
         if self._transport is None:
             self._out += (head, frame)
@@ -192,6 +206,14 @@ class UpstreamLink(asyncio.Protocol):
         self.owner.link_failed(self, why, outstanding)
 
     def close(self) -> None:
-        """Closed by its owner (the client left): nobody is told."""
+        """Closed by its owner (the client left): nobody is told, replies are dropped, but what the
+        client sent is still delivered first (a Produce with acks=0 just before it closed, as a broker
+        would have received it)."""
         self.owner = LinkOwner()
-        self.fail("closed")
+        self._pending.clear()
+        if self.failed is not None:
+            return
+        self._closing = True
+        if self._transport is not None:  # else connection_made writes what waits, then closes
+            self.failed = "closed"
+            self._transport.close()  # after the send buffer is flushed

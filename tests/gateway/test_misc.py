@@ -130,3 +130,32 @@ def test_slow_client_bounded(upstream: Upstream, gateway: KcoordProcess) -> None
     assert sent < 64 * 1024 * 1024  # the sockets pushed back long before
     assert api_versions(gateway.port)  # others are served
     sock.close()
+
+
+@pytest.mark.parametrize("upstream", ["mock"], indirect=True)
+def test_acks_zero_producers(upstream: Upstream, gateway: KcoordProcess) -> None:
+    """Produce with acks=0 has no reply (Kafka sends none): the relay must not wait for one, or every
+    later reply on that connection would be matched to the wrong request."""
+    from kafka import KafkaProducer
+
+    kp = KafkaProducer(bootstrap_servers=gateway.bootstrap, acks=0)
+    for i in range(50):
+        kp.send("acks0", value=b"kp-%d" % i, partition=i % 4)
+    kp.flush(30)
+    assert kp.partitions_for("acks0") == {0, 1, 2, 3}  # a request after them is answered
+    for i in range(50, 100):
+        kp.send("acks0", value=b"kp-%d" % i, partition=i % 4)
+    kp.close(30)
+    cp = ck.Producer({"bootstrap.servers": gateway.bootstrap, "acks": 0})
+    for i in range(100):
+        cp.produce("acks0", value=b"ck-%d" % i, partition=i % 4)
+    assert cp.flush(30) == 0
+    assert "acks0" in cp.list_topics("acks0", timeout=10).topics
+    consumer = ck.Consumer({"bootstrap.servers": gateway.bootstrap, "group.id": "acks0-reader"})
+    consumer.assign([ck.TopicPartition("acks0", p, 0) for p in range(4)])
+    values: set[bytes] = set()
+    deadline = time.monotonic() + 30
+    while len(values) < 200 and time.monotonic() < deadline:
+        values |= {m.value() for m in consumer.consume(100, 1.0) if m.error() is None}
+    consumer.close()
+    assert values == {b"kp-%d" % i for i in range(100)} | {b"ck-%d" % i for i in range(100)}
