@@ -44,8 +44,12 @@ def kafkajs() -> Path:
 def kcat() -> str:
     found = shutil.which("kcat")
     if found is None and shutil.which("apt-get") and os.geteuid() == 0:
-        subprocess.run(["apt-get", "install", "-y", "-q", "kcat"], capture_output=True, timeout=600,
-                       env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        install = ["apt-get", "install", "-y", "-q", "kcat"]
+        if subprocess.run(install, capture_output=True, timeout=600, env=env).returncode != 0:
+            # a fresh machine may have no package lists yet
+            subprocess.run(["apt-get", "update", "-q"], capture_output=True, timeout=600, env=env)
+            subprocess.run(install, capture_output=True, timeout=600, env=env)
         found = shutil.which("kcat")
     if found is None:
         pytest.skip("kcat is not installed and could not be (apt-get install -y kcat needs root and Debian)")
