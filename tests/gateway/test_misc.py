@@ -159,3 +159,26 @@ def test_acks_zero_producers(upstream: Upstream, gateway: KcoordProcess) -> None
         values |= {m.value() for m in consumer.consume(100, 1.0) if m.error() is None}
     consumer.close()
     assert values == {b"kp-%d" % i for i in range(100)} | {b"ck-%d" % i for i in range(100)}
+
+
+def test_send_offsets_to_transaction_is_refused(tmp_path: Path) -> None:
+    """TxnOffsetCommit is not offered (it would write the upstream's __consumer_offsets): librdkafka's
+    send_offsets_to_transaction fails cleanly with UNSUPPORTED_FEATURE instead of committing elsewhere."""
+    mock = MockCluster(3)
+    kcoord = start_gateway(tmp_path, mock.bootstrap)
+    try:
+        producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap, "transactional.id": "eos"})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce("out", b"x", partition=0)
+        consumer = ck.Consumer({"bootstrap.servers": kcoord.bootstrap, "group.id": "eos-group"})
+        with pytest.raises(ck.KafkaException) as refused:
+            producer.send_offsets_to_transaction([ck.TopicPartition("in", 0, 5)], consumer.consumer_group_metadata(),
+                                                 20)
+        assert refused.value.args[0].code() == ck.KafkaError._UNSUPPORTED_FEATURE
+        producer.abort_transaction(30)
+        consumer.close()
+        assert "TxnOffsetCommit" not in relayed_apis(kcoord)
+    finally:
+        kcoord.stop()
+        mock.stop()
