@@ -28,9 +28,12 @@ class FrameReader:
     and fresh pages for every frame), a list join ~0.05 ms. That is what a relayed Produce request
     of a few hundred KB is (gateway mode)."""
 
-    __slots__ = ("_buf", "_chunk_bytes", "_chunk_size", "_chunks", "_max_bytes", "_pos", "error")
+    __slots__ = ("_buf", "_chunk_bytes", "_chunk_size", "_chunks", "_head", "_max_bytes", "_pos", "error")
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_FRAME_BYTES, include_size: bool = False) -> None:
+        """``include_size``: frames are handed out with their size prefix (a relay passes them on as
+        they are, and prefixing a multi-MB frame again would copy it once more)."""
+        self._head = 0 if include_size else 4  # where a handed-out frame starts, from its size field
         self._buf = bytearray()
         self._pos = 0
         self._max_bytes = max_bytes
@@ -57,16 +60,16 @@ class FrameReader:
         if size is None or size <= CHUNKED_BYTES or len(self._buf) - self._pos - 4 >= size:
             return
         with memoryview(self._buf) as view:
-            first = bytes(view[self._pos + 4:])
+            first = bytes(view[self._pos + self._head:])
         self._buf.clear()
         self._pos = 0
         self._chunks = [first]
         self._chunk_bytes = len(first)
-        self._chunk_size = size
+        self._chunk_size = size + 4 - self._head  # what is handed out
 
     def _head_size(self) -> int | None:
         if self._chunk_size >= 0:
-            return self._chunk_size
+            return self._chunk_size - 4 + self._head
         if self.error is not None or len(self._buf) - self._pos < 4:
             return None
         (size,) = _SIZE.unpack_from(self._buf, self._pos)
@@ -103,8 +106,8 @@ class FrameReader:
             raise self.error
         if size is None:
             return None
-        start = self._pos + 4
-        end = start + size
+        start = self._pos + self._head
+        end = self._pos + 4 + size
         if end > len(self._buf):
             return None
         with memoryview(self._buf) as view:  # one copy (slicing the bytearray itself would make two)
@@ -133,7 +136,7 @@ class FrameReader:
     @property
     def buffered(self) -> int:
         """Bytes received and not yet handed out (a truncated request at close, if any)."""
-        chunked = 4 + self._chunk_bytes if self._chunk_size >= 0 else 0
+        chunked = self._head + self._chunk_bytes if self._chunk_size >= 0 else 0  # a size field taken out counts
         return len(self._buf) - self._pos + chunked
 
     def head_size(self) -> int | None:

@@ -54,7 +54,7 @@ class UpstreamLink(asyncio.Protocol):
         self.failed: str | None = None
         self._pending: deque[tuple[Reply, Fallback | None, float]] = deque()
         self._out: list[bytes] = []  # frames sent before the connection is up
-        self._reader = FrameReader(MAX_REPLY_BYTES)  # large replies are assembled from chunks
+        self._reader = FrameReader(MAX_REPLY_BYTES, include_size=True)  # large ones assembled from chunks
         self._transport: asyncio.Transport | None = None
         self._paused = False
         self._blocked = False
@@ -99,7 +99,7 @@ class UpstreamLink(asyncio.Protocol):
         try:
             reader.feed(data)
             while self.failed is None and (reply := reader.next_frame()) is not None:
-                self._deliver(_SIZE.pack(len(reply)) + reply)
+                self._deliver(reply)
         except FrameError as exc:
             self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a bad frame: {exc}")
 

@@ -13,11 +13,13 @@ sizes = st.lists(st.sampled_from([0, 1, 9, 1000, CHUNKED_BYTES, CHUNKED_BYTES + 
 
 
 @settings(max_examples=25, deadline=None)
-@given(sizes=sizes, cuts=st.lists(st.integers(min_value=1, max_value=300_000), min_size=1, max_size=40))
-def test_any_split_gives_the_same_frames(sizes: list[int], cuts: list[int]) -> None:
-    frames = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
-    wire = b"".join(struct.pack(">i", len(f)) + f for f in frames)
-    reader = FrameReader(1 << 24)
+@given(sizes=sizes, cuts=st.lists(st.integers(min_value=1, max_value=300_000), min_size=1, max_size=40),
+       include_size=st.booleans())
+def test_any_split_gives_the_same_frames(sizes: list[int], cuts: list[int], include_size: bool) -> None:
+    payloads = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    wire = b"".join(struct.pack(">i", len(f)) + f for f in payloads)
+    frames = [struct.pack(">i", len(f)) + f for f in payloads] if include_size else payloads
+    reader = FrameReader(1 << 24, include_size)
     got: list[bytes] = []
     pos, i = 0, 0
     while pos < len(wire):
@@ -29,6 +31,6 @@ def test_any_split_gives_the_same_frames(sizes: list[int], cuts: list[int]) -> N
             frame = reader.next_frame()
             assert frame is not None
             got.append(frame)
-        assert reader.buffered == len(wire[:pos]) - sum(4 + len(f) for f in got)
+        assert reader.buffered == len(wire[:pos]) - sum(len(f) + (0 if include_size else 4) for f in got)
     assert got == frames
     assert reader.buffered == 0
