@@ -83,7 +83,17 @@ async def serve(config: Config, event_loop: str = "asyncio") -> int:
     exporter = Exporter(runtime, server, _version(), event_loop)
     if config.metrics_listen is not None:
         host, port = exporter.bind(*config.metrics_listen)  # before anything is created on disk
+    gateway = None
+    if config.upstream:
+        from coordinator.gateway.metrics import GatewayMetrics
+        from coordinator.gateway.relay import Gateway
+
+        gateway = Gateway(server, config, GatewayMetrics())
+        exporter.registry.register(gateway.metrics)
+        server.gateway = gateway
     await server.start()
+    if gateway is not None:
+        await gateway.start()
     exporter.start()
     if config.metrics_listen is not None:
         log.info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)", host, port)
@@ -96,6 +106,8 @@ async def serve(config: Config, event_loop: str = "asyncio") -> int:
     log.info("signal received: stopping (no new requests; pending writes get %d ms to finish)",
              config.shutdown_timeout_ms)
     freezer.cancel()
+    if gateway is not None:
+        gateway.stop()
     clean = await server.stop(config.shutdown_timeout_ms / 1000.0)
     exporter.stop()
     return 0 if clean else EXIT_ABANDONED

@@ -58,6 +58,11 @@ class Config:
     log_format: str = "text"
     sync_mode: str = "syncfs"
     metrics_listen: tuple[str, int] | None = ("127.0.0.1", 9404)  # None: no metrics listener
+    upstream: tuple[tuple[str, int], ...] = ()  # gateway mode when set: the upstream cluster's bootstrap
+    broker_port_base: int | None = None  # gateway: node N listens on base + N (None: any free port)
+    broker_host: str | None = None  # gateway: host advertised for the node listeners (None: advertised host)
+    upstream_timeout_ms: int = 30_000
+    upstream_refresh_ms: int = 10_000
 
     def groups(self) -> GroupConfig:
         return GroupConfig(
@@ -126,6 +131,13 @@ def sync_mode(value: str) -> str:
     return mode
 
 
+def host_port_list(value: str) -> tuple[tuple[str, int], ...]:
+    addresses = tuple(parse_host_port(part.strip()) for part in value.split(",") if part.strip())
+    if not addresses:
+        raise ValueError("expected HOST:PORT[,HOST:PORT...]")
+    return addresses
+
+
 def optional_host_port(value: str) -> tuple[str, int] | None:
     return None if value.strip().lower() in OFF else parse_host_port(value)
 
@@ -191,6 +203,20 @@ OPTIONS: list[Option] = [
     Option("--metrics-listen", "KCOORD_METRICS_LISTEN", optional_host_port, _field("metrics_listen"),
            "HOST:PORT of the HTTP listener for /metrics, /healthz and /readyz, or 'off' (default 127.0.0.1:9404)",
            "HOST:PORT"),
+    Option("--upstream", "KCOORD_UPSTREAM", host_port_list, _field("upstream"),
+           "gateway mode: HOST:PORT[,HOST:PORT...] of an upstream Kafka-compatible cluster whose data path kcoord "
+           "relays while answering every group API itself (default: none, standalone coordinator)",
+           "HOST:PORT,..."),
+    Option("--broker-port-base", "KCOORD_BROKER_PORT_BASE", bounded_int(0, 65535), _field("broker_port_base"),
+           "gateway mode: the listener standing for upstream node N binds port BASE+N (default: any free port)"),
+    Option("--broker-advertised-host", "KCOORD_BROKER_ADVERTISED_HOST", str, _field("broker_host"),
+           "gateway mode: host name clients are given for the per-broker listeners (default: the advertised "
+           "host)", "HOST"),
+    Option("--upstream-timeout-ms", "KCOORD_UPSTREAM_TIMEOUT_MS", bounded_int(100), _field("upstream_timeout_ms"),
+           "gateway mode: longest wait for an upstream connection or reply before the client's connection is "
+           "closed (clients retry) (default 30000)"),
+    Option("--upstream-refresh-ms", "KCOORD_UPSTREAM_REFRESH_MS", bounded_int(100), _field("upstream_refresh_ms"),
+           "gateway mode: how often the upstream's brokers are re-read from its Metadata (default 10000)"),
     Option("--log-level", "KCOORD_LOG_LEVEL", log_level, _field("log_level"),
            "DEBUG, INFO, WARNING or ERROR (default INFO)", "LEVEL"),
     Option("--log-format", "KCOORD_LOG_FORMAT", log_format, _field("log_format"),

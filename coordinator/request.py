@@ -15,6 +15,7 @@ from protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
     from coordinator.apis import Api
+    from coordinator.server import Connection
 
 Fixup = Callable[[ErrorCode], None]
 
@@ -46,6 +47,29 @@ class ShardUnavailable(Exception):
     def __init__(self, error: ErrorCode) -> None:
         super().__init__(error.name)
         self.error = error
+
+
+class Relayed:
+    """A reply slot whose bytes come from elsewhere (gateway mode: an upstream broker's reply, passed on
+    unchanged or rewritten); it keeps its place among the connection's replies."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data: bytes | None = None
+
+
+class Gateway(Protocol):
+    """Gateway mode (coordinator/gateway), as the server sees it: takes the frames kcoord does not
+    answer itself, and hears when a connection closes or can take replies again."""
+
+    def route(self, conn: "Connection", frame: bytes, api_key: int, version: int, correlation_id: int) -> bool:
+        """True if the gateway took the frame (it queued a ``Relayed`` slot with ``conn.enqueue``)."""
+        ...
+
+    def closed(self, conn: "Connection") -> None: ...
+
+    def writable(self, conn: "Connection", writable: bool) -> None: ...
 
 
 class Request:

@@ -37,7 +37,7 @@ from typing import Any, cast
 
 from coordinator.apis import APIS, Api, load_all
 from coordinator.handoff import on_loop
-from coordinator.request import PARKED, Lazy, Request, ShardUnavailable
+from coordinator.request import PARKED, Gateway, Lazy, Relayed, Request, ShardUnavailable
 from coordinator.runtime import Runtime
 from protocol.errors import ErrorCode
 from protocol.framing import FrameError, FrameReader
@@ -60,11 +60,14 @@ IDLE_SWEEP_S = 30.0
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, server: "Server") -> None:
+    def __init__(self, server: "Server", node: int | None = None) -> None:
         self._server = server
+        self.node = node  # gateway mode: the upstream node id this connection's listener stands for
+        self.held = 0  # gateway mode: upstream links that cannot take more bytes now
+        self.links: Any = None  # gateway mode: this connection's upstream links
         self._runtime = server.runtime
         self._reader = FrameReader(server.runtime.config.max_frame_bytes)
-        self._queue: deque[Request] = deque()  # requests in reply order
+        self._queue: deque[Request | Relayed] = deque()  # requests in reply order
         self._transport: asyncio.Transport | None = None
         self.peer = "?"
         self.closed = False
@@ -96,6 +99,8 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._server.connections.discard(self)
+        if self._server.gateway is not None:
+            self._server.gateway.closed(self)
         self._watch_large_frame(0)
         self._server.release(self._reserved)
         self._reserved = 0
@@ -123,10 +128,14 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._send_blocked = True
+        if self._server.gateway is not None:
+            self._server.gateway.writable(self, False)
         self._update_reading()
 
     def resume_writing(self) -> None:
         self._send_blocked = False
+        if self._server.gateway is not None:
+            self._server.gateway.writable(self, True)
         self._server.schedule(self)
         self._update_reading()
 
@@ -180,7 +189,7 @@ class Connection(asyncio.Protocol):
 
     def _can_start(self) -> bool:
         return (not self._send_blocked and self._bulk is None and len(self._queue) < MAX_IN_FLIGHT
-                and not self._server.stopping)
+                and not self.held and not self._server.stopping)
 
     def _update_reading(self) -> None:
         """Reads unless memory is short or a backlog of complete frames waits for the dispatcher (which
@@ -223,6 +232,9 @@ class Connection(asyncio.Protocol):
             api_key, version, correlation_id = peek_header(frame)
         except HeaderError as exc:
             self.abort(str(exc), "header")
+            return
+        gateway = self._server.gateway
+        if gateway is not None and gateway.route(self, frame, api_key, version, correlation_id):
             return
         api = APIS.get(api_key)
         if api is None:
@@ -298,6 +310,18 @@ class Connection(asyncio.Protocol):
         if response is not PARKED:
             req.response = response
         req.done()
+
+    def enqueue(self, slot: Relayed) -> None:
+        """Gateway mode: a reply slot in request order, filled later by ``slot_filled``."""
+        self._queue.append(slot)
+
+    def slot_filled(self) -> None:
+        self._server.want_write(self)
+
+    def unhold(self) -> None:
+        self.held -= 1
+        if not self.held:
+            self._server.schedule(self)
 
     def reply_ready(self, req: Request) -> None:
         """The request's response is final: encode it (off the loop if large), then queue a write."""
@@ -420,6 +444,8 @@ class Server:
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.loop = asyncio.get_event_loop_policy().get_event_loop()
+        self.gateway: Gateway | None = None
+        self._listeners: list[asyncio.AbstractServer] = []  # gateway mode: one per upstream broker
         apis = load_all()
         missing = set(REGISTRY) - set(apis)
         if missing:
@@ -448,6 +474,11 @@ class Server:
         log.info("kcoord listening on %s:%d (node %d, %d offsets partitions, data in %s)",
                  sock[0], sock[1], cfg.node_id, cfg.offsets_partitions, cfg.data_dir)
         return sock[0], sock[1]
+
+    async def add_listener(self, sock: Any, node: int) -> None:
+        """Gateway mode: serves an already bound socket whose connections stand for upstream ``node``."""
+        listener = await self.loop.create_server(lambda: Connection(self, node), sock=sock)
+        self._listeners.append(listener)
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -546,6 +577,8 @@ class Server:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
+        for listener in self._listeners:
+            listener.close()
         for conn in list(self.connections):
             conn.stop_reading()
         # Pending batches become durable (their requests are answered) or are failed at the deadline.

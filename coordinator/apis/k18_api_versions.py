@@ -20,7 +20,7 @@ Response = SPEC.response.cls
 _SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 
 
-def _valid_software(value: str | None) -> bool:
+def valid_software(value: str | None) -> bool:
     return value is not None and _SOFTWARE.fullmatch(value) is not None
 
 
@@ -31,7 +31,7 @@ def error_response(body: Any, version: int, error: ErrorCode) -> Any:
 @handles(SPEC, error_response=error_response)
 def api_versions(runtime: Runtime, req: Request, body: Any) -> Any:
     if req.version >= 3 and not (
-        _valid_software(body.client_software_name) and _valid_software(body.client_software_version)
+        valid_software(body.client_software_name) and valid_software(body.client_software_version)
     ):
         return error_response(body, req.version, ErrorCode.INVALID_REQUEST)
     keys = [Response.ApiVersion(api_key=key, min_version=lo, max_version=hi) for key, lo, hi in supported_versions()]

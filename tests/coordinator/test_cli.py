@@ -155,3 +155,16 @@ def test_dump_log_into_a_closed_pipe_stops_quietly(tmp_path: Path) -> None:
                             timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.stdout == "# __consumer_offsets-0\n"
     assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr
+
+
+def test_gateway_options() -> None:
+    assert parse([], {}).upstream == ()  # standalone unless asked
+    cfg = parse(["--upstream", "a:9092, PLAINTEXT://b:9093", "--broker-port-base", "19000",
+                 "--broker-advertised-host", "kc.example"], {"KCOORD_UPSTREAM_TIMEOUT_MS": "5000"})
+    assert cfg.upstream == (("a", 9092), ("b", 9093))
+    assert (cfg.broker_port_base, cfg.broker_host, cfg.upstream_timeout_ms) == (19000, "kc.example", 5000)
+    assert parse([], {"KCOORD_UPSTREAM": "[::1]:9092"}).upstream == (("::1", 9092),)
+    with pytest.raises(ConfigError, match=re.escape("--upstream=','")):
+        parse(["--upstream", ","])
+    with pytest.raises(ConfigError, match=re.escape("--upstream-timeout-ms='5'")):
+        parse(["--upstream-timeout-ms", "5"])

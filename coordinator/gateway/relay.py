@@ -1,0 +1,294 @@
+"""Gateway mode's per-request routing, plugged into the server (``Server.gateway``).
+
+Every frame is routed by its api key before anything is decoded:
+
+* group APIs (``rewrite.LOCAL``) go to kcoord's own handlers, as in standalone mode;
+* ApiVersions is answered here from the upstream's versions (``rewrite.api_versions``);
+* FindCoordinator is decoded: group keys are answered here with a node of the Metadata answers (the
+  listener asked, so the client reuses its connection), transaction keys go upstream and come back
+  with the coordinator's address rewritten;
+* Metadata and DescribeCluster go upstream and come back with every broker address rewritten;
+* everything else goes upstream untouched, and its reply comes back untouched.
+
+A relayed request takes a ``Relayed`` slot in the connection's reply queue, so replies leave in request
+order whoever answers them. When an upstream broker cannot be reached, does not answer within
+``--upstream-timeout-ms`` or closes the link, the client's connection is closed: every Kafka client
+treats that as a retriable network error (it refreshes metadata and reconnects), and kcoord itself
+keeps serving groups and offsets on every listener.
+"""
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+from coordinator.apis import k10_find_coordinator as k10
+from coordinator.apis import k18_api_versions as k18
+from coordinator.config import Config
+from coordinator.gateway import rewrite
+from coordinator.gateway.cluster import Cluster
+from coordinator.gateway.metrics import GatewayMetrics
+from coordinator.gateway.upstream import LinkOwner, UpstreamLink
+from coordinator.request import Relayed
+from coordinator.server import Connection, Server
+from protocol.codec import MessageCodec
+from protocol.registry import DecodeError, api_versions_fallback
+
+log = logging.getLogger(__name__)
+
+SWEEP_S = 1.0
+
+
+class ClientLinks(LinkOwner):
+    """One client connection's upstream links, by upstream address."""
+
+    def __init__(self, gateway: "Gateway", conn: Connection) -> None:
+        self.gateway = gateway
+        self.conn = conn
+        self.links: dict[tuple[str, int], UpstreamLink] = {}
+
+    def link_for(self, addr: tuple[str, int], node: int) -> UpstreamLink:
+        link = self.links.get(addr)
+        if link is None or link.failed is not None:
+            link = UpstreamLink(addr, self, self.gateway.timeout_s, node)
+            self.links[addr] = link
+        return link
+
+    def link_blocked(self, blocked: bool) -> None:
+        if blocked:
+            self.conn.held += 1
+        else:
+            self.conn.unhold()
+
+    def link_failed(self, link: UpstreamLink, why: str, outstanding: int) -> None:
+        """A link with requests outstanding takes its client's connection with it (their replies can
+        never come); an idle one is just dropped, and the next request opens a new one."""
+        if self.links.get(link.addr) is link:
+            del self.links[link.addr]
+        if "cannot connect" in why or "did not answer" in why:
+            self.gateway.cluster.mark_down(link.addr)
+        if outstanding and not self.conn.closed:
+            self.gateway.metrics.upstream_error(link.node, why)
+            self.conn.abort(why, "upstream")
+
+    def close(self) -> None:
+        for link in list(self.links.values()):
+            link.close()
+        self.links.clear()
+
+
+class Gateway:
+    """Implements ``coordinator.server.Gateway``; owns the cluster view and the per-node listeners."""
+
+    def __init__(self, server: Server, config: Config, metrics: GatewayMetrics | None = None) -> None:
+        self.server = server
+        self.config = config
+        self.timeout_s = config.upstream_timeout_ms / 1000.0
+        self.metrics = metrics or GatewayMetrics()
+        self.cluster = Cluster(config, self._serve_listener)
+        self.metrics.upstream_brokers = lambda: len(self.cluster.brokers)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._starting: set[asyncio.Task[None]] = set()  # listeners being set up (a task needs a reference)
+
+    async def start(self, wait_s: float = 10.0) -> None:
+        """First discovery (bounded: an upstream that is down at start-up is retried in the background,
+        while kcoord already serves groups and offsets), then the refresher and the timeout sweeper."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while not await self.cluster.refresh() and loop.time() < deadline:
+            await asyncio.sleep(0.5)
+        self._tasks = [loop.create_task(self.cluster.run()), loop.create_task(self._sweep())]
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    def _serve_listener(self, sock: socket.socket, node: int) -> None:
+        """The socket is bound and listening already (its port is given out at once); serving starts on
+        the loop. Connections arriving in between wait in its backlog."""
+        task = asyncio.get_running_loop().create_task(self.server.add_listener(sock, node))
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    # -- coordinator.server.Gateway ------------------------------------------------------------
+
+    def route(self, conn: Connection, frame: bytes, api_key: int, version: int, correlation_id: int) -> bool:
+        if api_key in rewrite.LOCAL:
+            return False
+        if api_key == rewrite.API_VERSIONS:
+            self._api_versions(conn, frame, version, correlation_id)
+        elif api_key == rewrite.FIND_COORDINATOR:
+            self._find_coordinator(conn, frame, version, correlation_id)
+        elif api_key == rewrite.METADATA and version <= rewrite.CAPS[rewrite.METADATA]:
+            self._relay(conn, frame, api_key, version, self._brokers_rewriter(rewrite.METADATA_RESPONSE, version),
+                        lambda: self._metadata_from_cache(frame, version, correlation_id))
+        elif api_key == rewrite.DESCRIBE_CLUSTER and version <= rewrite.CAPS[rewrite.DESCRIBE_CLUSTER]:
+            self._relay(conn, frame, api_key, version,
+                        self._brokers_rewriter(rewrite.DESCRIBE_CLUSTER_RESPONSE, version))
+        elif api_key in (rewrite.METADATA, rewrite.DESCRIBE_CLUSTER):
+            conn.abort(f"api {api_key} v{version} is above what the gateway offers", "unsupported_version")
+        elif api_key == rewrite.PRODUCE and self._unanswered(conn, frame, version):
+            pass
+        else:
+            self._relay(conn, frame, api_key, version, None)
+        return True
+
+    def _unanswered(self, conn: Connection, frame: bytes, version: int) -> bool:
+        """A Produce with acks=0 gets no reply from the broker (nor from Kafka): sent on, no reply slot."""
+        try:
+            acks = rewrite.produce_acks(frame, version)
+        except rewrite.RewriteError as exc:
+            conn.abort(f"malformed request: {exc}", "malformed")
+            return True
+        if acks != 0:
+            return False
+        addr = self.cluster.target(conn.node)
+        if addr is None:
+            conn.abort(f"no upstream address known for node {conn.node}", "upstream")
+            return True
+        links = conn.links
+        if not isinstance(links, ClientLinks):
+            links = conn.links = ClientLinks(self, conn)
+        links.link_for(addr, -1 if conn.node is None else conn.node).send_only(frame)
+        self.metrics.relayed(rewrite.PRODUCE, -1 if conn.node is None else conn.node, len(frame) + 4, 0, 0.0)
+        return True
+
+    def closed(self, conn: Connection) -> None:
+        if isinstance(conn.links, ClientLinks):
+            conn.links.close()
+
+    def writable(self, conn: Connection, writable: bool) -> None:
+        if isinstance(conn.links, ClientLinks):
+            for link in conn.links.links.values():
+                link.pause(not writable)
+
+    # -- answers -------------------------------------------------------------------------------
+
+    def _reply(self, conn: Connection, data: bytes) -> None:
+        slot = Relayed()
+        slot.data = data
+        conn.enqueue(slot)
+        conn.slot_filled()
+
+    def _api_versions(self, conn: Connection, frame: bytes, version: int, correlation_id: int) -> None:
+        spec = k18.SPEC
+        if version > spec.max_version:
+            self._reply(conn, api_versions_fallback(correlation_id))
+            return
+        if version < spec.min_version:
+            conn.abort(f"ApiVersions v{version} is not supported", "unsupported_version")
+            return
+        offered = self.cluster.offered
+        if offered is None:
+            conn.abort("no upstream broker has answered yet: cannot say which APIs are available", "upstream")
+            return
+        try:
+            _, body = spec.decode_request(frame, version)
+        except DecodeError as exc:
+            conn.abort(f"malformed request: {exc}", "malformed")
+            return
+        software = (body.client_software_name, body.client_software_version) if version >= 3 else None
+        self._reply(conn, rewrite.api_versions_response(offered, version, correlation_id, software))
+
+    def _find_coordinator(self, conn: Connection, frame: bytes, version: int, correlation_id: int) -> None:
+        spec = k10.SPEC
+        if not spec.supports(version):
+            conn.abort(f"FindCoordinator v{version} is not supported", "unsupported_version")
+            return
+        try:
+            _, body = spec.decode_request(frame, version)
+        except DecodeError as exc:
+            conn.abort(f"malformed request: {exc}", "malformed")
+            return
+        key_type = body.key_type if version >= 1 else k10.GROUP
+        if key_type == k10.TRANSACTION:
+            self._relay(conn, frame, rewrite.FIND_COORDINATOR, version,
+                        lambda reply: rewrite.rewrite_find_coordinator(reply, version, self.cluster.address))
+            return
+        keys = list(body.coordinator_keys) if version >= 4 else [body.key]
+        if key_type == k10.GROUP:
+            answer = rewrite.find_coordinator_local(version, keys, self.cluster.coordinator_for(conn.node))
+        else:
+            error, message = k10.resolve(key_type)
+            answer = k10.answer(version, keys, error, message, (-1, "", -1))
+        self._reply(conn, spec.encode_response(answer, version, correlation_id))
+
+    def _metadata_from_cache(self, frame: bytes, version: int, correlation_id: int) -> bytes:
+        """The upstream did not answer a Metadata request: kcoord answers from what it knows (every broker,
+        each topic asked for LEADER_NOT_AVAILABLE, which clients retry), so clients keep a usable broker
+        list and keep reaching the group coordinator while the upstream is away."""
+        self.metrics.metadata_from_cache += 1
+        _, body = rewrite.METADATA_REQUEST.decode_request(frame, version)
+        return rewrite.metadata_from_cache(body, version, correlation_id, self.cluster)
+
+    def _brokers_rewriter(self, codec: MessageCodec, version: int) -> Callable[[bytes], bytes]:
+        return lambda reply: rewrite.rewrite_brokers(codec, reply, version, self.cluster)
+
+    # -- relay ---------------------------------------------------------------------------------
+
+    def _relay(self, conn: Connection, frame: bytes, api_key: int, version: int,
+               finish: Callable[[bytes], bytes] | None, fallback: Callable[[], bytes] | None = None) -> None:
+        """Relays to the listener's broker. With a ``fallback`` (Metadata, which any broker answers),
+        brokers known to be down are tried last and, when a link fails, the next broker is tried, then
+        the fallback answers: a client asking a dead broker's listener still learns where leaders went."""
+        primary = self.cluster.target(conn.node)
+        node = -1 if conn.node is None else conn.node
+        if primary is None:
+            self.metrics.upstream_error(node, "unknown node")
+            conn.abort(f"no upstream address known for node {conn.node}", "upstream")
+            return
+        candidates = self.cluster.candidates(primary) if fallback is not None else [primary]
+        links = conn.links
+        if not isinstance(links, ClientLinks):
+            links = conn.links = ClientLinks(self, conn)
+        slot = Relayed()
+        conn.enqueue(slot)
+        metrics = self.metrics
+        started = time.perf_counter()
+
+        def on_reply(reply: bytes) -> None:
+            if finish is not None:
+                try:
+                    reply = finish(reply)
+                except rewrite.RewriteError as exc:
+                    metrics.upstream_error(node, "unparsable reply")
+                    conn.abort(f"upstream reply could not be rewritten: {exc}", "upstream")
+                    return
+            slot.data = reply
+            metrics.relayed(api_key, node, len(frame) + 4, len(reply), time.perf_counter() - started)
+            conn.slot_filled()
+
+        def attempt() -> None:
+            addr = candidates.pop(0)
+            if self.server.debug:
+                log.debug("%s: api %d v%d relayed to node %d at %s:%d", conn.peer, api_key, version, node, *addr)
+            links.link_for(addr, node).send(frame, on_reply, on_fail if fallback is not None else None)
+
+        def on_fail() -> None:
+            assert fallback is not None
+            if conn.closed:
+                return
+            if candidates:
+                attempt()
+                return
+            try:
+                slot.data = fallback()
+            except DecodeError as exc:
+                conn.abort(f"malformed request: {exc}", "malformed")
+                return
+            conn.slot_filled()
+
+        attempt()
+
+    async def _sweep(self) -> None:
+        """Fails links whose oldest request has waited longer than --upstream-timeout-ms."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            now = asyncio.get_running_loop().time()
+            for conn in list(self.server.connections):
+                if isinstance(conn.links, ClientLinks):
+                    for link in list(conn.links.links.values()):
+                        if link.overdue(now):
+                            link.fail(f"upstream {link.addr[0]}:{link.addr[1]} did not answer within "
+                                      f"{self.timeout_s:g} s")

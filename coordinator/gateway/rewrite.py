@@ -1,0 +1,217 @@
+"""What the gateway changes in the upstream's answers, and the versions it therefore offers.
+
+Only replies that carry broker addresses are decoded: Metadata, DescribeCluster and FindCoordinator for
+transaction keys. Their brokers keep their node ids and get the address of kcoord's listener for that
+node, so a client never learns an upstream address. Produce (v10+) and Fetch (v16+) replies may carry
+leader endpoints too: those versions are not offered, so none appear and those replies pass undecoded.
+
+ApiVersions is the intersection: APIs kcoord answers itself (the group APIs) at kcoord's versions,
+relayed APIs at the upstream's versions, capped where kcoord must parse the reply, and group-like APIs
+kcoord does not implement (KIP-848 consumer groups, share and streams groups, TxnOffsetCommit) left
+out so that no client takes them to the upstream's own coordinator.
+"""
+
+import struct
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from coordinator.apis import k03_metadata as k03
+from coordinator.apis import k10_find_coordinator as k10
+from coordinator.apis import k18_api_versions as k18
+from coordinator.apis import load_all
+from protocol.codec import MessageCodec, read_uvarint
+from protocol.errors import ErrorCode
+from protocol.header import response_header
+from protocol.registry import REGISTRY, skip_tagged_fields
+from protocol.schema import load_message
+
+_SIZE = struct.Struct(">i")
+_NO_ID = uuid.UUID(int=0)
+LEADER_NOT_AVAILABLE = 5  # retriable: clients ask again shortly
+
+# Answered by kcoord's own coordinator on every listener, at kcoord's versions.
+LOCAL = frozenset({8, 9, 11, 12, 13, 14, 15, 16, 42, 47})
+FIND_COORDINATOR, METADATA, API_VERSIONS, DESCRIBE_CLUSTER = 10, 3, 18, 60
+PRODUCE, FETCH = 0, 1
+# Never offered: TxnOffsetCommit (it would write the upstream's __consumer_offsets, through a broker
+# that is not the upstream's coordinator for the group), ConsumerGroupHeartbeat/Describe (KIP-848),
+# share-group and streams-group APIs and the broker-internal share-state ones.
+HIDDEN = frozenset({28, 68, 69, *range(76, 93)})
+
+
+def _codec(name: str) -> MessageCodec:
+    return MessageCodec(load_message(name))
+
+
+METADATA_REQUEST = k03.SPEC
+METADATA_RESPONSE = k03.SPEC.response
+DESCRIBE_CLUSTER_RESPONSE = _codec("DescribeClusterResponse")
+FIND_COORDINATOR_RESPONSE = k10.SPEC.response
+
+# The highest version of each rewritten or capped API the gateway relays.
+CAPS = {
+    PRODUCE: 9,  # v10 adds NodeEndpoints (leader hints) to NOT_LEADER replies
+    FETCH: 15,  # v16 adds NodeEndpoints
+    METADATA: 12,  # kcoord's Metadata codec
+    DESCRIBE_CLUSTER: DESCRIBE_CLUSTER_RESPONSE.spec.valid[1],
+    FIND_COORDINATOR: k10.SPEC.max_version,
+    API_VERSIONS: k18.SPEC.max_version,
+}
+
+Address = Callable[[int], tuple[str, int] | None]  # node id -> kcoord's listener for it
+
+
+class RewriteError(Exception):
+    """An upstream reply that cannot be parsed at its version."""
+
+
+def decode_reply(codec: MessageCodec, frame: bytes, version: int) -> tuple[int, Any]:
+    """``(correlation id, body)`` of a framed reply."""
+    try:
+        (correlation,) = struct.unpack_from(">i", frame, 4)
+        pos = 8
+        if codec.spec.is_flexible(version):
+            pos = skip_tagged_fields(frame, pos)
+        body, _ = codec.decode(frame, version, pos)
+    except (ValueError, struct.error) as exc:
+        raise RewriteError(f"{codec.spec.name} v{version}: {exc}") from exc
+    return correlation, body
+
+
+def _encode(codec: MessageCodec, body: Any, version: int, correlation: int, flexible_header: bool = True) -> bytes:
+    payload = codec.encode(body, version)
+    head = response_header(correlation, flexible_header and codec.spec.is_flexible(version))
+    return _SIZE.pack(len(head) + len(payload)) + head + payload
+
+
+class ClusterFacts(Protocol):
+    cluster_id: str | None
+    controller_id: int
+
+    def address(self, node: int) -> tuple[str, int] | None: ...
+
+    def learn(self, brokers: Iterable[tuple[int, str, int]]) -> None: ...
+
+    def nodes(self) -> list[int]: ...
+
+
+def rewrite_brokers(codec: MessageCodec, frame: bytes, version: int, cluster: ClusterFacts) -> bytes:
+    """Metadata or DescribeCluster: every broker gets kcoord's listener for its node id; the upstream
+    addresses are learnt first (listeners are made for new node ids there)."""
+    correlation, body = decode_reply(codec, frame, version)
+    brokers = body.brokers
+    cluster.learn([(b.node_id if hasattr(b, "node_id") else b.broker_id, b.host, b.port) for b in brokers])
+    if hasattr(body, "cluster_id") and body.cluster_id is not None:
+        cluster.cluster_id = body.cluster_id
+    if getattr(body, "controller_id", -1) >= 0:
+        cluster.controller_id = body.controller_id
+    address = cluster.address
+    for b in brokers:
+        mapped = address(b.node_id if hasattr(b, "node_id") else b.broker_id)
+        if mapped is not None:
+            b.host, b.port = mapped
+    return _encode(codec, body, version, correlation)
+
+
+def metadata_from_cache(request: Any, version: int, correlation: int, cluster: ClusterFacts) -> bytes:
+    """A Metadata answer without the upstream: the brokers known, every topic asked for retriable."""
+    cls = METADATA_RESPONSE.cls
+    brokers = []
+    for node in cluster.nodes():
+        mapped = cluster.address(node)
+        if mapped is not None:
+            brokers.append(cls.MetadataResponseBroker(node_id=node, host=mapped[0], port=mapped[1], rack=None))
+    # Before v12 a response topic has a name, even when the request looked one up by id.
+    topics = [cls.MetadataResponseTopic(error_code=LEADER_NOT_AVAILABLE,
+                                        name=t.name if t.name is not None or version >= 12 else "",
+                                        topic_id=getattr(t, "topic_id", None) or _NO_ID, is_internal=False,
+                                        partitions=[]) for t in request.topics or []]
+    body = cls(throttle_time_ms=0, brokers=brokers, cluster_id=cluster.cluster_id, controller_id=cluster.controller_id,
+               topics=topics)
+    return _encode(METADATA_RESPONSE, body, version, correlation)
+
+
+def produce_acks(frame: bytes, version: int) -> int:
+    """The ``acks`` of a Produce request (frame without its size): 0 means the broker sends no reply,
+    so the relay must not wait for one. Header v1 up to v8, v2 (tagged fields) from v9; the body
+    starts with the transactional id from v3 (a compact string from v9)."""
+    try:
+        (n,) = struct.unpack_from(">h", frame, 8)
+        pos = 10 + max(n, 0)
+        if version >= 9:
+            pos = skip_tagged_fields(frame, pos)
+        if version >= 9:
+            length, pos = read_uvarint(frame, pos)
+            pos += max(length - 1, 0)
+        elif version >= 3:
+            (n,) = struct.unpack_from(">h", frame, pos)
+            pos += 2 + max(n, 0)
+        (acks,) = struct.unpack_from(">h", frame, pos)
+    except (ValueError, struct.error) as exc:
+        raise RewriteError(f"Produce v{version}: {exc}") from exc
+    return int(acks)
+
+
+def rewrite_find_coordinator(frame: bytes, version: int, address: Address) -> bytes:
+    """FindCoordinator for transaction keys, answered upstream: the coordinator's address becomes
+    kcoord's listener for that node."""
+    codec = FIND_COORDINATOR_RESPONSE
+    correlation, body = decode_reply(codec, frame, version)
+    nodes = body.coordinators if version >= 4 else [body]
+    for node in nodes:
+        mapped = address(node.node_id) if node.node_id >= 0 else None
+        if mapped is not None:
+            node.host, node.port = mapped
+    return _encode(codec, body, version, correlation)
+
+
+def find_coordinator_local(version: int, keys: list[str], node: tuple[int, str, int] | None) -> Any:
+    """Group keys, answered by kcoord: ``node`` is a node of the Metadata answers with exactly the
+    address kcoord gives it there; None while no upstream broker is known (a retriable error)."""
+    if node is None:
+        return k10.answer(version, keys, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                          "the gateway knows no upstream broker yet", (-1, "", -1))
+    return k10.answer(version, keys, ErrorCode.NONE, None, node)
+
+
+def api_versions(upstream: dict[int, tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """``(key, min, max)`` offered to clients, given the upstream's ranges."""
+    load_all()  # every local API registered (the server has done it; a lone caller may not have)
+    out: dict[int, tuple[int, int]] = {}
+    for key, (lo, hi) in upstream.items():
+        if key in HIDDEN or key in LOCAL:
+            continue
+        if key in CAPS:
+            ours = REGISTRY.get(key)
+            floor = max(lo, ours.min_version) if ours is not None and key in (FIND_COORDINATOR, API_VERSIONS) else lo
+            hi = min(hi, CAPS[key])
+            if hi < floor:
+                continue
+            lo = floor
+        out[key] = (lo, hi)
+    for key in LOCAL | {FIND_COORDINATOR, API_VERSIONS}:
+        spec = REGISTRY.get(key)
+        if spec is not None and key not in out:
+            out[key] = (spec.min_version, spec.max_version)
+    return [(key, lo, hi) for key, (lo, hi) in sorted(out.items())]
+
+
+def api_versions_response(versions: list[tuple[int, int, int]], version: int, correlation: int,
+                          software: tuple[str | None, str | None] | None) -> bytes:
+    """kcoord's ApiVersions answer in gateway mode (v3+ requests name valid client software)."""
+    cls = k18.Response
+    if version >= 3 and software is not None and not all(k18.valid_software(v) for v in software):
+        body = cls(error_code=ErrorCode.INVALID_REQUEST, api_keys=[], throttle_time_ms=0)
+    else:
+        body = cls(error_code=0, throttle_time_ms=0,
+                   api_keys=[cls.ApiVersion(api_key=k, min_version=lo, max_version=hi) for k, lo, hi in versions])
+    return k18.SPEC.encode_response(body, version, correlation)
+
+
+def parse_api_versions(frame: bytes) -> dict[int, tuple[int, int]]:
+    """The upstream's ApiVersions v0 reply (framed) as key -> (min, max)."""
+    _, body = decode_reply(k18.SPEC.response, frame, 0)
+    if body.error_code:
+        raise RewriteError(f"upstream ApiVersions error {body.error_code}")
+    return {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}

@@ -1,0 +1,219 @@
+"""Connections to upstream brokers.
+
+One ``UpstreamLink`` per (client connection, upstream broker): the client's frames go out unchanged, in
+order, with the client's own correlation ids, and the broker answers in order on that connection, so a
+FIFO of reply callbacks is all the matching needed (no id rewriting, no shared state between clients).
+Replies are handed on as whole frames *including* their size prefix, copied once out of the receive
+buffer, so a pass-through reply is written to the client without being re-framed.
+
+Flow control both ways: the link tells its owner when its send buffer is over the high-water mark (the
+owner stops reading requests from its client), and can be paused while the client does not take replies
+(the upstream socket then pushes back on the broker).
+"""
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+from collections import deque
+from collections.abc import Callable
+from typing import cast
+
+from protocol.framing import FrameError, FrameReader
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+MAX_REPLY_BYTES = 1 << 30  # a Fetch reply is bounded by the client's fetch.max.bytes; this only refuses nonsense
+WRITE_BUFFER_HIGH = 1024 * 1024
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+
+Reply = Callable[[bytes], None]
+Fallback = Callable[[], None]  # a request's own answer when its link fails (else the client's connection closes)
+
+
+class LinkOwner:
+    """What a link reports to: its client connection's side in the gateway (or nothing, for probes)."""
+
+    def link_blocked(self, blocked: bool) -> None:
+        pass
+
+    def link_failed(self, link: "UpstreamLink", why: str, outstanding: int) -> None:
+        pass
+
+
+class UpstreamLink(asyncio.Protocol):
+    """A connection to one upstream broker; ``send`` may be called before it is connected."""
+
+    def __init__(self, addr: tuple[str, int], owner: LinkOwner, timeout_s: float, node: int = -1) -> None:
+        self.addr = addr
+        self.node = node
+        self.owner = owner
+        self.timeout_s = timeout_s
+        self.failed: str | None = None
+        self._pending: deque[tuple[Reply, Fallback | None, float]] = deque()
+        self._out: list[bytes] = []  # frames sent before the connection is up
+        self._reader = FrameReader(MAX_REPLY_BYTES, include_size=True)  # large ones assembled from chunks
+        self._transport: asyncio.Transport | None = None
+        self._paused = False
+        self._blocked = False
+        self._probe: asyncio.Future[bytes] | None = None
+        self._closing = False  # its owner closed it: deliver what was sent, then close
+        self._loop = asyncio.get_running_loop()
+        self._connect = self._loop.create_task(self._open())
+
+    async def _open(self) -> None:
+        try:
+            await asyncio.wait_for(self._loop.create_connection(lambda: self, *self.addr), self.timeout_s)
+        except (TimeoutError, OSError) as exc:
+            self.fail(f"cannot connect to upstream {self.addr[0]}:{self.addr[1]}: {exc!r}")
+
+    # -- asyncio callbacks ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        if self.failed is not None:
+            self._transport.abort()
+            return
+        self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        sock = self._transport.get_extra_info("socket")
+        if sock is not None:  # a relayed Produce request of ~1 MB goes to the kernel in one write
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+        if self._paused:
+            self._transport.pause_reading()
+        if self._out:
+            self._transport.writelines(self._out)
+            self._out = []
+        if self._closing:
+            self.failed = "closed"
+            self._transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        if not reader.buffered and len(data) >= 4 and _SIZE.unpack_from(data)[0] + 4 == len(data):
+            self._deliver(data)  # exactly one reply, the common case for small ones: no copy
+            return
+        try:
+            reader.feed(data)
+            while self.failed is None and (reply := reader.next_frame()) is not None:
+                self._deliver(reply)
+        except FrameError as exc:
+            self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a bad frame: {exc}")
+
+    def _deliver(self, reply: bytes) -> None:
+        if self.failed is not None or self._closing:
+            return
+        if not self._pending:
+            self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a reply nobody asked for")
+            return
+        on_reply, _, _ = self._pending.popleft()
+        on_reply(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.failed is None:
+            why = f"upstream {self.addr[0]}:{self.addr[1]} closed the connection"
+            self.fail(why + (f" ({exc})" if exc else ""))
+
+    def pause_writing(self) -> None:
+        self._set_blocked(True)
+
+    def resume_writing(self) -> None:
+        self._set_blocked(False)
+
+    # -- use -----------------------------------------------------------------------------------
+
+    def send(self, frame: bytes, on_reply: Reply, on_fail: Fallback | None = None) -> None:
+        """Sends a request frame (without its size prefix); ``on_reply`` gets the framed reply, or
+        ``on_fail`` is called if the link fails first."""
+        if self.failed is not None:
+            raise FrameError(self.failed)
+        self._pending.append((on_reply, on_fail, self._loop.time()))
+        head = _SIZE.pack(len(frame))
+        if self._transport is None:
+            self._out += (head, frame)
+        else:
+            self._transport.writelines((head, frame))
+
+    def send_only(self, frame: bytes) -> None:
+        """A request the broker does not answer (Produce with acks=0): nothing is waited for."""
+        if self.failed is not None:
+            raise FrameError(self.failed)
+        head = _SIZE.pack(len(frame))
+        if self._transport is None:
+            self._out += (head, frame)
+        else:
+            self._transport.writelines((head, frame))
+
+    def request(self, frame: bytes) -> "asyncio.Future[bytes]":
+        """``send`` for callers that await the reply (discovery); fails with ConnectionError."""
+        future: asyncio.Future[bytes] = self._loop.create_future()
+
+        def got(reply: bytes) -> None:
+            if not future.done():
+                future.set_result(reply)
+
+        self.send(frame, got)
+        self._probe = future
+        return future
+
+    def pause(self, paused: bool) -> None:
+        """Stops (or resumes) reading replies: the client is not taking them."""
+        self._paused = paused
+        if self._transport is not None and self.failed is None:
+            if paused:
+                self._transport.pause_reading()
+            else:
+                self._transport.resume_reading()
+
+    def overdue(self, now: float) -> bool:
+        """True if the oldest reply waited for is later than the timeout (or the link is still connecting
+        after it): checked by the gateway's sweeper, not by a timer per request."""
+        return bool(self._pending) and now - self._pending[0][2] > self.timeout_s
+
+    @property
+    def waiting(self) -> int:
+        return len(self._pending)
+
+    def _set_blocked(self, blocked: bool) -> None:
+        if blocked != self._blocked:
+            self._blocked = blocked
+            self.owner.link_blocked(blocked)
+
+    def fail(self, why: str) -> None:
+        """Ends the link: the owner is told once (its client's connection is closed; clients retry)."""
+        if self.failed is not None:
+            return
+        self.failed = why
+        self._connect.cancel()
+        if self._transport is not None:
+            self._transport.abort()
+        self._set_blocked(False)
+        if self._probe is not None and not self._probe.done():
+            self._probe.set_exception(ConnectionError(why))
+        pending = list(self._pending)
+        self._pending.clear()
+        if pending and why != "closed":
+            log.info("%s (%d replies outstanding)", why, len(pending))
+        outstanding = 0
+        for _, on_fail, _ in pending:
+            if on_fail is None:
+                outstanding += 1
+            else:
+                on_fail()
+        self.owner.link_failed(self, why, outstanding)
+
+    def close(self) -> None:
+        """Closed by its owner (the client left): nobody is told, replies are dropped, but what the
+        client sent is still delivered first (a Produce with acks=0 just before it closed, as a broker
+        would have received it)."""
+        self.owner = LinkOwner()
+        self._pending.clear()
+        if self.failed is not None:
+            return
+        self._closing = True
+        if self._transport is not None:  # else connection_made writes what waits, then closes
+            self.failed = "closed"
+            self._transport.close()  # after the send buffer is flushed

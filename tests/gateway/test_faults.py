@@ -1,0 +1,242 @@
+"""Upstream faults in gateway mode: a broker that goes away mid-run and comes back, and a whole upstream
+cluster killed. kcoord must neither hang nor crash, must keep serving groups and offsets on every
+listener meanwhile, and clients must recover by themselves once the broker is back."""
+
+import socket
+import struct
+import time
+from pathlib import Path
+
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaAdminClient
+
+from tests.gateway.cable import Cable
+from tests.gateway.conftest import Member, node_ports, relayed_apis, scrape, start_gateway, wait_all
+from tests.gateway.mock_cluster import MockCluster
+from tests.kcoord_process import KcoordProcess
+from tests.tansu_process import TansuProcess
+
+PARTITIONS = 4
+
+
+def group_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    try:
+        offsets = admin.list_group_offsets([group])[group]
+    finally:
+        admin.close()
+    return {tp.partition: om.offset for tp, om in offsets.items() if tp.topic == topic}
+
+
+def committed_sum(kcoord: KcoordProcess, group: str, topic: str, total: int, timeout: float = 30.0) -> dict[int, int]:
+    """The group's offsets once they add up to ``total`` (members commit right after they print)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        offsets = group_offsets(kcoord.bootstrap, group, topic)
+        if sum(offsets.values()) == total or time.monotonic() > deadline:
+            assert sum(offsets.values()) == total, offsets
+            return offsets
+        time.sleep(0.2)
+
+
+def _request(port: int, body: bytes, timeout: float = 60.0) -> bytes:
+    """One request on a fresh connection: the reply's first bytes, or b"" if kcoord closed the connection
+    (a socket timeout, a hang, fails the test)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        try:
+            return sock.recv(8)
+        except ConnectionResetError:
+            return b""
+
+
+def metadata_request_answered(port: int) -> bool:
+    """Metadata v1 for topic "t": answered (from kcoord's own view when the upstream is away)."""
+    body = struct.pack(">hhih", 3, 1, 7, 4) + b"test" + struct.pack(">ih", 1, 1) + b"t"
+    return len(_request(port, body)) == 8
+
+
+def produce_request_closed(port: int) -> bool:
+    """Produce v3 with no topics: relayed, so with the upstream gone the connection is closed."""
+    body = struct.pack(">hhih", 0, 3, 9, 4) + b"test" + struct.pack(">hhii", -1, 1, 1000, 0)
+    return _request(port, body) == b""
+
+
+def test_broker_cut_and_restored_mid_run(tmp_path: Path) -> None:
+    """Tansu reached only through a cable: cut it while a producer and a group are running, check kcoord
+    still serves the group's offsets, restore it, and every message produced (before, during and after
+    the cut) reaches the group; committed offsets only grow."""
+    cable = Cable(0)
+    tansu = TansuProcess(tmp_path, advertised_port=cable.port)
+    cable.target_port = tansu.port
+    tansu.start()
+    cable.restore()
+    kcoord = start_gateway(tmp_path, f"127.0.0.1:{cable.port}", "--upstream-timeout-ms", "5000")
+    topic, group = "faults", "survivors"
+    members: list[Member] = []
+    try:
+        admin = AdminClient({"bootstrap.servers": kcoord.bootstrap})
+        for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
+            future.result(30)
+        producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap, "linger.ms": 5,
+                                "message.timeout.ms": 120_000})
+        before = [f"before-{i}" for i in range(100)]
+        for i, v in enumerate(before):
+            producer.produce(topic, value=v.encode(), partition=i % PARTITIONS)
+        assert producer.flush(30) == 0
+        members = [Member(kcoord, "confluent", group, topic, "confluent"),
+                   Member(kcoord, "aiokafka", group, topic, "aiokafka")]
+        assert set(before) <= wait_all(members, set(before))
+        committed = committed_sum(kcoord, group, topic, 100)
+
+        cable.cut()
+        during = [f"during-{i}" for i in range(100)]
+        for i, v in enumerate(during):
+            producer.produce(topic, value=v.encode(), partition=i % PARTITIONS)
+        producer.poll(0)
+        time.sleep(3)
+        # the upstream is unreachable: kcoord answers promptly (closes) instead of hanging, stays up,
+        # and keeps serving groups and offsets on every listener
+        assert metadata_request_answered(kcoord.port)
+        assert produce_request_closed(kcoord.port)
+        assert kcoord.proc is not None and kcoord.proc.poll() is None
+        assert group_offsets(kcoord.bootstrap, group, topic) == committed
+        for port in node_ports(kcoord).values():
+            assert group_offsets(f"127.0.0.1:{port}", group, topic) == committed
+
+        cable.restore()
+        assert producer.flush(120) == 0
+        after = [f"after-{i}" for i in range(100)]
+        for i, v in enumerate(after):
+            producer.produce(topic, value=v.encode(), partition=i % PARTITIONS)
+        assert producer.flush(60) == 0
+        everything = set(before) | set(during) | set(after)
+        seen = wait_all(members, everything, timeout=120)
+        assert everything <= seen, (len(everything - seen), [m.stderr() for m in members])
+        final = committed_sum(kcoord, group, topic, 300)
+        assert all(final[p] >= committed[p] for p in committed)
+        assert "Produce" in relayed_apis(kcoord)
+    finally:
+        for m in members:
+            if m.proc.poll() is None:
+                m.leave()
+        if kcoord.proc is not None and kcoord.proc.poll() is None:
+            kcoord.stop()
+        tansu.stop()
+        cable.close()
+
+
+def test_whole_upstream_killed(tmp_path: Path) -> None:
+    """The mock cluster's process killed outright: kcoord stays up, closes relayed requests' connections
+    (clients retry) and still answers group APIs from its own log."""
+    mock = MockCluster(3)
+    kcoord = start_gateway(tmp_path, mock.bootstrap, "--upstream-timeout-ms", "3000")
+    try:
+        producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap})
+        producer.produce("t", value=b"x", partition=0)
+        assert producer.flush(30) == 0
+        consumer = ck.Consumer({"bootstrap.servers": kcoord.bootstrap, "group.id": "kept", "enable.auto.commit": False})
+        consumer.commit(offsets=[ck.TopicPartition("t", 0, 1)], asynchronous=False)
+        consumer.close()
+        mock.proc.kill()
+        mock.proc.wait(10)
+        for port in [kcoord.port, *node_ports(kcoord).values()]:
+            assert metadata_request_answered(port)
+            assert group_offsets(f"127.0.0.1:{port}", "kept", "t") == {0: 1}
+        assert kcoord.proc is not None and kcoord.proc.poll() is None
+        # a relayed data request gets its connection closed (a retriable network error), not a hang
+        assert produce_request_closed(kcoord.port)
+    finally:
+        kcoord.stop()
+        mock.stop()
+
+
+def test_upstream_broker_killed_and_restarted(tmp_path: Path) -> None:
+    """Tansu itself killed (SIGKILL) mid-run and started again on the same port. Its storage is in
+    memory, so the topic comes back empty (an upstream's loss, not kcoord's): kcoord stays up, serves
+    the group's committed offsets throughout, and the same consumer processes carry on with what is
+    produced after the restart from their committed positions (nothing committed is lost)."""
+    tansu = TansuProcess(tmp_path).start()
+    kcoord = start_gateway(tmp_path, tansu.bootstrap, "--upstream-timeout-ms", "5000")
+    topic, group = "restarts", "restarted"
+    members: list[Member] = []
+
+    def make_topic() -> None:
+        """After the restart a member's Metadata request may have auto-created it already."""
+        admin = AdminClient({"bootstrap.servers": kcoord.bootstrap})
+        for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
+            try:
+                future.result(30)
+            except ck.KafkaException as exc:
+                if exc.args[0].code() != ck.KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+
+    try:
+        make_topic()
+        producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap, "linger.ms": 5})
+        before = [f"before-{i}" for i in range(40)]
+        for i, v in enumerate(before):
+            producer.produce(topic, value=v.encode(), partition=i % PARTITIONS)
+        assert producer.flush(30) == 0
+        members = [Member(kcoord, "confluent", group, topic, "confluent"),
+                   Member(kcoord, "aiokafka", group, topic, "aiokafka")]
+        assert set(before) <= wait_all(members, set(before))
+        committed = committed_sum(kcoord, group, topic, 40)
+
+        assert tansu.proc is not None
+        tansu.proc.kill()
+        tansu.proc.wait(10)
+        time.sleep(2)
+        assert kcoord.proc is not None and kcoord.proc.poll() is None
+        assert group_offsets(kcoord.bootstrap, group, topic) == committed
+        tansu.start()  # same port, empty storage
+        make_topic()
+        offsets: dict[str, tuple[int, int]] = {}
+
+        def delivered(err: object, msg: ck.Message) -> None:
+            if err is None:
+                offsets[msg.value().decode()] = (msg.partition(), msg.offset())
+
+        producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap, "linger.ms": 5})
+        after = [f"after-{i}" for i in range(80)]
+        for v in after:  # the partitioner's choice: an auto-created topic may have fewer partitions
+            producer.produce(topic, value=v.encode(), on_delivery=delivered)
+        assert producer.flush(60) == 0
+        assert len(offsets) == len(after)
+        # records below a partition's committed offset were "already consumed" as far as the group
+        # knows; every record at or above it must reach the group
+        expected = {v for v, (p, o) in offsets.items() if o >= committed.get(p, 0)}
+        assert expected
+        seen = wait_all(members, expected, timeout=120)
+        assert expected <= seen, (len(expected - seen), [m.stderr() for m in members])
+    finally:
+        for m in members:
+            if m.proc.poll() is None:
+                m.leave()
+        if kcoord.proc is not None and kcoord.proc.poll() is None:
+            kcoord.stop()
+        tansu.stop()
+
+
+def test_stalled_broker_times_out(tmp_path: Path) -> None:
+    """A broker that accepts but never answers: after --upstream-timeout-ms the client's connection is
+    closed (clients retry), counted as an upstream timeout; group APIs are answered meanwhile."""
+    cable = Cable(0)
+    tansu = TansuProcess(tmp_path, advertised_port=cable.port)
+    cable.target_port = tansu.port
+    tansu.start()
+    cable.restore()
+    kcoord = start_gateway(tmp_path, f"127.0.0.1:{cable.port}", "--upstream-timeout-ms", "1500")
+    try:
+        cable.stalled = True
+        assert produce_request_closed(kcoord.port)
+        assert metadata_request_answered(kcoord.port)  # from kcoord's own view, after the timeout
+        assert group_offsets(kcoord.bootstrap, "nobody", "t") == {}
+        text = scrape(kcoord)
+        assert 'kind="timeout"' in text, text[-2000:]
+    finally:
+        cable.stalled = False
+        kcoord.stop()
+        tansu.stop()
+        cable.close()

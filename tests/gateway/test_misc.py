@@ -1,0 +1,184 @@
+"""Gateway mode details: the ApiVersions intersection, DescribeCluster and transactional producers (their
+coordinator stays upstream, its address rewritten), the per-broker port base and advertised host, and
+the gateway's metrics."""
+
+import re
+import socket
+import struct
+import time
+from pathlib import Path
+
+import confluent_kafka as ck
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from coordinator.apis import load_all
+from coordinator.gateway import rewrite
+from tests.gateway.conftest import Upstream, node_ports, relayed_apis, scrape, start_gateway
+from tests.gateway.mock_cluster import MockCluster
+from tests.kcoord_process import KcoordProcess, free_port
+from tests.rawclient import RawClient
+
+
+def api_versions(port: int, version: int = 3) -> dict[int, tuple[int, int]]:
+    from kafka.protocol.metadata.api_versions import ApiVersionsRequest
+
+    client = RawClient(port)
+    try:
+        reply = client.call(ApiVersionsRequest(client_software_name="test", client_software_version="1"), version)
+    finally:
+        client.close()
+    assert reply.error_code == 0
+    return {k.api_key: (k.min_version, k.max_version) for k in reply.api_keys}
+
+
+def test_api_versions_intersection(upstream: Upstream, gateway: KcoordProcess) -> None:
+    """Relayed APIs at the upstream's versions (capped where kcoord rewrites or where replies would
+    carry leader endpoints), group APIs at kcoord's, group-like APIs kcoord lacks not at all."""
+    direct = api_versions(int(upstream.bootstrap.split(",")[0].rsplit(":", 1)[1]), 0)
+    offered = api_versions(gateway.port)
+    assert offered[0][1] == min(direct[0][1], 9) and offered[1][1] == min(direct[1][1], 15)
+    assert offered[3][1] == min(direct[3][1], 12)
+    load_all()
+    for key in rewrite.LOCAL:
+        spec = rewrite.REGISTRY[key]
+        assert offered[key] == (spec.min_version, spec.max_version)
+    assert not rewrite.HIDDEN & set(offered)
+    for key, (lo, hi) in direct.items():
+        if key not in rewrite.LOCAL and key not in rewrite.HIDDEN and key not in rewrite.CAPS:
+            assert offered[key] == (lo, hi)
+    for port in node_ports(gateway).values():
+        assert api_versions(port) == offered
+
+
+def test_transactional_producer_and_read_committed(tmp_path: Path) -> None:
+    """FindCoordinator for a transaction key, InitProducerId, AddPartitionsToTxn and EndTxn go upstream;
+    the transaction coordinator's address comes back as kcoord's listener for it."""
+    mock = MockCluster(3)
+    kcoord = start_gateway(tmp_path, mock.bootstrap)
+    try:
+        producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap, "transactional.id": "tx-1"})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for i in range(10):
+            producer.produce("txn-topic", value=b"v%d" % i, partition=i % 4)
+        producer.commit_transaction(30)
+        consumer = ck.Consumer({"bootstrap.servers": kcoord.bootstrap, "group.id": "rc",
+                                "isolation.level": "read_committed"})
+        consumer.assign([ck.TopicPartition("txn-topic", p, 0) for p in range(4)])
+        got, deadline = 0, time.monotonic() + 30
+        while got < 10 and time.monotonic() < deadline:
+            got += sum(1 for m in consumer.consume(100, 1.0) if m.error() is None)
+        consumer.close()
+        assert got == 10
+        relayed = relayed_apis(kcoord)
+        assert {"FindCoordinator", "InitProducerId", "AddPartitionsToTxn", "EndTxn"} <= set(relayed), relayed
+    finally:
+        kcoord.stop()
+        mock.stop()
+
+
+@pytest.mark.parametrize("upstream", ["tansu"], indirect=True)
+def test_describe_cluster_rewritten(upstream: Upstream, gateway: KcoordProcess) -> None:
+    admin = AdminClient({"bootstrap.servers": gateway.bootstrap})  # kept alive until the answer is in
+    described = admin.describe_cluster(request_timeout=10).result()
+    ports = node_ports(gateway)
+    assert {(n.id, n.host, n.port) for n in described.nodes} == {(n, "127.0.0.1", p) for n, p in ports.items()}
+
+
+def test_port_base_and_advertised_host(tmp_path: Path) -> None:
+    mock = MockCluster(3)
+    base = free_port() - 1  # nodes 1-3: base+1 is known free, the next two almost surely
+    kcoord = start_gateway(tmp_path, mock.bootstrap, "--broker-port-base", str(base),
+                           "--broker-advertised-host", "localhost")
+    try:
+        ports = node_ports(kcoord)
+        assert ports[1] == base + 1
+        brokers = AdminClient({"bootstrap.servers": kcoord.bootstrap}).list_topics(timeout=10).brokers
+        assert {b.id: (b.host, b.port) for b in brokers.values()} == {n: ("localhost", p) for n, p in ports.items()}
+    finally:
+        kcoord.stop()
+        mock.stop()
+
+
+@pytest.mark.parametrize("upstream", ["mock"], indirect=True)
+def test_metrics(upstream: Upstream, gateway: KcoordProcess) -> None:
+    producer = ck.Producer({"bootstrap.servers": gateway.bootstrap})
+    producer.produce("m", value=b"x" * 1000, partition=0)
+    assert producer.flush(30) == 0
+    text = scrape(gateway)
+    assert re.search(r'^kcoord_gateway_relayed_requests_total\{api="Produce",upstream_node="\d+"\} [1-9]', text, re.M)
+    assert re.search(r'^kcoord_gateway_relayed_request_bytes_total\{api="Produce",[^}]*\} (\d+)', text, re.M)
+    assert re.search(r"^kcoord_gateway_upstream_brokers 3\.0$", text, re.M)
+    assert "kcoord_gateway_upstream_errors_total" in text or "kcoord_gateway_upstream_errors" in text
+
+
+def test_slow_client_bounded(upstream: Upstream, gateway: KcoordProcess) -> None:
+    """A client that pipelines Metadata requests and never reads: kcoord stops reading it (at most
+    MAX_IN_FLIGHT replies queued) instead of buffering without bound, and serves others meanwhile."""
+    sock = socket.create_connection(("127.0.0.1", gateway.port))
+    body = struct.pack(">hhih", 3, 1, 1, 4) + b"slow" + struct.pack(">i", -1)
+    frame = struct.pack(">i", len(body)) + body
+    sock.setblocking(False)
+    sent = 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            sent += sock.send(frame * 256)
+        except BlockingIOError:
+            time.sleep(0.05)
+    assert sent < 64 * 1024 * 1024  # the sockets pushed back long before
+    assert api_versions(gateway.port)  # others are served
+    sock.close()
+
+
+@pytest.mark.parametrize("upstream", ["mock"], indirect=True)
+def test_acks_zero_producers(upstream: Upstream, gateway: KcoordProcess) -> None:
+    """Produce with acks=0 has no reply (Kafka sends none): the relay must not wait for one, or every
+    later reply on that connection would be matched to the wrong request."""
+    from kafka import KafkaProducer
+
+    kp = KafkaProducer(bootstrap_servers=gateway.bootstrap, acks=0)
+    for i in range(50):
+        kp.send("acks0", value=b"kp-%d" % i, partition=i % 4)
+    kp.flush(30)
+    assert kp.partitions_for("acks0") == {0, 1, 2, 3}  # a request after them is answered
+    for i in range(50, 100):
+        kp.send("acks0", value=b"kp-%d" % i, partition=i % 4)
+    kp.close(30)
+    cp = ck.Producer({"bootstrap.servers": gateway.bootstrap, "acks": 0})
+    for i in range(100):
+        cp.produce("acks0", value=b"ck-%d" % i, partition=i % 4)
+    assert cp.flush(30) == 0
+    assert "acks0" in cp.list_topics("acks0", timeout=10).topics
+    consumer = ck.Consumer({"bootstrap.servers": gateway.bootstrap, "group.id": "acks0-reader"})
+    consumer.assign([ck.TopicPartition("acks0", p, 0) for p in range(4)])
+    values: set[bytes] = set()
+    deadline = time.monotonic() + 30
+    while len(values) < 200 and time.monotonic() < deadline:
+        values |= {m.value() for m in consumer.consume(100, 1.0) if m.error() is None}
+    consumer.close()
+    assert values == {b"kp-%d" % i for i in range(100)} | {b"ck-%d" % i for i in range(100)}
+
+
+def test_send_offsets_to_transaction_is_refused(tmp_path: Path) -> None:
+    """TxnOffsetCommit is not offered (it would write the upstream's __consumer_offsets): librdkafka's
+    send_offsets_to_transaction fails cleanly with UNSUPPORTED_FEATURE instead of committing elsewhere."""
+    mock = MockCluster(3)
+    kcoord = start_gateway(tmp_path, mock.bootstrap)
+    try:
+        producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap, "transactional.id": "eos"})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce("out", b"x", partition=0)
+        consumer = ck.Consumer({"bootstrap.servers": kcoord.bootstrap, "group.id": "eos-group"})
+        with pytest.raises(ck.KafkaException) as refused:
+            producer.send_offsets_to_transaction([ck.TopicPartition("in", 0, 5)], consumer.consumer_group_metadata(),
+                                                 20)
+        assert refused.value.args[0].code() == ck.KafkaError._UNSUPPORTED_FEATURE
+        producer.abort_transaction(30)
+        consumer.close()
+        assert "TxnOffsetCommit" not in relayed_apis(kcoord)
+    finally:
+        kcoord.stop()
+        mock.stop()

@@ -1,0 +1,82 @@
+"""The gateway's rewrites without processes: answers it builds or re-encodes must decode with a stock
+codec (kafka-python's) at every version served, with kcoord's listener addresses."""
+
+import struct
+import uuid
+from collections.abc import Iterable
+
+import pytest
+from kafka.protocol.metadata import MetadataResponse
+
+from coordinator.apis import k03_metadata as k03
+from coordinator.apis import load_all
+from coordinator.gateway import rewrite
+
+Request = k03.SPEC.request.cls
+Topic = Request.MetadataRequestTopic
+
+
+class Facts:
+    cluster_id: str | None = "up-cluster"
+    controller_id = 2
+
+    def __init__(self) -> None:
+        self.learnt: list[tuple[int, str, int]] = []
+
+    def address(self, node: int) -> tuple[str, int] | None:
+        return ("kcoord.local", 40000 + node)
+
+    def learn(self, brokers: Iterable[tuple[int, str, int]]) -> None:
+        self.learnt += list(brokers)
+
+    def nodes(self) -> list[int]:
+        return [1, 2, 3]
+
+
+def stock_decode(frame: bytes, version: int) -> MetadataResponse:
+    body = frame[9:] if version >= 9 else frame[8:]  # size, correlation id (+ tagged fields from v9)
+    assert struct.unpack_from(">i", frame, 4)[0] == 77
+    return MetadataResponse.decode(body, version=version)
+
+
+@pytest.mark.parametrize("version", range(0, 13))
+def test_metadata_from_cache_every_version(version: int) -> None:
+    topics = [Topic(name="orders", topic_id=uuid.uuid4() if version >= 10 else None)]
+    if version >= 10:
+        topics.append(Topic(name=None, topic_id=uuid.uuid4()))  # looked up by id
+    request = Request(topics=topics, allow_auto_topic_creation=False)
+    frame = rewrite.metadata_from_cache(request, version, 77, Facts())
+    reply = stock_decode(frame, version)
+    assert [(b.node_id, b.host, b.port) for b in reply.brokers] == [(n, "kcoord.local", 40000 + n) for n in (1, 2, 3)]
+    assert {t.error_code for t in reply.topics} == {rewrite.LEADER_NOT_AVAILABLE}
+    assert reply.topics[0].name == "orders"
+
+
+@pytest.mark.parametrize("version", [0, 1, 5, 9, 12])
+def test_metadata_rewrite_keeps_everything_but_addresses(version: int) -> None:
+    cls = rewrite.METADATA_RESPONSE.cls
+    upstream = cls(throttle_time_ms=0, cluster_id="up", controller_id=1, topics=[], brokers=[
+        cls.MetadataResponseBroker(node_id=n, host="10.0.0.9", port=9092 + n, rack="r") for n in (1, 2)])
+    payload = rewrite.METADATA_RESPONSE.encode(upstream, version)
+    head = struct.pack(">i", 77) + (b"\x00" if version >= 9 else b"")
+    frame = struct.pack(">i", len(head) + len(payload)) + head + payload
+    facts = Facts()
+    reply = stock_decode(rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, frame, version, facts), version)
+    got = [(b.node_id, b.host, b.port) for b in reply.brokers]
+    assert got == [(1, "kcoord.local", 40001), (2, "kcoord.local", 40002)]
+    assert facts.learnt == [(1, "10.0.0.9", 9093), (2, "10.0.0.9", 9094)]
+    if version >= 1:
+        assert reply.controller_id == 1
+
+
+def test_api_versions_offered() -> None:
+    load_all()
+    upstream = {0: (0, 11), 1: (0, 17), 3: (0, 13), 8: (0, 9), 10: (0, 6), 18: (0, 4), 28: (0, 4), 60: (0, 2),
+                68: (0, 1), 19: (2, 7)}
+    offered = {k: (lo, hi) for k, lo, hi in rewrite.api_versions(upstream)}
+    assert offered[0] == (0, 9) and offered[1] == (0, 15) and offered[3] == (0, 12)
+    assert offered[19] == (2, 7)  # passed through as the upstream has it
+    assert 28 not in offered and 68 not in offered
+    for key in rewrite.LOCAL:  # kcoord's own, whether the upstream has them or not (ListGroups: 16)
+        spec = rewrite.REGISTRY[key]
+        assert offered[key] == (spec.min_version, spec.max_version)
