@@ -210,7 +210,8 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
             pos += hlen
             hlen, pos = _varint(data, pos, end)
             pos += max(hlen, 0)
-        if pos != end or klen < -1 or vlen < -1 or headers < 0:
+        # any negative key or value length is a null, as Kafka's DefaultRecord and the reference readers read it
+        if pos != end or headers < 0:
             raise RecordsError(f"record at byte {end - length} does not match its length")
         if error is not None:
             continue  # a corrupt record was found: only the remaining layout is still checked

@@ -22,6 +22,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 from coordinator.apis import k10_find_coordinator as k10
 from coordinator.apis import k18_api_versions as k18
@@ -33,7 +34,7 @@ from coordinator.gateway.upstream import LinkOwner, UpstreamLink
 from coordinator.request import Relayed
 from coordinator.server import Connection, Server
 from protocol.codec import MessageCodec
-from protocol.registry import DecodeError, api_versions_fallback
+from protocol.registry import ApiSpec, DecodeError, api_versions_fallback
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,15 @@ class Gateway:
         conn.enqueue(slot)
         conn.slot_filled()
 
+    @staticmethod
+    def _decoded(conn: Connection, spec: ApiSpec, frame: bytes, version: int) -> Any | None:
+        """The request's body, or None once a malformed one has closed the connection (as standalone)."""
+        try:
+            return spec.decode_request(frame, version)[1]
+        except DecodeError as exc:
+            conn.abort(f"malformed request: {exc}", "malformed")
+            return None
+
     def _api_versions(self, conn: Connection, frame: bytes, version: int, correlation_id: int) -> None:
         spec = k18.SPEC
         if version > spec.max_version:
@@ -183,10 +193,8 @@ class Gateway:
         if offered is None:
             conn.abort("no upstream broker has answered yet: cannot say which APIs are available", "upstream")
             return
-        try:
-            _, body = spec.decode_request(frame, version)
-        except DecodeError as exc:
-            conn.abort(f"malformed request: {exc}", "malformed")
+        body = self._decoded(conn, spec, frame, version)
+        if body is None:
             return
         software = (body.client_software_name, body.client_software_version) if version >= 3 else None
         self._reply(conn, rewrite.api_versions_response(offered, version, correlation_id, software))
@@ -196,10 +204,8 @@ class Gateway:
         if not spec.supports(version):
             conn.abort(f"FindCoordinator v{version} is not supported", "unsupported_version")
             return
-        try:
-            _, body = spec.decode_request(frame, version)
-        except DecodeError as exc:
-            conn.abort(f"malformed request: {exc}", "malformed")
+        body = self._decoded(conn, spec, frame, version)
+        if body is None:
             return
         key_type = body.key_type if version >= 1 else k10.GROUP
         if key_type == k10.TRANSACTION:

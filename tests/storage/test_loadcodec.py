@@ -257,3 +257,13 @@ def test_decode_batch_uses_the_codec_only_when_asked_and_fast(monkeypatch: pytes
     assert decode_batch(data).runs is None
     monkeypatch.setattr(batch_module, "FAST_REPLAY", False)
     assert decode_batch(data, replayable=True).runs is None
+
+
+def test_any_negative_value_length_is_a_null_as_kafka_reads_it(codec: ModuleType) -> None:
+    """Found by the property above: a value length of -65 (varint 0x81 0x01) is a null value for
+    Kafka's DefaultRecord and the reference readers, so a tombstone, not a refusal."""
+    raw = bytearray(build_batch(0, [(b"\x00" * 10, b"\x01")], T))
+    assert raw[76] == 0x02  # the value's length, 1, zigzag-encoded, just after the 10-byte key
+    raw[76] = 0x81
+    damaged = signed(raw)
+    assert decoded(codec, damaged) == reference(damaged) == ([(0, [OffsetCommitRecord(OffsetKey("", "", 0), None)])], 0)
