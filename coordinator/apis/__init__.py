@@ -37,6 +37,18 @@ Render = Callable[[Any, int], Any]
 Outcome = Callable[[Any], tuple[int, int]]
 
 
+def partitions_outcome(topics: Any) -> tuple[int, int]:
+    """The walker unrolled for topics of partitions (OffsetCommit, OffsetFetch: the hot path)."""
+    first, ok = 0, 0
+    for topic in topics:
+        for p in topic.partitions:
+            if p.error_code:
+                first = first or p.error_code
+            else:
+                ok += 1
+    return first, ok
+
+
 def outcome(msg: Any) -> tuple[int, int]:
     """(first non-zero ``error_code`` found depth first, entries without children that succeeded)."""
     code = getattr(msg, "error_code", 0)

@@ -9,7 +9,7 @@ No version has a top-level error: a group-level error is repeated on every parti
 
 from typing import Any
 
-from coordinator.apis import handles
+from coordinator.apis import handles, partitions_outcome
 from coordinator.groups.membership import Membership
 from coordinator.offsets import (
     CommitRequest,
@@ -109,15 +109,8 @@ def _commit(data: ShardData, prepared: _Prepared, membership: Membership) -> OpR
 
 
 def outcome(response: Any) -> tuple[int, int]:
-    """(first partition error, partitions committed): the generic walker, unrolled for the hot path."""
-    first, ok = 0, 0
-    for topic in response.topics:
-        for p in topic.partitions:
-            if p.error_code:
-                first = first or p.error_code
-            else:
-                ok += 1
-    return first, ok
+    """(first partition error, partitions committed)."""
+    return partitions_outcome(response.topics)
 
 
 @handles(SPEC, error_response=error_response, prepare=prepare, outcome=outcome)

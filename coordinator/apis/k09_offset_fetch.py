@@ -10,7 +10,7 @@ v0-v1 have no group-level error field: a group error is put on every requested p
 import asyncio
 from typing import Any
 
-from coordinator.apis import handles
+from coordinator.apis import handles, partitions_outcome
 from coordinator.offsets import TopicOffsets, fetch_offsets
 from coordinator.request import Lazy, Request, ShardUnavailable
 from coordinator.runtime import Runtime
@@ -104,30 +104,19 @@ def _fetch_many(data: Any, groups: list[tuple[int, str, Requested]], stable: boo
     return [fetch_offsets(data, group_id, requested, stable) for _, group_id, requested in groups]
 
 
-def _partitions_outcome(topics: Any) -> tuple[int, int]:
-    first, ok = 0, 0
-    for topic in topics:
-        for p in topic.partitions:
-            if p.error_code:
-                first = first or p.error_code
-            else:
-                ok += 1
-    return first, ok
-
-
 def outcome(response: Any) -> tuple[int, int]:
     """(first error, partitions fetched without error): the generic walker, unrolled for the hot path."""
     groups = getattr(response, "groups", None)
     if not groups:  # v0-v7 (a v8+ reply always names its groups)
         if getattr(response, "error_code", 0):
             return response.error_code, 0
-        return _partitions_outcome(getattr(response, "topics", None) or [])
+        return partitions_outcome(getattr(response, "topics", None) or [])
     first, ok = 0, 0
     for group in groups:
         if group.error_code:
             first = first or group.error_code
             continue
-        error, n = _partitions_outcome(group.topics)
+        error, n = partitions_outcome(group.topics)
         first, ok = first or error, ok + n
     return first, ok
 
