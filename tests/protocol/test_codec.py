@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from kafka.protocol.api_message import ApiMessage
 
 from coordinator.apis import load_all
-from protocol.codec import DecodeError, MessageCodec, read_uvarint, write_uvarint
+from protocol.codec import JOIN_RUN, DecodeError, MessageCodec, join_parts, read_uvarint, write_uvarint
 from protocol.registry import REGISTRY
 from protocol.schema import FIXED, FieldSpec, MessageSpec, StructSpec, load_message
 
@@ -321,3 +321,9 @@ def _fields(spec: MessageSpec) -> list[FieldSpec]:
             if f.struct is not None:
                 stack.append(f.struct)
     return out
+
+
+def test_join_parts_in_runs_equals_one_join() -> None:
+    parts = [i.to_bytes(3, "big") for i in range(3 * JOIN_RUN + 7)]
+    assert join_parts(parts) == b"".join(parts)
+    assert join_parts(parts[:5]) == b"".join(parts[:5])
