@@ -4,6 +4,7 @@ seam (fail the next fsync, tear the next append, a disk that is full until told 
 
 import asyncio
 import errno
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,9 @@ class Faults:
         self.fail_next_append = False
         self.disk_full = False
         self.read_only = False  # EROFS on every write: truncation and the probe included
+        # While set, a sync stops (after its fsyncs) until the event is set: holds the writer thread.
+        self.hold_sync: threading.Event | None = None
+        self.sync_held = threading.Event()  # a sync is being held
 
     def factory(self, directory: Path, segment_bytes: int) -> PartitionLog:
         return FaultyLog(directory, segment_bytes, self)
@@ -114,6 +118,10 @@ class FaultyLog(PartitionLog):
     def synced(self, checkpoint: bool = True) -> None:
         # Called once the log's fsyncs (or its file system's syncfs) returned: failing here is an
         # fsync failure in either sync mode, before the durable end moves.
+        hold = self.faults.hold_sync
+        if hold is not None:
+            self.faults.sync_held.set()
+            hold.wait(10)
         if self.faults.fail_next_sync:
             self.faults.fail_next_sync = False
             raise OSError(errno.EIO, "injected EIO in fsync")
