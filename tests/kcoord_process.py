@@ -60,7 +60,9 @@ class KcoordProcess:
                "--data-dir", str(self.data_dir), "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *self.extra]
         log = open(self.log_path, "ab")
         self._log_start = log.tell()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("EXTRA_PYTHONPATH")])))
+        # KCOORD_TEST_PYTHONPATH: more paths for the server, e.g. a sitecustomize with profiling hooks.
+        paths = [str(REPO), os.environ.get("KCOORD_TEST_PYTHONPATH", "")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         log.close()
         if wait:
