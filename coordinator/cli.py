@@ -45,7 +45,7 @@ def install_event_loop() -> str:
 
 
 EXIT_ABANDONED = -1  # serve() stopped at its deadline with work abandoned
-SWITCH_INTERVAL_S = 0.001  # GIL hand-off: how long the event loop may wait on a busy worker thread
+SWITCH_INTERVAL_S = 0.0002  # GIL hand-off: how long the event loop may wait on a busy worker thread
 GC_THRESHOLDS = (700, 10, 1000)  # CPython's defaults, but full collections 100x rarer
 
 
@@ -54,7 +54,12 @@ def tune_interpreter() -> None:
     Two interpreter settings decide how long it can be kept waiting (measured with a bystander client
     during a 3 MB, 150k-partition commit, tests/integration/test_stalls.py: 250-380 ms worst round trips
     with the defaults, ~70 ms with these):
-    - the switch interval (default 5 ms) bounds each wait for the GIL, and a request needs several;
+    - the switch interval (default 5 ms) bounds each wait for the GIL, and a request needs several.
+      The writer thread waits too, after every write and sync it makes with the GIL released: with
+      1 ms, a flush cycle over 10 busy partitions took ~15 ms (13 of them in its ten 2-record appends)
+      while 20 clients flooded the loop; with 0.2 ms it takes ~5 ms, and a commit sharing a partition
+      with a flooding client waits a p99 of 33-68 ms instead of 114-122 (test_flow_control.py).
+      Commit throughput in bench/harness.py did not change measurably (alternating runs);
     - a full cyclic-GC pass holds the GIL while it scans every tracked object, and such a request
       creates about a million. Full passes are made rare; young generations are collected as usual."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)

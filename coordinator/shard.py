@@ -2,11 +2,10 @@
 
 Operations (Kafka's ``CoordinatorRuntime`` shape): ``write(req, op, *args)`` runs a pure op against the
 state; the op returns records and a response; the records get the next log offsets and are replayed at
-once (the next op sees them) and join the *open* batch; the request waits on that batch. At the end of
-the loop pass the flusher (coordinator/flusher.py) seals the open batch of every shard with one; its
-writer thread appends them as Kafka v2 record batches and makes them durable together, and then every
-request waiting on them is released. A shard may have several sealed batches in flight, released in the
-order sealed. ``read(req, fixup, op, *args)`` runs an op that writes nothing; it
+once (the next op sees them) and join the *open* batch; the request waits on that batch. The flusher
+(coordinator/flusher.py) takes the open batches of every shard with one, appends each as Kafka v2
+record batches on the writer thread and makes them durable together; then every request waiting on
+them is released. ``read(req, fixup, op, *args)`` runs an op that writes nothing; it
 still waits for the newest pending batch, so no client sees state a failed fsync could take back.
 Timers are keyed per shard and their expiry runs an op through ``write``.
 
@@ -21,7 +20,6 @@ import asyncio
 import gc
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from enum import Enum
@@ -43,7 +41,7 @@ log = logging.getLogger(__name__)
 MAX_BATCH_BYTES = 1024 * 1024  # Kafka's max.message.bytes for the offsets topic, about 1 MiB
 APPEND_SLICE = 1024  # records replayed per loop pass for a huge operation (~1 ms)
 # A huge operation's next slice waits while this many of the shard's records are not yet durable: the
-# loop replays faster than the writer appends, and unbounded, one writer cycle would take on tens of
+# loop replays faster than the writer appends, and unbounded, one flush cycle would take on tens of
 # thousands of records (~130 ms measured) that every other partition's commit then waits behind.
 SLICES_AHEAD = 2 * APPEND_SLICE
 GC_FREEZE_EVERY = 50_000  # records loaded between gc.freeze() calls
@@ -135,19 +133,11 @@ class _Batch:
 
 
 class _Flush(NamedTuple):
-    """A sealed batch: the offset of its first record, its timestamp, the shard's write epoch when it was
-    sealed (a failure moves the epoch on, and a batch of an older epoch is never appended) and when."""
+    """A batch handed to the flusher, with the offset of its first record and its timestamp."""
 
     batch: _Batch
     base: int
     timestamp: int
-    epoch: int
-    sealed_at: float
-
-
-class StaleBatch(Exception):
-    """A batch sealed before a write of its shard failed: it is not appended (its requests have
-    failed, or are about to, with the failed one)."""
 
 
 class LoadCancelled(Exception):
@@ -200,9 +190,7 @@ class Shard:
         self._metrics = metrics
         self._next_offset = 0
         self._open: _Batch | None = None
-        self._sealed: deque[_Flush] = deque()  # handed to the flusher, not durable yet, oldest first
-        self._epoch = 0  # moves on whenever pending batches are failed (loop)
-        self._failed_epoch = -1  # the epoch whose append or sync failed (writer thread)
+        self._inflight: _Batch | None = None
         self._parked: list[Callable[[], None]] = []  # huge operations' next slices, waiting for the writer
         self._closing = False
         self._task: asyncio.Task[None] | None = None  # the running reload or probe, kept referenced
@@ -251,7 +239,7 @@ class Shard:
             if result.on_durable is not None:
                 batch.callbacks.append(result.on_durable)
         else:
-            batch = self._newest()
+            batch = self._open or self._inflight
             if result.on_durable is not None:
                 if batch is None:
                     result.on_durable()
@@ -294,7 +282,7 @@ class Shard:
         if error is not None:
             raise ShardUnavailable(error)
         response = op(self.data, *args)
-        batch = self._newest()
+        batch = self._open or self._inflight
         if req is not None and batch is not None:
             req.wait()
             batch.waiters.append((req, fixup))
@@ -316,8 +304,7 @@ class Shard:
 
     def _pending_records(self) -> int:
         """Records replayed but not yet durable."""
-        pending = sum(len(work.batch.entries) for work in self._sealed)
-        return pending + len(self._open.entries) if self._open is not None else pending
+        return sum(len(batch.entries) for batch in (self._open, self._inflight) if batch is not None)
 
     def _resume_parked(self) -> None:
         """Lets parked slices go on (each parks again if the writer is still behind)."""
@@ -325,12 +312,6 @@ class Shard:
         loop = asyncio.get_running_loop()
         for resume in parked:
             loop.call_soon(resume)
-
-    def _newest(self) -> _Batch | None:
-        """The newest batch not yet durable: what a request must wait for to see only durable state."""
-        if self._open is not None:
-            return self._open
-        return self._sealed[-1].batch if self._sealed else None
 
     def _append(self, records: list[Record], encoded: list[Entry] | None, replay: bool = True) -> _Batch:
         """Encodes first (a record that cannot be encoded fails only its own request), then replays at
@@ -344,66 +325,46 @@ class Shard:
         if batch is None:
             batch = _Batch()
             self._open = batch
-            self.flusher.request(self)
+            if self._inflight is None:
+                self.flusher.request(self)
         batch.entries.extend(encoded)
         return batch
 
     def take_batch(self) -> "_Flush | None":
-        """Flusher, on the loop: seals the open batch (it joins those in flight), unless the shard
-        stopped serving writes."""
+        """Flusher, on the loop: the open batch becomes the one in flight, unless one already is (its
+        completion asks again) or the shard stopped serving writes."""
         batch = self._open
-        if batch is None or self.state is not ShardState.ACTIVE:
+        if self._inflight is not None or batch is None or self.state is not ShardState.ACTIVE:
             return None
-        self._open = None
-        work = _Flush(batch, self._next_offset - len(batch.entries), self.clock.now_ms(), self._epoch,
-                      time.perf_counter())
-        self._sealed.append(work)
-        return work
+        self._open, self._inflight = None, batch
+        return _Flush(batch, self._next_offset - len(batch.entries), self.clock.now_ms())
 
-    def append_batches(self, works: "list[_Flush]") -> int:
-        """Flusher, on the writer thread: consecutive sealed batches as record batches of at most ~1 MiB;
-        returns the bytes appended. Not durable until the flusher syncs the log. Refuses batches of an
-        epoch whose write already failed, or that the loop has failed meanwhile: appended after a
-        failed one, they could be reported durable while the bytes before them are not."""
-        epoch = works[0].epoch
-        if epoch == self._failed_epoch or epoch != self._epoch:
-            raise StaleBatch(f"partition {self.partition}: an earlier write failed")
-        base, timestamp = works[0].base, works[-1].timestamp
+    def append_batch(self, work: "_Flush") -> int:
+        """Flusher, on the writer thread: the batch as record batches of at most ~1 MiB; returns the
+        bytes appended. Not durable until the flusher syncs the log."""
+        base, timestamp = work.base, work.timestamp
         nbytes = 0
         chunk: list[Entry] = []
         chunk_bytes = 0
-        try:
-            for work in works:
-                for entry in work.batch.entries:
-                    size = len(entry[0]) + (len(entry[1]) if entry[1] is not None else 0) + 24
-                    if chunk and chunk_bytes + size > MAX_BATCH_BYTES:
-                        nbytes += self._append_batch(base, chunk, timestamp)
-                        base += len(chunk)
-                        chunk, chunk_bytes = [], 0
-                    chunk.append(entry)
-                    chunk_bytes += size
-            return nbytes + self._append_batch(base, chunk, timestamp)
-        except BaseException:
-            self._failed_epoch = epoch
-            raise
-
-    def write_failed(self, works: "list[_Flush]") -> None:
-        """Flusher, on the writer thread: syncing these batches failed; later ones of their epoch are
-        refused (the loop fails them all when it hears of it)."""
-        self._failed_epoch = works[0].epoch
+        for entry in work.batch.entries:
+            size = len(entry[0]) + (len(entry[1]) if entry[1] is not None else 0) + 24
+            if chunk and chunk_bytes + size > MAX_BATCH_BYTES:
+                nbytes += self._append_batch(base, chunk, timestamp)
+                base += len(chunk)
+                chunk, chunk_bytes = [], 0
+            chunk.append(entry)
+            chunk_bytes += size
+        return nbytes + self._append_batch(base, chunk, timestamp)
 
     def _append_batch(self, base: int, entries: list[Entry], timestamp: int) -> int:
         batch = build_batch(base, entries, timestamp)
         self.log.append(batch, base + len(entries) - 1)
         return len(batch)
 
-    def flushed(self, work: "_Flush", outcome: FlushOutcome) -> None:
-        """Flusher, on the loop: the oldest sealed batch is durable (release its requests) or failed
-        (fail every pending one, reload). A batch already failed with an earlier one is ignored."""
-        if not self._sealed or self._sealed[0] is not work:
-            return
-        self._sealed.popleft()
+    def flushed(self, work: "_Flush", started: float, outcome: FlushOutcome) -> None:
+        """Flusher, on the loop: the batch is durable (release its requests) or failed (fail them, reload)."""
         batch = work.batch
+        self._inflight = None
         if isinstance(outcome, BaseException):
             batch.fail(ErrorCode.NOT_COORDINATOR)
             self.fail_write(outcome)
@@ -415,18 +376,16 @@ class Shard:
                 log.exception("partition %d: on-durable callback failed", self.partition)
         for req, _ in batch.waiters:
             req.done()
-        self._metrics.batch_flushed(self.partition, len(batch.entries), outcome, time.perf_counter() - work.sealed_at)
+        self._metrics.batch_flushed(self.partition, len(batch.entries), outcome, time.perf_counter() - started)
         if self._parked and self._pending_records() < SLICES_AHEAD:
             self._resume_parked()
+        if self._open is not None:
+            self.flusher.request(self)
 
     def _fail_pending(self, error: ErrorCode) -> None:
-        """Fails every batch not yet durable; those already sealed are then never appended."""
-        self._epoch += 1
-        for work in self._sealed:
-            work.batch.fail(error)
-        self._sealed.clear()
-        if self._open is not None:
-            self._open.fail(error)
+        for batch in (self._inflight, self._open):
+            if batch is not None:
+                batch.fail(error)
         self._open = None
         self._resume_parked()  # they find the shard no longer serving and answer their requests
 
@@ -605,7 +564,7 @@ class Shard:
 
     @property
     def idle(self) -> bool:
-        return self._open is None and not self._sealed
+        return self._open is None and self._inflight is None
 
     async def close(self, deadline: float) -> bool:
         """Lets pending batches become durable (their requests are then answered) until ``deadline``
@@ -616,7 +575,7 @@ class Shard:
         while self.state is ShardState.ACTIVE and not self.idle and loop.time() < deadline:
             await asyncio.sleep(0.005)
         clean = self.idle and self.state in (ShardState.ACTIVE, ShardState.READ_ONLY)
-        stuck = bool(self._sealed)
+        stuck = self._inflight is not None
         self._transition(ShardState.CLOSED)
         self._fail_pending(ErrorCode.NOT_COORDINATOR)
         self.timers.cancel_all()

@@ -333,33 +333,9 @@ async def until(predicate: Any, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.002)
 
 
-async def test_a_batch_sealed_behind_a_failed_sync_is_never_appended(tmp_path: Path) -> None:
-    """The writer takes the next cycle before the loop hears that the last one failed: a batch sealed
-    meanwhile must not be appended after the failed bytes (its sync would make them look durable)."""
-    faults = Faults()
-    runtime = await started(config(tmp_path), faults.factory)
-    shard = runtime.shards[0]
-    assert await append(shard, [commit("g", 0, 1)]) == OK
-    faults.hold_sync = threading.Event()
-    faults.fail_next_sync = True
-    failing = append(shard, [commit("g", 0, 2)])
-    await until(faults.sync_held.is_set)  # its cycle is in its sync: the writer is busy
-    behind = append(shard, [commit("g", 0, 3)])
-    await asyncio.sleep(0.02)  # sealed and queued for the next cycle
-    hold, faults.hold_sync = faults.hold_sync, None
-    hold.set()
-    assert await failing == ErrorCode.NOT_COORDINATOR
-    assert await behind == ErrorCode.NOT_COORDINATOR
-    await wait_state(shard, ShardState.ACTIVE)
-    assert on_disk(shard.log.directory) == [0]  # neither the failed batch nor the one behind it
-    assert shard.data.committed("g", "t", 0) == OffsetAndMetadata(1, -1, "m", 1)
-    assert await append(shard, [commit("g", 0, 4)]) == OK
-    await stop(runtime)
-
-
 async def test_a_huge_write_waits_for_the_writer_instead_of_piling_up(tmp_path: Path) -> None:
     """A huge operation replays a slice at a time only as fast as the writer makes them durable, so no
-    writer cycle (which every other partition's commits share) takes on the whole of it."""
+    flush cycle (which every other partition's commits share) takes on the whole of it."""
     faults = Faults()
     runtime = await started(config(tmp_path), faults.factory)
     shard = runtime.shards[0]
