@@ -4,6 +4,8 @@ shares the event loop round robin. A bystander's latency and the server's memory
 
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,7 +14,7 @@ from kafka.protocol.metadata import MetadataRequest
 
 from tests.conftest import Report
 from tests.integration.load import Bystander
-from tests.kcoord_process import KcoordProcess
+from tests.kcoord_process import REPO, KcoordProcess
 from tests.rawclient import RawClient, commit_request
 
 NON_READERS = 20
@@ -40,6 +42,25 @@ def flood(port: int, frame: bytes, stop: threading.Event, sent: list[int]) -> No
         sent.append(total)
 
 
+def flood_from_stdin() -> None:
+    """The flooders' own process (``python -m tests.integration.test_flow_control PORT``): one thread per
+    hex frame read from stdin until a blank line; they stop at the next line; prints the bytes sent.
+    Kept out of the test process so the bystander's measured latency is not its own GIL contention."""
+    port = int(sys.argv[1])
+    frames = [bytes.fromhex(line) for line in iter(sys.stdin.readline, "\n")]
+    stop = threading.Event()
+    sent: list[int] = []
+    threads = [threading.Thread(target=flood, args=(port, f, stop, sent), daemon=True) for f in frames]
+    for t in threads:
+        t.start()
+    print("started", flush=True)
+    sys.stdin.readline()
+    stop.set()
+    for t in threads:
+        t.join(30)
+    print(sum(sent), flush=True)
+
+
 def test_clients_that_never_read_do_not_starve_others_or_grow_memory(kcoord: KcoordProcess, report: Report) -> None:
     assert kcoord.proc is not None
     pid = kcoord.proc.pid
@@ -48,12 +69,13 @@ def test_clients_that_never_read_do_not_starve_others_or_grow_memory(kcoord: Kco
               encoder.encode(MetadataRequest(topics=None), 4)[1] for i in range(NON_READERS)]
     encoder.close()
     rss_before = memory_kib(pid, "VmRSS")
-    stop = threading.Event()
-    sent: list[int] = []
-    flooders = [threading.Thread(target=flood, args=(kcoord.port, f, stop, sent), daemon=True) for f in frames]
+    flooders = subprocess.Popen([sys.executable, "-m", "tests.integration.test_flow_control", str(kcoord.port)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert flooders.stdin is not None and flooders.stdout is not None
     with Bystander(kcoord.port) as bystander:
-        for t in flooders:
-            t.start()
+        flooders.stdin.write("".join(f.hex() + "\n" for f in frames) + "\n")
+        flooders.stdin.flush()
+        assert flooders.stdout.readline() == "started\n"
         time.sleep(5)
         fresh_started = time.perf_counter()
         fresh = RawClient(kcoord.port)  # a new client gets its answer while the flood goes on
@@ -61,9 +83,10 @@ def test_clients_that_never_read_do_not_starve_others_or_grow_memory(kcoord: Kco
         fresh_ms = (time.perf_counter() - fresh_started) * 1000
         fresh.close()
         rss_during = memory_kib(pid, "VmRSS")
-        stop.set()
-        for t in flooders:
-            t.join(30)
+        flooders.stdin.write("stop\n")
+        flooders.stdin.flush()
+        sent = [int(flooders.stdout.readline())]
+        flooders.wait(30)
     time.sleep(1)
     rss_after = memory_kib(pid, "VmRSS")
     peak = memory_kib(pid, "VmHWM")
@@ -183,3 +206,7 @@ def test_a_frame_as_large_as_the_budget_from_a_lone_client_is_read(tmp_path: Pat
             assert len(read_frame(sock)) < 100 and len(read_frame(sock)) > 25_000 * 6
     finally:
         assert server.stop() == 0
+
+
+if __name__ == "__main__":
+    flood_from_stdin()
