@@ -58,7 +58,7 @@ def tune_interpreter() -> None:
       The writer thread waits too, after every write and sync it makes with the GIL released: with
       1 ms, a flush cycle over 10 busy partitions took ~15 ms (13 of them in its ten 2-record appends)
       while 20 clients flooded the loop; with 0.2 ms it takes ~5 ms, and a commit sharing a partition
-      with a flooding client waits a p99 of 33-68 ms instead of 114-122 (test_flow_control.py).
+      with a flooding client waits a p99 of ~35 ms instead of 114-122 (test_flow_control.py).
       Commit throughput in bench/harness.py did not change measurably (alternating runs);
     - a full cyclic-GC pass holds the GIL while it scans every tracked object, and such a request
       creates about a million. Full passes are made rare; young generations are collected as usual."""
