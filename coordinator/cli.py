@@ -55,11 +55,11 @@ def tune_interpreter() -> None:
     during a 3 MB, 150k-partition commit, tests/integration/test_stalls.py: 250-380 ms worst round trips
     with the defaults, ~70 ms with these):
     - the switch interval (default 5 ms) bounds each wait for the GIL, and a request needs several.
-      The writer thread waits too, after every write and sync it makes with the GIL released: with
-      1 ms, a flush cycle over 10 busy partitions took ~15 ms (13 of them in its ten 2-record appends)
-      while 20 clients flooded the loop; with 0.2 ms it takes ~5 ms, and a commit sharing a partition
-      with a flooding client waits a p99 of ~35 ms instead of 114-122 (test_flow_control.py).
-      Commit throughput in bench/harness.py did not change measurably (alternating runs);
+      The writer thread waits too, after every sync it makes with the GIL released (it used to append
+      too: with 1 ms, a flush cycle over 10 busy partitions took ~15 ms, 13 of them in its ten
+      2-record appends, while 20 clients flooded the loop; 0.2 ms brought that to ~5 ms, and a commit
+      sharing a partition with a flooding client to a p99 of ~35 ms instead of 114-122,
+      test_flow_control.py; the appends have since moved to the loop, coordinator/flusher.py);
     - a full cyclic-GC pass holds the GIL while it scans every tracked object, and such a request
       creates about a million. Full passes are made rare; young generations are collected as usual."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)

@@ -174,8 +174,8 @@ class KcoordCollector(Collector):
         yield segments
         yield errors
         for name, text, hist in (
-            ("kcoord_flush_duration_seconds", "From handing a batch to its writer thread until it is durable "
-             "and back on the event loop: the durability part of a commit's latency.", m.flush_seconds),
+            ("kcoord_flush_duration_seconds", "From the start of its flush cycle (the append) until it is "
+             "durable and back on the event loop: the durability part of a commit's latency.", m.flush_seconds),
             ("kcoord_fsync_duration_seconds", "The sync of each flush cycle: an fsync per partition log, or "
              "one syncfs for all of them (--sync-mode).", m.fsync_seconds),
             ("kcoord_flush_records", "Records per partition per flush (group commit).", m.flush_records),

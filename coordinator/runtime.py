@@ -88,10 +88,10 @@ def check_data_dir(data_dir: Path, partitions: int) -> None:
 
 
 class Runtime:
-    """Owns the shards and the thread pools: one writer thread (every append, sync, probe and
-    compaction swap, so each log's writes stay in order; the flusher makes all shards' pending
-    batches durable together on it) and a small loader pool, so one huge partition loading does not
-    hold up the others."""
+    """Owns the shards and the thread pools: one writer thread (every sync, probe, reopening and
+    compaction swap; the flusher appends on the loop and makes all shards' pending batches durable
+    together on it) and a small loader pool, so one huge partition loading does not hold up the
+    others."""
 
     def __init__(self, config: Config, metrics: Metrics | None = None, clock: Clock | None = None,
                  log_factory: LogFactory = PartitionLog) -> None:

@@ -4,7 +4,7 @@ Operations (Kafka's ``CoordinatorRuntime`` shape): ``write(req, op, *args)`` run
 state; the op returns records and a response; the records get the next log offsets and are replayed at
 once (the next op sees them) and join the *open* batch; the request waits on that batch. The flusher
 (coordinator/flusher.py) takes the open batches of every shard with one, appends each as Kafka v2
-record batches on the writer thread and makes them durable together; then every request waiting on
+record batches and makes them durable together on the writer thread; then every request waiting on
 them is released. ``read(req, fixup, op, *args)`` runs an op that writes nothing; it
 still waits for the newest pending batch, so no client sees state a failed fsync could take back.
 Timers are keyed per shard and their expiry runs an op through ``write``.
@@ -183,7 +183,7 @@ class Shard:
         self.clock = clock
         self.timers = Timers(clock)
         self.hooks = hooks or ShardHooks()
-        self.writer = writer  # the thread that writes this log: flush cycles, probes, reopening, swaps
+        self.writer = writer  # the thread that syncs this log, probes it, reopens it and swaps segments
         self.flusher = flusher
         self._log_factory = log_factory or PartitionLog
         self._loader = loader
@@ -340,8 +340,8 @@ class Shard:
         return _Flush(batch, self._next_offset - len(batch.entries), self.clock.now_ms())
 
     def append_batch(self, work: "_Flush") -> int:
-        """Flusher, on the writer thread: the batch as record batches of at most ~1 MiB; returns the
-        bytes appended. Not durable until the flusher syncs the log."""
+        """Flusher, on the loop: the batch as record batches of at most ~1 MiB; returns the bytes
+        appended. Not durable until the flusher's sync of the log (on the writer thread) is back."""
         base, timestamp = work.base, work.timestamp
         nbytes = 0
         chunk: list[Entry] = []

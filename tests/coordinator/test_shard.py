@@ -369,3 +369,40 @@ async def test_a_sync_failure_in_a_shared_cycle_fails_only_that_partition(tmp_pa
     values = {s.partition: s.data.committed(g, "t", 0) for s, g in ((first, "a"), (second, "b"))}
     assert sorted(v.offset for v in values.values() if v is not None) == [1, 2]
     await stop(runtime)
+
+
+async def test_an_append_failure_in_a_shared_cycle_fails_only_that_partition(tmp_path: Path) -> None:
+    faults = Faults()
+    runtime = await started(config(tmp_path, partitions=2), faults.factory)
+    first, second = runtime.shards[0], runtime.shards[1]
+    faults.fail_next_append = True  # the first log appended to in the next cycle fails
+    results = await asyncio.gather(append(first, [commit("a", 0, 1)]), append(second, [commit("b", 0, 1)]))
+    assert results == [ErrorCode.NOT_COORDINATOR, OK]
+    assert on_disk(second.log.directory) == [0]
+    await wait_state(first, ShardState.ACTIVE)
+    assert first.data.committed("a", "t", 0) is None  # replayed, never durable: reloaded without it
+    assert await append(first, [commit("a", 0, 2)]) == OK
+    await stop(runtime)
+
+
+async def test_appended_records_wait_for_their_sync(tmp_path: Path) -> None:
+    """The flusher appends on the event loop and syncs on the writer thread: records already in the
+    file are not acknowledged, and the next cycle does not start, until that sync is back."""
+    faults = Faults()
+    runtime = await started(config(tmp_path, partitions=2), faults.factory)
+    first, second = runtime.shards[0], runtime.shards[1]
+    faults.hold_sync = threading.Event()
+    held = append(first, [commit("a", 0, 1)])
+    await until(faults.sync_held.is_set)
+    size = first.log.size_bytes
+    assert size > 0  # appended, in the page cache
+    later = append(second, [commit("b", 0, 1)])
+    await asyncio.sleep(0.1)
+    assert not held.done() and not later.done()
+    assert second.log.size_bytes == 0  # the next cycle waits for the running sync
+    hold, faults.hold_sync = faults.hold_sync, None
+    hold.set()
+    assert await held == OK
+    assert await later == OK
+    assert on_disk(first.log.directory) == [0] and on_disk(second.log.directory) == [0]
+    await stop(runtime)
