@@ -12,7 +12,8 @@ On-disk layout (Kafka's own, reference section 8.4):
   write or fsync failed are truncated without a copy: nobody was told about them, and the likeliest
   cause of the failure is a full disk, where a copy cannot be made.
 * ``recovery-point``: ``<segment base> <byte position>`` up to which the log is known durable (written,
-  fsynced and renamed into place on clean close and at most once a second after an fsync). Damage
+  fsynced and renamed into place on clean close, and about once a second while commits arrive, by
+  storage.sync's recorder thread, off the commit path). Damage
   below it is corruption and fails the partition; any damage past it, whatever its shape, is treated
   as a torn tail and cut aside, as Kafka's log recovery truncates at the first invalid batch after its
   ``recovery-point-offset-checkpoint``.
@@ -280,6 +281,12 @@ class PartitionLog:
     def checkpoint_due(self) -> bool:
         return self._durable_base >= 0 and time.monotonic() - self._checkpointed_at >= CHECKPOINT_INTERVAL_S
 
+    def take_claim(self) -> tuple[int, int] | None:
+        """The current claim, handed to storage.sync's recorder: it counts as recorded from now, so
+        the next one is due an interval later whether or not the recorder is done with this one."""
+        self._checkpointed_at = time.monotonic()
+        return self.claim()
+
     def checkpoint_failed(self, exc: OSError) -> None:
         # The data is durable already; the claim is an optimisation. Failing the batch for it (out of
         # file descriptors, say) would fail commits that are on disk. Try again after the interval.
@@ -298,11 +305,17 @@ class PartitionLog:
         self.install_checkpoint(tmp)
         fsync_path(self.directory)
 
-    def write_checkpoint(self) -> Path:
-        """The claim in a temporary file, not yet fsynced (``checkpoint``, or storage.sync for many)."""
-        tmp = self.directory / (RECOVERY_POINT + ".tmp")
+    def claim(self) -> tuple[int, int] | None:
+        """How far the log is durable now, as a recovery point records it; None before anything is."""
+        return (self._durable_base, self._durable_size) if self._durable_base >= 0 else None
+
+    def write_checkpoint(self, claim: tuple[int, int] | None = None, name: str = RECOVERY_POINT + ".tmp") -> Path:
+        """A claim (by default the current one) in a temporary file, not yet fsynced (``checkpoint``,
+        or storage.sync's recorder, which writes claims taken earlier under a name of its own)."""
+        base, position = claim or (self._durable_base, self._durable_size)
+        tmp = self.directory / name
         with open(tmp, "w") as f:
-            f.write(f"{self._durable_base} {self._durable_size}\n")
+            f.write(f"{base} {position}\n")
         return tmp
 
     def install_checkpoint(self, tmp: Path) -> None:

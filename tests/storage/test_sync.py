@@ -3,11 +3,13 @@ for a lone log or a file system seen for the first time, and an error that fails
 cycle on that file system without moving any durable end."""
 
 import errno
+import threading
 from pathlib import Path
 
 import pytest
 
 import storage.log
+import storage.sync
 from storage.batch import build_batch
 from storage.log import RECOVERY_POINT, PartitionLog
 from storage.sync import SYNCFS, FileSync, FilesystemSync, make_sync
@@ -22,10 +24,11 @@ class CountingSyncfs:
     def __init__(self) -> None:
         self.calls = 0
         self.fail = False
+        self.fail_call = 0  # or fail the call with this number
 
     def __call__(self, fd: int) -> None:
         self.calls += 1
-        if self.fail:
+        if self.fail or self.calls == self.fail_call:
             self.fail = False
             raise OSError(errno.EIO, "syncfs: Input/output error (injected)")
         assert SYNCFS is not None
@@ -62,6 +65,8 @@ def test_a_cycle_of_many_logs_takes_one_syncfs_once_the_file_system_is_watched(t
     assert sync.sync(group) == [None] * 5  # first sight of this file system: per-file fsyncs
     assert syncfs.calls == 0
     assert [p.durable_offset for p in group] == [1] * 5
+    sync.wait_recorded(10)  # the logs' first recovery points, off the cycle
+    syncfs.calls = 0
     for plog in group:
         append(plog)
     assert sync.sync(group) == [None] * 5
@@ -104,18 +109,69 @@ def test_fsync_mode_never_uses_syncfs(tmp_path: Path) -> None:
     assert isinstance(make_sync("syncfs"), FilesystemSync)
 
 
-def test_due_recovery_points_are_recorded_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_due_recovery_points_are_recorded_together_off_the_cycle(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage.log, "CHECKPOINT_INTERVAL_S", 0.0)  # every sync is due
+    monkeypatch.setattr(storage.sync, "RECORD_SPACING_S", 0.0)
     syncfs = CountingSyncfs()
     sync = FilesystemSync(syncfs)
     group = logs(tmp_path, 3)
-    for _ in range(2):
-        for plog in group:
-            append(plog)
-        assert sync.sync(group) == [None] * 3
-    assert syncfs.calls == 3  # the data's syncfs, then one before and one after renaming the claims
+    for plog in group:  # the file system's first cycle syncs file by file while its watcher opens
+        append(plog)
+    assert sync.sync(group) == [None] * 3
+    sync.wait_recorded(10)
+    syncfs.calls = 0
+    for plog in group:
+        append(plog)
+    assert sync.sync(group) == [None] * 3
+    sync.wait_recorded(10)
+    assert syncfs.calls == 3  # the data's syncfs, then the recorder's: before and after renaming the claims
     for plog in group:
         base, position = (plog.directory / RECOVERY_POINT).read_text().split()
         assert (int(base), int(position)) == (0, plog.segments[-1].size)
-        assert not (plog.directory / (RECOVERY_POINT + ".tmp")).exists()
+        assert sorted(p.name for p in plog.directory.iterdir()) == ["00000000000000000000.log", RECOVERY_POINT]
+    sync.close()
+
+
+def test_a_claim_is_the_one_taken_at_its_sync_and_a_failed_recording_keeps_the_old_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorder writes the claim taken right after the sync that made it true, even when more has
+    been appended (not yet durable) by the time it runs; and when its flush fails, the claim on disk
+    stays the older, true one."""
+    monkeypatch.setattr(storage.log, "CHECKPOINT_INTERVAL_S", 0.0)
+    monkeypatch.setattr(storage.sync, "RECORD_SPACING_S", 0.0)
+    syncfs = CountingSyncfs()
+    sync = FilesystemSync(syncfs)
+    group = logs(tmp_path, 2)
+    for plog in group:
+        append(plog)
+    assert sync.sync(group) == [None] * 2  # first cycle: per file, claims of size 1 batch
+    sync.wait_recorded(10)
+    one_batch = group[0].segments[-1].size
+    for plog in group:
+        append(plog)
+    gate = threading.Event()
+    real_record = sync._record
+
+    def held_record(claims: storage.sync.Claims) -> None:
+        gate.wait(10)
+        real_record(claims)
+
+    monkeypatch.setattr(sync, "_record", held_record)
+    assert sync.sync(group) == [None] * 2  # claims of two batches taken now
+    for plog in group:
+        append(plog)  # a third batch, not durable, appended while the recorder waits
+    gate.set()
+    sync.wait_recorded(10)
+    for plog in group:
+        assert (plog.directory / RECOVERY_POINT).read_text().split() == ["0", str(2 * one_batch)]
+    monkeypatch.setattr(sync, "_record", real_record)
+    syncfs.calls = 0
+    syncfs.fail_call = 2  # the data's syncfs succeeds; the recorder's first flush fails
+    assert sync.sync(group) == [None] * 2
+    sync.wait_recorded(10)
+    assert syncfs.calls == 2
+    for plog in group:
+        assert (plog.directory / RECOVERY_POINT).read_text().split() == ["0", str(2 * one_batch)]
+        assert plog.durable_offset == 3
     sync.close()
