@@ -27,6 +27,7 @@ from kafka.protocol.consumer.group import OffsetCommitResponse, OffsetFetchRespo
 
 from bench.scenarios import SCENARIOS, templates
 from bench.wire import COMMIT_VERSION, HIGHEST_FETCH_VERSION, commit_frame, fetch_frame
+from coordinator.cli import tune_interpreter
 from coordinator.config import Config
 from coordinator.runtime import Runtime
 from coordinator.server import Connection, Server
@@ -160,6 +161,7 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
+    tune_interpreter()  # the server's GIL switch interval and GC thresholds
     print(f"{'scenario':<12}{'requests':>9}{'req/s':>9}{'us/req':>8}{'loop us/req':>12}{'errors':>7}")
     for name in args.scenarios.split(","):
         s = SCENARIOS[name]

@@ -19,7 +19,8 @@ from protocol.records import (
     OffsetKey,
     Record,
     offset_key_prefix,
-    offset_value_bytes,
+    offset_value_head,
+    offset_value_tail,
     partition_bytes,
 )
 
@@ -52,6 +53,7 @@ TopicErrors = list[tuple[str, list[tuple[int, ErrorCode]]]]
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_KEY_STRING_BYTES = 32767  # record keys carry int16-length strings
 _new = tuple.__new__
+_NO_TAIL = b"not a tail"  # compared by identity
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # Kafka's topic name rule
 
 
@@ -131,6 +133,10 @@ def prepare_commit(req: CommitRequest, now_ms: int, max_metadata: int) -> Prepar
     results: TopicErrors = []
     group_id = req.group_id
     ok = ErrorCode.NONE
+    # The partitions of one commit nearly always share metadata and timestamps: each distinct pair is
+    # checked and its value tail encoded once (None: metadata too large).
+    tails: dict[tuple[str | None, int], bytes | None] = {}
+    head = offset_value_head
     for name, parts in req.topics:
         unknown_topic = _LEGAL_TOPIC.fullmatch(name) is None
         prefix = b"" if unknown_topic else offset_key_prefix(group_id, name)
@@ -140,18 +146,21 @@ def prepare_commit(req: CommitRequest, now_ms: int, max_metadata: int) -> Prepar
             if unknown_topic or partition < 0:
                 errors.append((partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
                 continue
-            if metadata is not None and utf16_length(metadata) > max_metadata:
+            if commit_ts == -1:
+                commit_ts = now_ms
+            tail = tails.get((metadata, commit_ts), _NO_TAIL)
+            if tail is _NO_TAIL:
+                too_large = metadata is not None and utf16_length(metadata) > max_metadata
+                tail = tails[metadata, commit_ts] = (
+                    None if too_large else offset_value_tail(metadata or "", commit_ts, expire))
+            if tail is None:
                 errors.append((partition, ErrorCode.OFFSET_METADATA_TOO_LARGE))
                 continue
             # tuple.__new__ skips the NamedTuple constructors' Python frames (a 100-partition commit
             # makes 300 of these tuples)
-            metadata = metadata or ""
-            if commit_ts == -1:
-                commit_ts = now_ms
-            value = _new(OffsetAndMetadata, (offset, leader_epoch, metadata, commit_ts, expire))
+            value = _new(OffsetAndMetadata, (offset, leader_epoch, metadata or "", commit_ts, expire))
             records.append(_new(OffsetCommitRecord, (_new(OffsetKey, (group_id, name, partition)), value)))
-            encoded.append((prefix + partition_bytes(partition),
-                            offset_value_bytes(offset, leader_epoch, metadata, commit_ts, expire)))
+            encoded.append((prefix + partition_bytes(partition), head(offset, leader_epoch, expire) + tail))
             errors.append((partition, ok))
         results.append((name, errors))
     return PreparedCommit(req, records, encoded, results)

