@@ -234,6 +234,14 @@ def _swap(log: PartitionLog, originals: list[Segment], end: int, cleaned: Path, 
     """Replaces ``originals`` (base offsets in [base, end)) by ``cleaned`` in the order that lets
     ``finish_interrupted_swaps`` complete it after a crash at any step."""
     base = originals[0].base_offset
+    if log.recorded_claim()[0] < end:
+        # A claim on disk from before these segments closed would, once they are merged into one
+        # file, leave most of that durable file past the recovery point, where damage reads as a
+        # torn tail and is cut instead of failing the partition. The current claim lies past them.
+        try:
+            log.checkpoint()
+        except OSError as exc:
+            log.checkpoint_failed(exc)
     swap = log.directory / swap_name(base, end)
     os.replace(cleaned, swap)
     fsync_path(log.directory)  # the swap is durable: from here on it replaces the originals

@@ -28,6 +28,7 @@ when a segment was created) and advances ``durable_offset``. Callers acknowledge
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +56,17 @@ class LogCorruptError(Exception):
 class TailNotCut(Exception):
     """A damaged tail past the recovery point could not be cut aside (disk full, read-only): every batch
     before it has been read, and the log must not be written until a later recovery cuts it."""
+
+
+_CLAIM_LOCKS: dict[str, threading.RLock] = {}
+_CLAIM_LOCKS_GUARD = threading.Lock()
+
+
+def _claim_lock(directory: Path) -> threading.RLock:
+    """One lock per log directory, shared by every PartitionLog opened on it (a reload opens a new
+    one): recovery points are installed from the writer thread and from storage.sync's recorder."""
+    with _CLAIM_LOCKS_GUARD:
+        return _CLAIM_LOCKS.setdefault(str(directory), threading.RLock())
 
 
 def segment_name(base_offset: int) -> str:
@@ -157,6 +169,7 @@ class PartitionLog:
         self._durable_size = 0
         self._dir_dirty = False
         self._checkpointed_at = 0.0
+        self._claim_lock = _claim_lock(directory)
         self.recovered = False  # the durable bookkeeping is only meaningful after recover()
 
     # -- reading -------------------------------------------------------------------------------
@@ -299,10 +312,11 @@ class PartitionLog:
         (both true, since the data was fsynced first), never a torn one."""
         if self._durable_base < 0:
             return
-        tmp = self.write_checkpoint()
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        self.install_checkpoint(tmp)
+        with self._claim_lock:  # the claim written is the current one: it replaces whatever is in place
+            tmp = self.write_checkpoint()
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            self.install_checkpoint(tmp)
         fsync_path(self.directory)
 
     def claim(self) -> tuple[int, int] | None:
@@ -318,10 +332,22 @@ class PartitionLog:
             f.write(f"{base} {position}\n")
         return tmp
 
-    def install_checkpoint(self, tmp: Path) -> None:
-        """Renames a durable temporary claim into place (the directory still needs syncing)."""
-        os.replace(tmp, self.directory / RECOVERY_POINT)
+    def install_checkpoint(self, tmp: Path, taken: tuple[int, int] | None = None) -> bool:
+        """Renames a durable temporary claim into place (the directory still needs syncing). A claim
+        ``taken`` earlier (storage.sync's recorder) is dropped instead if the claim in place is newer:
+        claims only move forward, and an old one put back over a newer one would let a compaction
+        that merged segments since make durable bytes look like a torn tail. False if dropped."""
+        with self._claim_lock:
+            if taken is not None and taken < self._read_checkpoint():
+                tmp.unlink(missing_ok=True)
+                return False
+            os.replace(tmp, self.directory / RECOVERY_POINT)
         self._checkpointed_at = time.monotonic()
+        return True
+
+    def recorded_claim(self) -> tuple[int, int]:
+        """The claim on disk, (-1, 0) if none is readable."""
+        return self._read_checkpoint()
 
     def _read_checkpoint(self) -> tuple[int, int]:
         try:

@@ -17,14 +17,17 @@ through ``syncfs``, so there, and where libc lacks it, every log is fsynced on i
 The cost of ``syncfs``: it also writes out other programs' dirty data on the same file system. Give
 the data directory a file system of its own when latency matters (``--sync-mode fsync`` opts out).
 
-Recovery points (storage.log) are recorded off the commit path, by a recorder thread of their own:
-recording a claim takes a temporary file, a rename and two flushes, and done inside a cycle it held
-that cycle's commits for 1.4-20 ms (measured: ~22 such cycles a second at 4,200 commits/s over 44
-partitions, the whole p99 of a paced load). The writer thread only takes the due claims of the logs
-it has just made durable (a claim taken then stays true: durable bytes are never cut) and hands them
-over; the recorder flushes with descriptors of its own, so it never consumes a writeback error that
-the writer's ``syncfs`` must report, and writes its temporary files under a name nobody else uses.
-A claim the recorder has not installed when the process dies is simply an older claim on disk.
+With ``syncfs``, recovery points (storage.log) are recorded off the commit path, by a recorder thread
+of their own: recording a claim takes a temporary file, a rename and two flushes, and done inside a
+cycle it held that cycle's commits for 1.4-20 ms (measured: ~22 such cycles a second at 4,200
+commits/s over 44 partitions, the whole p99 of a paced load). The writer thread only takes the due
+claims of the logs it has just made durable (a claim taken then stays true: durable bytes are never
+cut) and hands them over. The recorder syncs through a descriptor of its own (``syncfs`` reports an
+error once per descriptor, so the writer's watcher still sees every one), writes its temporary files
+under a name nobody else uses, and never puts a claim back over a newer one (a closing log's, or
+one recorded before a compaction swap: storage.log). A claim the recorder has not installed when the
+process dies is simply an older claim on disk. With per-file fsyncs claims stay in the cycle (see
+FileSync).
 """
 
 import ctypes
@@ -35,10 +38,10 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from storage.log import RECOVERY_POINT, PartitionLog, fsync_path
+from storage.log import RECOVERY_POINT, PartitionLog
 
 SyncResult = list[BaseException | None]  # per log, in order: None when it is durable
-Claims = dict[PartitionLog, tuple[int, int]]
+Claims = dict[str, tuple[PartitionLog, tuple[int, int]]]  # log directory -> (log, claim taken)
 RECORDER_TMP = RECOVERY_POINT + ".recorder"  # the recorder's temporary claim file in each log directory
 RECORD_SPACING_S = 0.25  # at most four recordings a second; claims due meanwhile wait and go together
 
@@ -73,59 +76,24 @@ SYNCFS = _load_syncfs()
 
 class FileSync:
     """Every log fsyncs its own files; several at once in parallel threads (the kernel may then share
-    journal commits between them)."""
+    journal commits between them). Recovery points are recorded in the cycle, by each log's ``sync``:
+    with per-file fsyncs a recorder of its own would fsync directories through descriptors opened
+    at any moment, and a directory's writeback error reported to such a descriptor is not reported
+    again to the writer's."""
 
     def __init__(self, parallel: int = 8) -> None:
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="kcoord-fsync")
-        self._recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-checkpoint")
-        self._recording: Future[None] | None = None
-        self._recorded_at = 0.0
-        self._due: Claims = {}
 
     def sync(self, logs: Sequence[PartitionLog]) -> SyncResult:
-        results = [_sync_one(logs[0])] if len(logs) == 1 else list(self._pool.map(_sync_one, logs))
-        self._claims_due([plog for plog, error in zip(logs, results, strict=True) if error is None])
-        return results
+        return self._sync_each(logs, checkpoint=True)
 
-    def _claims_due(self, synced: Sequence[PartitionLog]) -> None:
-        """Writer thread, after a sync: takes the due claims of ``synced`` and starts a recording of
-        every claim waiting unless one is running or the last started under RECORD_SPACING_S ago."""
-        for plog in synced:
-            if plog.checkpoint_due():
-                claim = plog.take_claim()
-                if claim is not None:
-                    self._due[plog] = claim
-        if not self._due or (self._recording is not None and not self._recording.done()):
-            return
-        now = time.monotonic()
-        if now - self._recorded_at < RECORD_SPACING_S:
-            return
-        due, self._due = self._due, {}
-        try:
-            self._recording = self._recorder.submit(self._record, due)
-            self._recorded_at = now
-        except RuntimeError:  # closed: the process is stopping, and closing shards record their own
-            pass
-
-    def _record(self, claims: Claims) -> None:
-        """Recorder thread: each claim written, fsynced, renamed into place, its directory fsynced."""
-        for plog, claim in claims.items():
-            try:
-                tmp = plog.write_checkpoint(claim, RECORDER_TMP)
-                fsync_path(tmp)
-                plog.install_checkpoint(tmp)
-                fsync_path(plog.directory)
-            except OSError as exc:
-                plog.checkpoint_failed(exc)
-
-    def wait_recorded(self, timeout: float | None = None) -> None:
-        """Until the running recording (if any) is done: for tests and tools."""
-        if self._recording is not None:
-            self._recording.result(timeout)
+    def _sync_each(self, logs: Sequence[PartitionLog], checkpoint: bool) -> SyncResult:
+        if len(logs) == 1:
+            return [_sync_one(logs[0], checkpoint)]
+        return list(self._pool.map(_sync_one, logs, [checkpoint] * len(logs)))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._recorder.shutdown(wait=False, cancel_futures=True)
 
 
 class FilesystemSync(FileSync):
@@ -136,10 +104,19 @@ class FilesystemSync(FileSync):
         self._syncfs = syncfs
         self._watchers: dict[int, int] = {}  # st_dev -> a descriptor opened on that file system
         self._devices: dict[str, int] = {}  # log directory -> its st_dev
+        self._recorder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-checkpoint")
+        self._recording: Future[None] | None = None
+        self._recorded_at = 0.0
+        self._due: Claims = {}
 
     def sync(self, logs: Sequence[PartitionLog]) -> SyncResult:
+        results = self._sync_logs(logs)
+        self._claims_due([plog for plog, error in zip(logs, results, strict=True) if error is None])
+        return results
+
+    def _sync_logs(self, logs: Sequence[PartitionLog]) -> SyncResult:
         if len(logs) < 2:
-            return super().sync(logs)
+            return self._sync_each(logs, checkpoint=False)
         results: SyncResult = [None] * len(logs)
         by_device: dict[int, list[int]] = {}
         for i, plog in enumerate(logs):
@@ -156,7 +133,7 @@ class FilesystemSync(FileSync):
                     self._watchers[dev] = os.open(group[0].directory, os.O_RDONLY)
                 except OSError:
                     pass
-                for i, outcome in zip(indexes, super().sync(group), strict=True):
+                for i, outcome in zip(indexes, self._sync_each(group, checkpoint=False), strict=True):
                     results[i] = outcome
                 continue
             try:
@@ -170,44 +147,73 @@ class FilesystemSync(FileSync):
                     logs[i].synced(checkpoint=False)
                 except Exception as exc:
                     results[i] = exc
-        self._claims_due([plog for plog, error in zip(logs, results, strict=True) if error is None])
         return results
 
-    def _record(self, claims: Claims) -> None:
+    def _claims_due(self, synced: Sequence[PartitionLog]) -> None:
+        """Writer thread, after a sync: takes the due claims of ``synced`` (one per directory: a
+        reloaded log replaces its predecessor) and starts a recording of every claim waiting, unless
+        one is running or the last started under RECORD_SPACING_S ago. Claims left waiting go with
+        the recording a later sync starts, or are superseded by the claim a closing log records."""
+        for plog in synced:
+            if plog.checkpoint_due():
+                claim = plog.take_claim()
+                if claim is not None:
+                    self._due[str(plog.directory)] = (plog, claim)
+        if not self._due or (self._recording is not None and not self._recording.done()):
+            return
+        now = time.monotonic()
+        if now - self._recorded_at < RECORD_SPACING_S:
+            return
+        due, self._due = self._due, {}
+        try:
+            self._recording = self._recorder.submit(self._record, list(due.values()))
+            self._recorded_at = now
+        except RuntimeError:  # closed: the process is stopping, and closing shards record their own
+            pass
+
+    def _record(self, claims: list[tuple[PartitionLog, tuple[int, int]]]) -> None:
         """Recorder thread: the claims of each file system together: temporary files written, one
-        syncfs, renamed into place, one syncfs; so a crash leaves each log with its old or new claim,
-        both true, at the cost of two syncfs instead of two fsyncs per log. The descriptor is the
-        recorder's own, opened before its files are written, so the syncfs report their errors."""
-        by_device: dict[int, Claims] = {}
-        for plog, claim in claims.items():
+        syncfs, renamed into place (unless a newer claim is there by then), one syncfs; so a crash
+        leaves each log with its old or new claim, both true, at the cost of two syncfs instead of
+        two fsyncs per log. The descriptor is the recorder's own, opened before its files are
+        written: its syncfs report their errors and leave the writer's watcher to see its own."""
+        by_device: dict[int, list[tuple[PartitionLog, tuple[int, int]]]] = {}
+        for plog, claim in claims:
             try:
-                by_device.setdefault(os.stat(plog.directory).st_dev, {})[plog] = claim
+                by_device.setdefault(os.stat(plog.directory).st_dev, []).append((plog, claim))
             except OSError as exc:
                 plog.checkpoint_failed(exc)
         for group in by_device.values():
             written = []
             try:
-                fd = os.open(next(iter(group)).directory, os.O_RDONLY)
+                fd = os.open(group[0][0].directory, os.O_RDONLY)
             except OSError as exc:
-                for plog in group:
+                for plog, _ in group:
                     plog.checkpoint_failed(exc)
                 continue
             try:
-                for plog, claim in group.items():
+                for plog, claim in group:
                     try:
-                        written.append((plog, plog.write_checkpoint(claim, RECORDER_TMP)))
+                        written.append((plog, claim, plog.write_checkpoint(claim, RECORDER_TMP)))
                     except OSError as exc:
                         plog.checkpoint_failed(exc)
                 if written:
                     self._syncfs(fd)
-                    for plog, tmp in written:
-                        plog.install_checkpoint(tmp)
+                    for plog, claim, tmp in written:
+                        plog.install_checkpoint(tmp, taken=claim)
                     self._syncfs(fd)
             except OSError as exc:  # the data is durable; only the claims may be old, which is still true
-                for plog, _ in written:
+                for plog, _, _ in written:
                     plog.checkpoint_failed(exc)
             finally:
                 os.close(fd)
+
+    def wait_recorded(self, timeout: float | None = None) -> bool:
+        """Waits for the running recording, if any (for tests and tools); True if one ran."""
+        if self._recording is None:
+            return False
+        self._recording.result(timeout)
+        return True
 
     def _device(self, plog: PartitionLog) -> int:
         key = str(plog.directory)
@@ -218,15 +224,16 @@ class FilesystemSync(FileSync):
 
     def close(self) -> None:
         super().close()
+        self._recorder.shutdown(wait=False, cancel_futures=True)
         for fd in self._watchers.values():
             os.close(fd)
         self._watchers.clear()
 
 
-def _sync_one(plog: PartitionLog) -> BaseException | None:
+def _sync_one(plog: PartitionLog, checkpoint: bool) -> BaseException | None:
     try:
         plog.fsync_files()
-        plog.synced(checkpoint=False)  # its claim goes to the recorder
+        plog.synced(checkpoint)
     except Exception as exc:
         return exc
     return None

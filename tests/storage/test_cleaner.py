@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
+import storage.log
 from protocol.records import (
     GroupMetadata,
     GroupMetadataRecord,
@@ -22,7 +23,7 @@ from protocol.records import (
 from storage import cleaner
 from storage.batch import DELETE_HORIZON_FLAG, LOG_OVERHEAD, LogRecord, build_batch, decode_batch, read_head
 from storage.cleaner import clean, cleanable_count, dirty_ratio
-from storage.log import PartitionLog, Segment, list_segments, swap_name
+from storage.log import LogCorruptError, PartitionLog, Segment, list_segments, swap_name
 
 T = 1_700_000_000_000
 DAY = 86_400_000
@@ -255,6 +256,32 @@ def test_merges_small_segments(tmp_path: Path) -> None:
     assert dirty_ratio(plog, 0) == 1.0
     fill(plog, 5)
     assert 0.0 < dirty_ratio(plog, again.clean_end_offset) < 1.0
+
+
+def test_a_swap_first_moves_an_older_recovery_point_past_the_merged_segments(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recovery point recorded while the first segment was active would, once that segment is merged
+    with its successors, leave most of the merged (durable) file past the claim, where damage reads as
+    a torn tail and is cut: acknowledged offsets lost instead of a partition refusing to serve. The
+    swap records the current claim first, so damage in a merged file is corruption."""
+    monkeypatch.setattr(storage.log, "CHECKPOINT_INTERVAL_S", 3600.0)
+    plog = new_log(tmp_path)
+    append(plog, [commit("first", 0, 0)])
+    plog.checkpoint()  # the claim is in segment 0 from here on: no other is due for an hour
+    _, claimed = plog.recorded_claim()
+    fill(plog, 30)
+    assert plog.recorded_claim() == (0, claimed) and plog.segments[-1].base_offset > 0
+    stats = clean(plog, T, DAY)
+    assert stats.segments_after < stats.segments_before
+    merged = plog.segments[0]
+    assert merged.base_offset == 0 and merged.size - 10 > claimed
+    assert plog.recorded_claim() == plog.claim()
+    assert plog.recorded_claim()[0] > merged.base_offset
+    data = bytearray(merged.path.read_bytes())
+    data[merged.size - 10] ^= 0xFF  # damage in the merged, durable file, past the old claim
+    merged.path.write_bytes(bytes(data))
+    with pytest.raises(LogCorruptError):
+        list(PartitionLog(tmp_path, SEGMENT_BYTES).recover())
 
 
 def test_cleaned_log_reads_with_kafka_python(tmp_path: Path) -> None:

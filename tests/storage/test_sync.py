@@ -25,9 +25,13 @@ class CountingSyncfs:
         self.calls = 0
         self.fail = False
         self.fail_call = 0  # or fail the call with this number
+        self.threads: list[str] = []  # the calling thread's name and the descriptor, per call
+        self.fds: list[int] = []
 
     def __call__(self, fd: int) -> None:
         self.calls += 1
+        self.threads.append(threading.current_thread().name)
+        self.fds.append(fd)
         if self.fail or self.calls == self.fail_call:
             self.fail = False
             raise OSError(errno.EIO, "syncfs: Input/output error (injected)")
@@ -119,13 +123,19 @@ def test_due_recovery_points_are_recorded_together_off_the_cycle(tmp_path: Path,
     for plog in group:  # the file system's first cycle syncs file by file while its watcher opens
         append(plog)
     assert sync.sync(group) == [None] * 3
-    sync.wait_recorded(10)
+    assert sync.wait_recorded(10)  # the first claims (that cycle fsynced file by file)
     syncfs.calls = 0
+    syncfs.threads.clear()
+    syncfs.fds.clear()
     for plog in group:
         append(plog)
     assert sync.sync(group) == [None] * 3
-    sync.wait_recorded(10)
+    assert sync.wait_recorded(10)
     assert syncfs.calls == 3  # the data's syncfs, then the recorder's: before and after renaming the claims
+    watcher = list(sync._watchers.values())
+    assert syncfs.fds[0] in watcher and not set(syncfs.fds[1:]) & set(watcher)  # the recorder's own descriptor
+    assert syncfs.threads[0] == threading.current_thread().name  # the cycle's thread
+    assert all(t.startswith("kcoord-checkpoint") for t in syncfs.threads[1:])
     for plog in group:
         base, position = (plog.directory / RECOVERY_POINT).read_text().split()
         assert (int(base), int(position)) == (0, plog.segments[-1].size)
@@ -146,32 +156,68 @@ def test_a_claim_is_the_one_taken_at_its_sync_and_a_failed_recording_keeps_the_o
     for plog in group:
         append(plog)
     assert sync.sync(group) == [None] * 2  # first cycle: per file, claims of size 1 batch
-    sync.wait_recorded(10)
+    assert sync.wait_recorded(10)
     one_batch = group[0].segments[-1].size
     for plog in group:
         append(plog)
     gate = threading.Event()
     real_record = sync._record
 
-    def held_record(claims: storage.sync.Claims) -> None:
-        gate.wait(10)
+    def held_record(claims: list[tuple[PartitionLog, tuple[int, int]]]) -> None:
+        assert gate.wait(10)
         real_record(claims)
 
     monkeypatch.setattr(sync, "_record", held_record)
     assert sync.sync(group) == [None] * 2  # claims of two batches taken now
+    assert sync._recording is not None and not sync._recording.done()  # the cycle did not wait for it
     for plog in group:
         append(plog)  # a third batch, not durable, appended while the recorder waits
     gate.set()
-    sync.wait_recorded(10)
+    assert sync.wait_recorded(10)
     for plog in group:
         assert (plog.directory / RECOVERY_POINT).read_text().split() == ["0", str(2 * one_batch)]
     monkeypatch.setattr(sync, "_record", real_record)
     syncfs.calls = 0
     syncfs.fail_call = 2  # the data's syncfs succeeds; the recorder's first flush fails
     assert sync.sync(group) == [None] * 2
-    sync.wait_recorded(10)
+    assert sync.wait_recorded(10)
     assert syncfs.calls == 2
     for plog in group:
         assert (plog.directory / RECOVERY_POINT).read_text().split() == ["0", str(2 * one_batch)]
         assert plog.durable_offset == 3
+    sync.close()
+
+
+def test_a_late_recording_never_replaces_a_newer_claim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim taken before a log recorded a newer one itself (a clean close, a compaction swap) must
+    not be put back over it when the recorder gets to it."""
+    monkeypatch.setattr(storage.log, "CHECKPOINT_INTERVAL_S", 0.0)
+    monkeypatch.setattr(storage.sync, "RECORD_SPACING_S", 0.0)
+    sync = FilesystemSync(CountingSyncfs())
+    group = logs(tmp_path, 2)
+    for plog in group:
+        append(plog)
+    assert sync.sync(group) == [None] * 2
+    assert sync.wait_recorded(10)
+    gate = threading.Event()
+    real_record = sync._record
+
+    def held_record(claims: list[tuple[PartitionLog, tuple[int, int]]]) -> None:
+        assert gate.wait(10)
+        real_record(claims)
+
+    monkeypatch.setattr(sync, "_record", held_record)
+    for plog in group:
+        append(plog)
+    assert sync.sync(group) == [None] * 2  # claims of two batches, held
+    for plog in group:
+        append(plog)
+        plog.sync()  # as a closing shard does: fsync and record the current claim, three batches
+    newest = [(p.directory / RECOVERY_POINT).read_text() for p in group]
+    gate.set()
+    assert sync.wait_recorded(10)
+    assert [(p.directory / RECOVERY_POINT).read_text() for p in group] == newest
+    assert newest[0].split()[1] == str(group[0].segments[-1].size)
+    for plog in group:
+        assert sorted(p.name for p in plog.directory.iterdir()) == ["00000000000000000000.log", RECOVERY_POINT]
     sync.close()
