@@ -113,6 +113,19 @@ def test_fsync_mode_never_uses_syncfs(tmp_path: Path) -> None:
     assert isinstance(make_sync("syncfs"), FilesystemSync)
 
 
+def hold_recordings(sync: FilesystemSync, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Recordings wait for the returned event before doing their work."""
+    gate = threading.Event()
+    real_record = sync._record
+
+    def held_record(claims: list[tuple[PartitionLog, tuple[int, int]]]) -> None:
+        assert gate.wait(10)
+        real_record(claims)
+
+    monkeypatch.setattr(sync, "_record", held_record)
+    return gate
+
+
 def test_due_recovery_points_are_recorded_together_off_the_cycle(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage.log, "CHECKPOINT_INTERVAL_S", 0.0)  # every sync is due
@@ -160,14 +173,7 @@ def test_a_claim_is_the_one_taken_at_its_sync_and_a_failed_recording_keeps_the_o
     one_batch = group[0].segments[-1].size
     for plog in group:
         append(plog)
-    gate = threading.Event()
-    real_record = sync._record
-
-    def held_record(claims: list[tuple[PartitionLog, tuple[int, int]]]) -> None:
-        assert gate.wait(10)
-        real_record(claims)
-
-    monkeypatch.setattr(sync, "_record", held_record)
+    gate = hold_recordings(sync, monkeypatch)
     assert sync.sync(group) == [None] * 2  # claims of two batches taken now
     assert sync._recording is not None and not sync._recording.done()  # the cycle did not wait for it
     for plog in group:
@@ -176,7 +182,9 @@ def test_a_claim_is_the_one_taken_at_its_sync_and_a_failed_recording_keeps_the_o
     assert sync.wait_recorded(10)
     for plog in group:
         assert (plog.directory / RECOVERY_POINT).read_text().split() == ["0", str(2 * one_batch)]
-    monkeypatch.setattr(sync, "_record", real_record)
+    monkeypatch.undo()  # the recorder as it is (and the intervals back: set them again)
+    monkeypatch.setattr(storage.log, "CHECKPOINT_INTERVAL_S", 0.0)
+    monkeypatch.setattr(storage.sync, "RECORD_SPACING_S", 0.0)
     syncfs.calls = 0
     syncfs.fail_call = 2  # the data's syncfs succeeds; the recorder's first flush fails
     assert sync.sync(group) == [None] * 2
@@ -199,14 +207,7 @@ def test_a_late_recording_never_replaces_a_newer_claim(tmp_path: Path, monkeypat
         append(plog)
     assert sync.sync(group) == [None] * 2
     assert sync.wait_recorded(10)
-    gate = threading.Event()
-    real_record = sync._record
-
-    def held_record(claims: list[tuple[PartitionLog, tuple[int, int]]]) -> None:
-        assert gate.wait(10)
-        real_record(claims)
-
-    monkeypatch.setattr(sync, "_record", held_record)
+    gate = hold_recordings(sync, monkeypatch)
     for plog in group:
         append(plog)
     assert sync.sync(group) == [None] * 2  # claims of two batches, held
