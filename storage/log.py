@@ -12,8 +12,9 @@ On-disk layout (Kafka's own, reference section 8.4):
   write or fsync failed are truncated without a copy: nobody was told about them, and the likeliest
   cause of the failure is a full disk, where a copy cannot be made.
 * ``recovery-point``: ``<segment base> <byte position>`` up to which the log is known durable (written,
-  fsynced and renamed into place on clean close, and about once a second while commits arrive, by
-  storage.sync's recorder thread, off the commit path). Damage
+  fsynced and renamed into place on clean close, before a compaction swap merges segments past it,
+  and about once a second while commits arrive: with ``syncfs`` by storage.sync's recorder thread,
+  off the commit path; it only ever moves forward). Damage
   below it is corruption and fails the partition; any damage past it, whatever its shape, is treated
   as a torn tail and cut aside, as Kafka's log recovery truncates at the first invalid batch after its
   ``recovery-point-offset-checkpoint``.
