@@ -184,7 +184,7 @@ class PartitionLog:
         self.close()
         self.recovered = False
         self.segments = list_segments(self.directory)  # a retry after a failed recovery starts afresh
-        known_base, known_position = self._read_checkpoint()
+        known_base, known_position = self.recorded_claim()
         self.next_offset = self.segments[0].base_offset if self.segments else 0
         for i, seg in enumerate(self.segments):
             self.next_offset = max(self.next_offset, seg.base_offset)
@@ -264,11 +264,11 @@ class PartitionLog:
             view = view[written:]
         self.next_offset = last_offset + 1
 
-    def sync(self) -> None:
+    def sync(self, checkpoint: bool = True) -> None:
         """Makes everything appended durable: fsync the segments written since the last sync, then
-        the directory if a segment was created."""
+        the directory if a segment was created (``checkpoint``: as for ``synced``)."""
         self.fsync_files()
-        self.synced()
+        self.synced(checkpoint)
 
     def fsync_files(self) -> None:
         """The fsyncs ``sync`` needs; storage.sync replaces them by one syncfs for many logs at once."""
@@ -339,7 +339,7 @@ class PartitionLog:
         claims only move forward, and an old one put back over a newer one would let a compaction
         that merged segments since make durable bytes look like a torn tail. False if dropped."""
         with self._claim_lock:
-            if taken is not None and taken < self._read_checkpoint():
+            if taken is not None and taken < self.recorded_claim():
                 tmp.unlink(missing_ok=True)
                 return False
             os.replace(tmp, self.directory / RECOVERY_POINT)
@@ -348,9 +348,6 @@ class PartitionLog:
 
     def recorded_claim(self) -> tuple[int, int]:
         """The claim on disk, (-1, 0) if none is readable."""
-        return self._read_checkpoint()
-
-    def _read_checkpoint(self) -> tuple[int, int]:
         try:
             base, position = (self.directory / RECOVERY_POINT).read_text().split()
             return int(base), int(position)

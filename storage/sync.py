@@ -180,7 +180,7 @@ class FilesystemSync(FileSync):
         by_device: dict[int, list[tuple[PartitionLog, tuple[int, int]]]] = {}
         for plog, claim in claims:
             try:
-                by_device.setdefault(os.stat(plog.directory).st_dev, []).append((plog, claim))
+                by_device.setdefault(self._device(plog), []).append((plog, claim))
             except OSError as exc:
                 plog.checkpoint_failed(exc)
         for group in by_device.values():
@@ -216,6 +216,7 @@ class FilesystemSync(FileSync):
         return True
 
     def _device(self, plog: PartitionLog) -> int:
+        # From the writer and the recorder threads: a lost race only stats the directory twice.
         key = str(plog.directory)
         dev = self._devices.get(key)
         if dev is None:
@@ -232,8 +233,7 @@ class FilesystemSync(FileSync):
 
 def _sync_one(plog: PartitionLog, checkpoint: bool) -> BaseException | None:
     try:
-        plog.fsync_files()
-        plog.synced(checkpoint)
+        plog.sync(checkpoint)
     except Exception as exc:
         return exc
     return None
