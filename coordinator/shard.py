@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from coordinator.flusher import Flusher, FlushOutcome
+from coordinator.gcpause import gc_paused
 from coordinator.metrics import Metrics
 from coordinator.request import Fixup, Request, ShardUnavailable
 from coordinator.state import NO_PRODUCER, ShardData
@@ -538,24 +539,26 @@ class Shard:
     def _replay_log(self, data: ShardData, durable_only: bool = False) -> int:
         """Loader thread: the same ``replay`` as the live path, for every record read back. What has been
         loaded is frozen out of the garbage collector's sight as it grows (a full collection would
-        otherwise rescan every cached offset again and again: measured 2x the whole load's CPU)."""
+        otherwise rescan every cached offset again and again: measured 2x the whole load's CPU), and the
+        collector is paused meanwhile (coordinator/gcpause.py)."""
         records = unknown = 0
         frozen_at = 0
-        for batch in (self.log.read_durable(True) if durable_only else self.log.recover(True)):
-            if self._closing:
-                raise LoadCancelled()
-            if records - frozen_at >= GC_FREEZE_EVERY:
-                gc.freeze()
-                frozen_at = records
-            if batch.control_type is not None:
-                data.replay_end_transaction(batch.producer_id, batch.control_type == COMMIT)
-                continue
-            producer = batch.producer_id if batch.is_transactional else NO_PRODUCER
-            runs, skipped = (batch.runs, batch.unknown) if batch.runs is not None else decode_runs(batch.records)
-            for start, run in runs:
-                data.replay_records(start, run, producer)
-                records += len(run)
-            unknown += skipped
+        with gc_paused():
+            for batch in (self.log.read_durable(True) if durable_only else self.log.recover(True)):
+                if self._closing:
+                    raise LoadCancelled()
+                if records - frozen_at >= GC_FREEZE_EVERY:
+                    gc.freeze()
+                    frozen_at = records
+                if batch.control_type is not None:
+                    data.replay_end_transaction(batch.producer_id, batch.control_type == COMMIT)
+                    continue
+                producer = batch.producer_id if batch.is_transactional else NO_PRODUCER
+                runs, skipped = (batch.runs, batch.unknown) if batch.runs is not None else decode_runs(batch.records)
+                for start, run in runs:
+                    data.replay_records(start, run, producer)
+                    records += len(run)
+                unknown += skipped
         if unknown:
             log.warning("partition %d: skipped %d records of types kcoord does not model", self.partition, unknown)
         return records
