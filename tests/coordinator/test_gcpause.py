@@ -1,0 +1,57 @@
+import gc
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from coordinator.gcpause import gc_paused
+
+
+@pytest.fixture(autouse=True)
+def restore_gc() -> Iterator[None]:
+    was = gc.isenabled()
+    yield
+    (gc.enable if was else gc.disable)()
+
+
+def test_overlapping_loads_share_one_pause() -> None:
+    """Partitions load concurrently on a thread pool: the first to end must not re-enable the collector
+    under the others."""
+    gc.enable()
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def first() -> None:
+        with gc_paused():
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait(5)
+        with gc_paused():
+            second_in.set()
+            first_out.wait(5)
+            seen.append(gc.isenabled())
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == [False]
+    assert gc.isenabled()
+
+
+def test_a_collector_disabled_before_stays_disabled() -> None:
+    gc.disable()
+    with gc_paused():
+        assert not gc.isenabled()
+    assert not gc.isenabled()
+
+
+def test_an_error_inside_still_ends_the_pause() -> None:
+    gc.enable()
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError("load failed")
+    assert gc.isenabled()
