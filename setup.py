@@ -1,6 +1,7 @@
-"""The optional compile step: ``storage/loadcodec.py`` (the loader's batch decoder) is built with mypyc
-when mypy and a working C compiler are present, and shipped as its plain source otherwise (one line on
-stderr says which). ``KCOORD_PURE_PYTHON=1`` forces pure Python. Everything else is in pyproject.toml.
+"""The optional compile step: the loader's hot path, ``storage/loadcodec.py`` (the batch decoder) and
+``coordinator/state.py`` (``replay``), is built with mypyc when mypy and a working C compiler are
+present, and shipped as plain source otherwise (one line on stderr says which). ``KCOORD_PURE_PYTHON=1``
+forces pure Python. Everything else is in pyproject.toml.
 
 The .py file is always installed too: without the extension, Python simply imports the source.
 """
@@ -14,7 +15,10 @@ from typing import Any
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-COMPILED = ["storage/loadcodec.py"]
+# Built together into one shared library (GROUP, a top-level module) so calls between them are C calls;
+# each also gets a small shim module of its own name.
+COMPILED = ["storage/loadcodec.py", "coordinator/state.py"]
+GROUP = "kcoord_compiled"
 
 
 def _say(message: str) -> None:
@@ -24,8 +28,7 @@ def _say(message: str) -> None:
 def _remove_compiled() -> None:
     """Drops compiled modules an earlier build left beside the sources (an editable install would still
     import them) and in ``build/`` (a wheel would ship them): a pure build must really be pure."""
-    for source in COMPILED:
-        stem = Path(source).with_suffix("")
+    for stem in [*(Path(source).with_suffix("") for source in COMPILED), Path(GROUP)]:
         for old in [*Path().glob(f"{stem}*.so"), *Path().glob(f"{stem}*.pyd"), *Path("build").glob(f"lib*/{stem}*")]:
             old.unlink()
 
@@ -46,6 +49,13 @@ class _OptionalBuildExt(build_ext):
             for ext in self.extensions:
                 Path(self.get_ext_fullpath(ext.name)).unlink(missing_ok=True)
             _remove_compiled()
+            return
+        # A shim whose C source did not change is not rebuilt and keeps its old time: stamp every output
+        # now, so "compiled module older than its source" (storage/compiled.py) means really stale.
+        for ext in self.extensions:
+            out = Path(self.get_ext_fullpath(ext.name))
+            if out.exists():
+                out.touch()
 
     def build_extension(self, ext: Any) -> None:
         if self.failed:
@@ -78,7 +88,7 @@ def _ext_modules() -> list[Any]:
         # Only the named modules are compiled; the ones they import are type-checked, not built. Options are
         # given here so the build does not depend on the installed versions of our dependencies' stubs.
         modules: list[Any] = mypycify(["--ignore-missing-imports", "--no-warn-unused-ignores", *COMPILED],
-                                      opt_level="3")
+                                      opt_level="3", group_name=GROUP)
     except BaseException as exc:  # mypy reports type errors with SystemExit
         _say(f"mypyc failed ({exc!r}): pure Python")
         _remove_compiled()

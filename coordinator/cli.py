@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+import coordinator.state
+import storage.loadcodec
 from coordinator.config import Config, ConfigError, add_serve_arguments, config_from_args
 from coordinator.exporter import Exporter
 from coordinator.groups_cli import add_groups_parser
@@ -29,6 +31,7 @@ from protocol.records import (
     UnknownRecord,
     decode_record,
 )
+from storage import compiled
 from storage.log import Damage, list_segments, read_segment
 
 log = logging.getLogger("kcoord")
@@ -81,8 +84,19 @@ async def _freeze_when_loaded(runtime: Runtime) -> None:
     gc.freeze()
 
 
+def warn_stale_builds() -> list[str]:
+    """A compiled module older than its source (an editable install edited since ``pip install -e .``):
+    the loader then falls back to pure Python, but a stale ``coordinator.state`` still runs, as Python
+    imports the compiled module before the source beside it. Says so loudly; returns the names."""
+    found = [m.__name__ for m in (coordinator.state, storage.loadcodec) if compiled.stale(m)]
+    for name in found:
+        log.warning("%s: the compiled module is older than its source; re-run pip install -e .", name)
+    return found
+
+
 async def serve(config: Config, event_loop: str = "asyncio") -> int:
     tune_interpreter()
+    warn_stale_builds()
     runtime = Runtime(config)
     server = Server(runtime)
     exporter = Exporter(runtime, server, _version(), event_loop)

@@ -3,9 +3,14 @@
 ``replay`` is called for every record the live write path appends *and* for every record the loader
 reads back, so loading can never drift from live behaviour (Kafka's records + replay design).
 Handlers only read this state; they return records, and the runtime replays them.
+
+Compiled with mypyc by the install when a C compiler is present (setup.py: replaying 1M loaded records
+took 0.37-0.49 s against 0.86-0.95 s interpreted), interpreted otherwise; tests/coordinator/test_state.py
+runs both against the same records.
 """
 
 from collections.abc import Iterable
+from typing import Any
 
 from coordinator.groups.model import ClassicGroup, GroupState
 from protocol.records import (
@@ -44,7 +49,8 @@ class ShardData:
         # one shared (topic, partition) tuple per partition, used as the key in every group's dict:
         # a million cached offsets over a few thousand partitions would otherwise hold a million tuples
         # (~84 bytes of RSS each with the partition's int). Cleared when it grows past its bound.
-        self.partitions: dict[TopicPartition, TopicPartition] = {}
+        # (Typed Any: compiled by mypyc, a tuple[str, int] local is a C struct, boxed anew at every use.)
+        self.partitions: dict[TopicPartition, Any] = {}
 
     def replay(self, offset: int, record: Record, producer_id: int = NO_PRODUCER) -> None:
         """Applies one record appended at log ``offset`` (see ``replay_records``)."""
@@ -72,7 +78,7 @@ class ShardData:
                     group = offsets.get(key.group)
                     if group is None:
                         group = self._new_offsets_group(key.group)
-                    tp = (key.topic, key.partition)
+                    tp: Any = (key.topic, key.partition)
                     tp = partitions.get(tp) or self._intern(tp)
                     if tp not in group:
                         self.num_offsets += 1
@@ -116,13 +122,13 @@ class ShardData:
         group = self.offsets.get(key.group)
         if group is None:
             group = self._new_offsets_group(key.group)
-        tp = (key.topic, key.partition)
+        tp: Any = (key.topic, key.partition)
         tp = self.partitions.get(tp) or self._intern(tp)
         if tp not in group:
             self.num_offsets += 1
         group[tp] = value
 
-    def _intern(self, tp: TopicPartition) -> TopicPartition:
+    def _intern(self, tp: Any) -> Any:
         if len(self.partitions) >= INTERNED_PARTITIONS_MAX:
             self.partitions.clear()
         self.partitions[tp] = tp

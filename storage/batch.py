@@ -14,7 +14,6 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 import crc32c
@@ -23,7 +22,7 @@ from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import encode_varint
 
 from protocol.records import Record, UnknownRecord, decode_record
-from storage import loadcodec
+from storage import compiled, loadcodec
 from storage.loadcodec import RecordsError, Run
 
 try:
@@ -33,13 +32,8 @@ except ImportError:  # a platform without aiokafka's C extension
 
 
 def codec_stale() -> bool:
-    """True when the compiled loadcodec is older than its source beside it: an editable install whose
-    source was edited (or checked out) after the build, until ``pip install -e .`` runs again."""
-    source = Path(loadcodec.__file__).with_name("loadcodec.py")
-    try:
-        return source.stat().st_mtime > Path(loadcodec.__file__).stat().st_mtime + 2
-    except OSError:
-        return False
+    """True when the compiled loadcodec is older than its source beside it (storage/compiled.py)."""
+    return compiled.stale(loadcodec)
 
 
 # The loader's fast path needs the compiled codec (interpreted, it is slower than the path it replaces);

@@ -1,5 +1,15 @@
-import pytest
+"""``coordinator.state`` (the one ``replay``) is compiled with mypyc by the install when it can be: every
+test here runs against the module the install built and against its source interpreted, and random
+record sequences must leave both in the same state."""
 
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import coordinator.state as installed
 from coordinator.state import GroupState, ShardData
 from protocol.records import (
     GroupMetadata,
@@ -8,9 +18,27 @@ from protocol.records import (
     OffsetAndMetadata,
     OffsetCommitRecord,
     OffsetKey,
+    Record,
 )
+from storage import compiled
+from tests.interpreted import interpreted, skip_unless_the_machine_compiles
 
+PURE = interpreted(installed)
 K0, K1 = OffsetKey("g", "t", 0), OffsetKey("g", "t", 1)
+
+
+@pytest.fixture(params=["installed", "interpreted"])
+def shard_data(request: pytest.FixtureRequest) -> type[ShardData]:
+    module = installed if request.param == "installed" else PURE
+    cls: type[ShardData] = module.ShardData
+    return cls
+
+
+def test_compiled_when_the_machine_can_compile() -> None:
+    skip_unless_the_machine_compiles()
+    assert compiled.is_compiled(installed), "coordinator/state was not compiled: see pip install -v -e ."
+    assert not compiled.stale(installed), "the compiled coordinator/state is older than its source: pip install -e ."
+    assert not compiled.is_compiled(PURE)
 
 
 def value(offset: int) -> OffsetAndMetadata:
@@ -18,8 +46,8 @@ def value(offset: int) -> OffsetAndMetadata:
 
 
 @pytest.mark.parametrize(("commit", "expected"), [(False, 7), (True, 9)])
-def test_reference_vector_20_transaction_markers(commit: bool, expected: int) -> None:
-    data = ShardData()
+def test_reference_vector_20_transaction_markers(shard_data: type[ShardData], commit: bool, expected: int) -> None:
+    data = shard_data()
     data.replay(0, OffsetCommitRecord(K0, value(5)))
     data.replay(1, OffsetCommitRecord(K0, value(7)))
     data.replay(2, OffsetCommitRecord(K1, None))
@@ -30,16 +58,16 @@ def test_reference_vector_20_transaction_markers(commit: bool, expected: int) ->
     assert not data.pending and not data.pending_count
 
 
-def test_commit_marker_does_not_override_a_newer_plain_commit() -> None:
-    data = ShardData()
+def test_commit_marker_does_not_override_a_newer_plain_commit(shard_data: type[ShardData]) -> None:
+    data = shard_data()
     data.replay(3, OffsetCommitRecord(K0, value(9)), producer_id=9)
     data.replay(4, OffsetCommitRecord(K0, value(11)))
     data.replay_end_transaction(9, commit=True)
     assert data.committed("g", "t", 0) == value(11)
 
 
-def test_simple_group_is_created_by_a_commit_and_survives_tombstones() -> None:
-    data = ShardData()
+def test_simple_group_is_created_by_a_commit_and_survives_tombstones(shard_data: type[ShardData]) -> None:
+    data = shard_data()
     data.replay(0, OffsetCommitRecord(K0, value(1)))
     assert data.groups["g"].state is GroupState.EMPTY and data.groups["g"].protocol_type is None
     assert data.num_offsets == 1
@@ -47,14 +75,14 @@ def test_simple_group_is_created_by_a_commit_and_survives_tombstones() -> None:
     assert data.num_offsets == 0 and "g" not in data.offsets and "g" in data.groups
 
 
-def test_tombstone_for_an_offset_never_seen_is_harmless() -> None:
-    data = ShardData()
+def test_tombstone_for_an_offset_never_seen_is_harmless(shard_data: type[ShardData]) -> None:
+    data = shard_data()
     data.replay(0, OffsetCommitRecord(K1, None))
     assert data.num_offsets == 0
 
 
-def test_group_metadata_loads_empty_or_stable() -> None:
-    data = ShardData()
+def test_group_metadata_loads_empty_or_stable(shard_data: type[ShardData]) -> None:
+    data = shard_data()
     data.replay(0, GroupMetadataRecord("e", GroupMetadata("consumer", 4, None, None, 1)))
     member = MemberMetadata("m1", "i1", "c", "/h", -1, 45000, b"", b"")
     data.replay(1, GroupMetadataRecord("s", GroupMetadata("consumer", 2, "range", "m1", 1, (member,))))
@@ -64,13 +92,66 @@ def test_group_metadata_loads_empty_or_stable() -> None:
     assert "s" not in data.groups
 
 
-def test_groups_share_one_key_per_topic_partition() -> None:
+def test_groups_share_one_key_per_topic_partition(shard_data: type[ShardData]) -> None:
     """Memory: a million offsets over a few thousand partitions hold a few thousand key tuples. Both
     paths in (a whole batch, and a pending offset made visible by its COMMIT marker) share them."""
-    data = ShardData()
+    data = shard_data()
     data.replay_records(0, [OffsetCommitRecord(OffsetKey(g, "t", 300), value(1)) for g in ("a", "b")])
     data.replay(2, OffsetCommitRecord(OffsetKey("c", "t", 300), value(1)), producer_id=4)
     data.replay_end_transaction(4, commit=True)
     keys = [next(iter(data.offsets[g])) for g in ("a", "b", "c")]
     assert keys[0] == ("t", 300) and keys[1] is keys[0] and keys[2] is keys[0]
     assert data.committed("b", "t", 300) == value(1)
+
+
+def snapshot(data: ShardData) -> tuple[Any, ...]:
+    groups = {g: (x.state, x.generation, x.protocol_type, tuple(x.members)) for g, x in data.groups.items()}
+    return (data.offsets, groups, data.num_offsets, data.pending, data.pending_count, data.contested)
+
+
+def _metadata(members: int) -> GroupMetadata:
+    ids = [f"m{i}" for i in range(members)]
+    return GroupMetadata("consumer", 3, "range" if ids else None, ids[0] if ids else None, 1, tuple(
+        MemberMetadata(m, None, "c", "/h", -1, 45000, b"", b"") for m in ids))
+
+
+keys = st.builds(OffsetKey, st.sampled_from(["a", "b", "é"]), st.sampled_from(["t", "u"]), st.integers(0, 3))
+offsets = st.builds(OffsetAndMetadata, st.integers(-1, 1 << 40), st.integers(-1, 5), st.sampled_from(["", "m", "ü"]),
+                    st.integers(0, 1 << 42), st.sampled_from([-1, 1 << 41]))
+# (producer id or -1, records) for a batch, or (producer id, COMMIT/ABORT) for a marker
+batches = st.one_of(
+    st.tuples(st.sampled_from([-1, -1, 7, 9]), st.lists(st.one_of(
+        st.builds(OffsetCommitRecord, keys, st.one_of(st.none(), offsets)),
+        st.builds(GroupMetadataRecord, st.sampled_from(["a", "b", "z"]),
+                  st.one_of(st.none(), st.builds(_metadata, st.integers(0, 2))))), min_size=1, max_size=6)),
+    st.tuples(st.sampled_from([7, 9]), st.booleans()),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(batches, max_size=12))
+def test_installed_and_interpreted_replay_agree(log: list[tuple[int, Any]]) -> None:
+    """The compiled replay is the interpreted one: same offsets, groups, pending transactions."""
+    states = [installed.ShardData(), PURE.ShardData()]
+    for data in states:
+        offset = 0
+        for producer, item in log:
+            if isinstance(item, bool):
+                data.replay_end_transaction(producer, commit=item)
+                offset += 1
+                continue
+            records: list[Record] = item
+            data.replay_records(offset, records, producer)
+            offset += len(records)
+    assert snapshot(states[0]) == snapshot(states[1])
+    for data in states:  # the classes survive too (compiled code could rebuild a named tuple as a plain one)
+        assert all(type(k) is tuple and type(v) is OffsetAndMetadata
+                   for group in data.offsets.values() for k, v in group.items())
+        assert all(type(k) is OffsetKey and type(v[1]) is OffsetAndMetadata
+                   for offs in data.pending.values() for k, v in offs.items())
+        assert all(type(k) is OffsetKey for k in [*data.pending_count, *data.contested])
+
+
+def test_the_fixture_really_runs_both(shard_data: type[ShardData]) -> None:
+    module: ModuleType = installed if shard_data is installed.ShardData else PURE
+    assert shard_data is module.ShardData

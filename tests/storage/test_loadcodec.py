@@ -3,12 +3,7 @@ aiokafka's or kafka-python's record reader plus ``protocol.records.decode_record
 same records, same runs, same errors. Every test runs twice: against the mypyc-compiled module (when the
 install built it) and against its source, interpreted, so both builds stay correct."""
 
-import importlib.util
-import os
-import shutil
 import struct
-import sys
-import sysconfig
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -33,22 +28,13 @@ from protocol.records import (
     encode_record,
 )
 from storage.batch import BatchError, build_batch, decode_batch, decode_runs, rebuild_batch
+from tests.interpreted import interpreted, skip_unless_the_machine_compiles
 
 T = 1_700_000_000_000
 SOURCE = Path(installed.__file__).with_name("loadcodec.py")
 
 
-def _pure() -> ModuleType:
-    """The module's source, interpreted, whatever the install built."""
-    spec = importlib.util.spec_from_file_location("storage._loadcodec_interpreted", SOURCE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-PURE = _pure()
+PURE = interpreted(installed)
 
 
 @pytest.fixture(params=["compiled", "interpreted"])
@@ -65,12 +51,8 @@ def test_the_interpreted_module_is_really_interpreted() -> None:
 
 
 def test_compiled_when_the_machine_can_compile() -> None:
-    """The README's install builds the extension wherever gcc and Python's headers exist: a build that
-    silently stopped compiling would otherwise only show up as a slower restart."""
-    if os.environ.get("KCOORD_PURE_PYTHON", "") not in ("", "0"):
-        pytest.skip("KCOORD_PURE_PYTHON is set")
-    if shutil.which("cc") is None or not Path(sysconfig.get_paths()["include"], "Python.h").exists():
-        pytest.skip("no C compiler or Python headers here")
+    """A build that silently stopped compiling would otherwise only show up as a slower restart."""
+    skip_unless_the_machine_compiles()
     assert installed.COMPILED, ("storage/loadcodec was not compiled: see the 'kcoord build:' line of pip install -v -e "
                                 ". (an install made with KCOORD_PURE_PYTHON=1 is tested with it set too)")
     assert not batch_module.codec_stale(), "the compiled storage/loadcodec is older than its source: pip install -e ."
