@@ -15,10 +15,10 @@ from typing import Any
 from coordinator.groups.model import ClassicGroup, GroupState
 from protocol.records import (
     GroupMetadataRecord,
+    LoadedRecord,
     OffsetAndMetadata,
     OffsetCommitRecord,
     OffsetKey,
-    Record,
 )
 
 __all__ = ["NO_PRODUCER", "ClassicGroup", "GroupState", "ShardData", "TopicPartition"]
@@ -28,6 +28,13 @@ INTERNED_PARTITIONS_MAX = 1 << 20
 
 
 TopicPartition = tuple[str, int]
+_new = tuple.__new__
+
+
+def _named(key: Any) -> OffsetKey:
+    """The OffsetKey for a loaded commit's plain (group, topic, partition): kept keys are named ones."""
+    named: OffsetKey = key if type(key) is OffsetKey else _new(OffsetKey, key)
+    return named
 
 
 class ShardData:
@@ -52,33 +59,42 @@ class ShardData:
         # (Typed Any: compiled by mypyc, a tuple[str, int] local is a C struct, boxed anew at every use.)
         self.partitions: dict[TopicPartition, Any] = {}
 
-    def replay(self, offset: int, record: Record, producer_id: int = NO_PRODUCER) -> None:
+    def replay(self, offset: int, record: LoadedRecord, producer_id: int = NO_PRODUCER) -> None:
         """Applies one record appended at log ``offset`` (see ``replay_records``)."""
         self.replay_records(offset, (record,), producer_id)
 
-    def replay_records(self, first_offset: int, records: Iterable[Record], producer_id: int = NO_PRODUCER) -> None:
+    def replay_records(
+        self, first_offset: int, records: Iterable[LoadedRecord], producer_id: int = NO_PRODUCER
+    ) -> None:
         """Applies records appended at consecutive log offsets from ``first_offset``: the only code that
         changes this state, for live writes and for loading alike. ``producer_id`` is set for records of
         a transactional batch, which stay pending until their COMMIT or ABORT marker. Written for a
-        whole batch at a time: a 150k-partition commit replays in one pass on the event loop."""
+        whole batch at a time: a 150k-partition commit replays in one pass on the event loop. An offset
+        commit comes as an ``OffsetCommitRecord`` or, from the compiled loader, as the equal plain tuples
+        (``LoadedCommit``); both are applied by the same lines."""
         offset = first_offset
         offsets = self.offsets
         pending_count = self.pending_count
         partitions = self.partitions
         for record in records:
-            if type(record) is OffsetCommitRecord:
-                key, value = record
-                if value is None:
-                    self._delete_offset(key)
-                elif producer_id != NO_PRODUCER:
-                    self._add_pending(producer_id, key, offset, value)
+            if type(record) is OffsetCommitRecord or type(record) is tuple:
+                commit: Any = record
+                key: Any = commit[0]
+                value: OffsetAndMetadata | None = commit[1]
+                if value is None or producer_id != NO_PRODUCER:
+                    key = _named(key)
+                    if value is None:
+                        self._delete_offset(key)
+                    else:
+                        self._add_pending(producer_id, key, offset, value)
                 else:
                     if pending_count and key in pending_count:
-                        self.contested[key] = offset
-                    group = offsets.get(key.group)
+                        self.contested[_named(key)] = offset
+                    group_id, topic, partition = key
+                    group = offsets.get(group_id)
                     if group is None:
-                        group = self._new_offsets_group(key.group)
-                    tp: Any = (key.topic, key.partition)
+                        group = self._new_offsets_group(group_id)
+                    tp: Any = (topic, partition)
                     tp = partitions.get(tp) or self._intern(tp)
                     if tp not in group:
                         self.num_offsets += 1

@@ -21,7 +21,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import encode_varint
 
-from protocol.records import Record, UnknownRecord, decode_record
+from protocol.records import LoadedRecord, UnknownRecord, decode_record
 from storage import compiled, loadcodec
 from storage.loadcodec import RecordsError, Run
 
@@ -191,7 +191,7 @@ def decode_runs(records: Sequence[LogRecord]) -> tuple[list[Run], int]:
         if not any(type(r) is UnknownRecord for r in decoded):
             return [(records[0].offset, decoded)], 0  # type: ignore[list-item]
     runs: list[Run] = []
-    run: list[Record] = []  # records at consecutive offsets (compaction leaves gaps)
+    run: list[LoadedRecord] = []  # records at consecutive offsets (compaction leaves gaps)
     next_expected = unknown = 0
     for rec in records:
         record = decode_record(rec.key, rec.value)

@@ -17,10 +17,9 @@ from mypy_extensions import i64
 from protocol.records import (
     OFFSET_COMMIT_LEGACY_TYPE,
     OFFSET_COMMIT_TYPE,
+    LoadedCommit,
+    LoadedRecord,
     OffsetAndMetadata,
-    OffsetCommitRecord,
-    OffsetKey,
-    Record,
     RecordError,
     UnknownRecord,
     decode_record,
@@ -31,7 +30,7 @@ _COUNT_POSITION: Final = 57
 _NAMES_MAX: Final = 1 << 16
 
 # ``(first log offset, records at consecutive offsets)``: compaction leaves gaps between runs.
-Run = tuple[int, list[Record]]
+Run = tuple[int, list[LoadedRecord]]
 
 
 class RecordsError(ValueError):
@@ -48,9 +47,7 @@ COMPILED = compiled()
 # Final: mypyc keeps these in C statics instead of looking them up in the module's dict on every use.
 _names: Final[dict[bytes, str]] = {}
 _new: Final = tuple.__new__
-_OffsetKey: Final = OffsetKey
 _OffsetAndMetadata: Final = OffsetAndMetadata
-_OffsetCommitRecord: Final = OffsetCommitRecord
 
 
 def _name(raw: bytes) -> str:
@@ -103,9 +100,10 @@ def _int64(data: bytes, pos: i64) -> i64:
 
 def _offset_record(
     data: bytes, kpos: int, kend: int, vpos: int, vend: int, prev: _Previous
-) -> OffsetCommitRecord | None:
+) -> LoadedCommit | None:
     """The offset commit whose key is ``data[kpos:kend]`` and value ``data[vpos:vend]`` (vpos -1 for a
-    tombstone); None for anything it does not read exactly (the schema decoders then decide)."""
+    tombstone), as plain tuples (``LoadedCommit``); None for anything it does not read exactly (the
+    schema decoders then decide)."""
     if kend - kpos < 8:
         return None
     glen = _int16(data, kpos + 2)
@@ -130,9 +128,9 @@ def _offset_record(
             prev.tpos, prev.tlen, prev.topic = tpos + 2, tlen, topic
     except UnicodeDecodeError:
         return None
-    key: OffsetKey = _new(_OffsetKey, (group, topic, _int32(data, tend)))
+    key = (group, topic, _int32(data, tend))
     if vpos < 0:
-        return _new(_OffsetCommitRecord, (key, None))
+        return key, None
     if vend - vpos < 12:
         return None
     version = _int16(data, vpos)
@@ -163,7 +161,7 @@ def _offset_record(
     ts_obj = prev.ts_obj  # read back: mypyc would box a narrowed local again for the tuple
     expire_ts = _int64(data, mend + 8) if version == 1 else -1
     value: OffsetAndMetadata = _new(_OffsetAndMetadata, (offset, epoch, metadata, ts_obj, expire_ts))
-    return _new(_OffsetCommitRecord, (key, value))
+    return key, value
 
 
 def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
@@ -175,7 +173,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
         raise RecordsError(f"batch of {size} bytes is shorter than the v2 header")
     count = _int32(data, _COUNT_POSITION)
     runs: list[Run] = []
-    run: list[Record] = []
+    run: list[LoadedRecord] = []
     run_start = next_expected = -1
     unknown = 0
     error: RecordError | None = None
@@ -217,7 +215,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
             raise RecordsError(f"record at byte {end - length} does not match its length")
         if error is not None:
             continue  # a corrupt record was found: only the remaining layout is still checked
-        record: Record | UnknownRecord | None = None
+        record: LoadedRecord | UnknownRecord | None = None
         if klen >= 2:
             rtype = _int16(data, kpos)
             if rtype == OFFSET_COMMIT_TYPE or rtype == OFFSET_COMMIT_LEGACY_TYPE:

@@ -151,8 +151,10 @@ def test_runs_and_unknown_records(codec: ModuleType) -> None:
     assert skipped == 1
     assert [(start, len(run)) for start, run in runs] == [(10, 1), (12, 1), (14, 1)]
     assert runs[1][1][0] == OffsetCommitRecord(OffsetKey("g", "t", 1), None)
-    assert type(runs[0][1][0]) is OffsetCommitRecord and type(runs[0][1][0].key) is OffsetKey
-    assert type(runs[0][1][0].value) is OffsetAndMetadata
+    # offset commits come as plain tuples equal to the records they stand for (LoadedCommit)
+    loaded = runs[0][1][0]
+    assert loaded == OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(5, 1, "", T))
+    assert type(loaded) is tuple and type(loaded[0]) is tuple and type(loaded[1]) is OffsetAndMetadata
 
 
 def test_records_of_one_commit_share_their_commit_timestamp(codec: ModuleType) -> None:
@@ -161,7 +163,7 @@ def test_records_of_one_commit_share_their_commit_timestamp(codec: ModuleType) -
     entries = [encode_record(OffsetCommitRecord(OffsetKey("g", "t", p), OffsetAndMetadata(p, -1, "", t)))
                for p, t in enumerate((ts, ts, ts, other))]
     runs, _ = decoded(codec, build_batch(0, entries, T))
-    values = [r.value for _, run in runs for r in run]
+    values = [r[1] for _, run in runs for r in run]
     assert [v.commit_timestamp for v in values] == [ts, ts, ts, other]
     assert values[0].commit_timestamp is values[1].commit_timestamp is values[2].commit_timestamp
 
