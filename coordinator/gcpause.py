@@ -1,10 +1,10 @@
 """Cyclic garbage collection paused while any partition loads.
 
 A load allocates a few objects per record (keys, values, the records replay applies) and keeps most of
-them, so the young collections it triggers keep scanning objects that will live on: ~15% of a 1M-record
-load (profile and in-process runs), even with what was loaded frozen out of the collector's sight as it
-grows. A load makes hardly any cyclic garbage; what the event loop makes meanwhile is collected once the
-last load ends.
+them, so the young collections it triggers keep scanning objects that will live on: ~14% of a served
+1M-record load's profile, even with what was loaded frozen out of the collector's sight as it grows. A
+load makes hardly any cyclic garbage; what the event loop makes meanwhile is collected before each
+freeze and once the last load ends.
 """
 
 import gc
@@ -34,3 +34,12 @@ def gc_paused() -> Iterator[None]:
             _loads -= 1
             if _loads == 0 and _was_enabled:
                 gc.enable()
+
+
+def freeze_loaded() -> None:
+    """Moves what a load has built so far out of the collector's sight: a full collection would rescan
+    every cached offset again and again (measured 2x the whole load's CPU). The event loop keeps
+    serving meanwhile, so its cyclic garbage is collected first: frozen, it would never be freed
+    (~8 ms per 50,000 loaded records, ~10% of a load)."""
+    gc.collect(1)
+    gc.freeze()

@@ -17,7 +17,6 @@ retriable error, and a probe finds out within seconds when writing works again.
 """
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from coordinator.flusher import Flusher, FlushOutcome
-from coordinator.gcpause import gc_paused
+from coordinator.gcpause import freeze_loaded, gc_paused
 from coordinator.metrics import Metrics
 from coordinator.request import Fixup, Request, ShardUnavailable
 from coordinator.state import NO_PRODUCER, ShardData
@@ -537,10 +536,8 @@ class Shard:
             trouble.report(logging.WARNING, "partition %d: still cannot write its log (%s)", self.partition, problem)
 
     def _replay_log(self, data: ShardData, durable_only: bool = False) -> int:
-        """Loader thread: the same ``replay`` as the live path, for every record read back. What has been
-        loaded is frozen out of the garbage collector's sight as it grows (a full collection would
-        otherwise rescan every cached offset again and again: measured 2x the whole load's CPU), and the
-        collector is paused meanwhile (coordinator/gcpause.py)."""
+        """Loader thread: the same ``replay`` as the live path, for every record read back, with the
+        collector paused and what has been loaded frozen as it grows (coordinator/gcpause.py)."""
         records = unknown = 0
         frozen_at = 0
         with gc_paused():
@@ -548,7 +545,7 @@ class Shard:
                 if self._closing:
                     raise LoadCancelled()
                 if records - frozen_at >= GC_FREEZE_EVERY:
-                    gc.freeze()
+                    freeze_loaded()
                     frozen_at = records
                 if batch.control_type is not None:
                     data.replay_end_transaction(batch.producer_id, batch.control_type == COMMIT)
