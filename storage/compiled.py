@@ -1,11 +1,15 @@
 """Which of kcoord's optionally compiled modules (setup.py) run compiled, and whether a compiled one is
-stale: an editable install whose source was edited or checked out after ``pip install -e .``. Python
-imports the compiled module before the source beside it, so a stale one would run old code."""
+stale: an editable install whose sources were edited or checked out after ``pip install -e .``. Python
+imports the compiled module before the source beside it, so a stale one would run old code. Compiled
+code also has the layouts of what it imports built in (a NamedTuple's fields are read by position), so
+the kcoord modules it imports directly count as its sources too."""
 
+import ast
 from pathlib import Path
 from types import ModuleType
 
 SLACK_S = 2.0  # file systems with coarse timestamps
+PACKAGES = ("coordinator", "protocol", "storage")
 
 
 def is_compiled(module: ModuleType) -> bool:
@@ -13,13 +17,34 @@ def is_compiled(module: ModuleType) -> bool:
     return not str(module.__file__).endswith(".py")
 
 
-def stale(module: ModuleType) -> bool:
-    """True when ``module`` runs compiled and its source beside it is newer than the build."""
-    if not is_compiled(module):
-        return False
+def sources(module: ModuleType) -> list[Path]:
+    """The source beside ``module`` and those of the kcoord modules it imports directly."""
     built = Path(str(module.__file__))
     source = built.with_name(built.name.split(".", 1)[0] + ".py")
+    root = source.parents[module.__name__.count(".")]
+    found = [source]
+    for node in ast.walk(ast.parse(source.read_bytes())):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            # ``from package import module`` imports a module too
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        for name in names:
+            if name.split(".")[0] in PACKAGES:
+                path = root.joinpath(*name.split("."))
+                path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+                if path.is_file() and path not in found:
+                    found.append(path)
+    return found
+
+
+def stale(module: ModuleType) -> bool:
+    """True when ``module`` runs compiled and one of its ``sources`` is newer than the build."""
+    if not is_compiled(module):
+        return False
     try:
-        return source.stat().st_mtime > built.stat().st_mtime + SLACK_S
+        built = Path(str(module.__file__)).stat().st_mtime
+        return any(path.stat().st_mtime > built + SLACK_S for path in sources(module))
     except OSError:
         return False

@@ -1,0 +1,53 @@
+"""Stale compiled modules are noticed: their own source or a kcoord module they import edited after the
+build (compiled code reads an imported NamedTuple's fields by position)."""
+
+import os
+from pathlib import Path
+from types import ModuleType
+
+from storage import compiled
+
+BUILT = 1_000_000.0
+
+
+def fake_build(root: Path) -> ModuleType:
+    """``storage/codec`` as a built extension beside its source, importing one kcoord module, one
+    package and one outside module."""
+    (root / "storage").mkdir()
+    (root / "protocol" / "sub").mkdir(parents=True)
+    (root / "storage" / "codec.py").write_text(
+        "import os\nfrom protocol.records import Key\nfrom protocol import sub\nfrom . import sibling\n")
+    (root / "protocol" / "records.py").write_text("Key = tuple\n")
+    (root / "protocol" / "__init__.py").write_text("")
+    (root / "protocol" / "sub" / "__init__.py").write_text("")
+    so = root / "storage" / "codec.cpython-311-x86_64-linux-gnu.so"
+    so.write_bytes(b"")
+    for path in [*root.rglob("*.py"), so]:
+        os.utime(path, (BUILT, BUILT))
+    module = ModuleType("storage.codec")
+    module.__file__ = str(so)
+    return module
+
+
+def test_sources_are_the_module_and_the_kcoord_modules_it_imports(tmp_path: Path) -> None:
+    module = fake_build(tmp_path)
+    assert compiled.sources(module) == [tmp_path / "storage" / "codec.py", tmp_path / "protocol" / "records.py",
+                                        tmp_path / "protocol" / "__init__.py",
+                                        tmp_path / "protocol" / "sub" / "__init__.py"]
+
+
+def test_an_edit_to_the_source_or_an_imported_module_makes_it_stale(tmp_path: Path) -> None:
+    module = fake_build(tmp_path)
+    assert compiled.is_compiled(module) and not compiled.stale(module)
+    for edited in ("storage/codec.py", "protocol/records.py", "protocol/sub/__init__.py"):
+        os.utime(tmp_path / edited, (BUILT + 60, BUILT + 60))
+        assert compiled.stale(module), edited
+        os.utime(tmp_path / edited, (BUILT, BUILT))
+    assert not compiled.stale(module)
+
+
+def test_a_module_run_from_its_source_is_never_stale(tmp_path: Path) -> None:
+    module = fake_build(tmp_path)
+    module.__file__ = str(tmp_path / "storage" / "codec.py")
+    os.utime(tmp_path / "protocol" / "records.py", (BUILT + 60, BUILT + 60))
+    assert not compiled.is_compiled(module) and not compiled.stale(module)
