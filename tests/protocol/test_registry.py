@@ -36,6 +36,13 @@ def test_whole_frames_decode_like_kafka_python(item: tuple[ApiSpec, int], data: 
     assert_same(spec.request.spec.root, version, decoded, ref)
 
 
+@pytest.mark.parametrize("item", ALL_VERSIONS, ids=_ids)
+def test_every_served_version_builds(item: tuple[ApiSpec, int]) -> None:
+    """Codecs are built on a version's first request, not at start-up: each must build."""
+    spec, version = item
+    assert callable(spec.request.decoder(version)) and callable(spec.response.encoder(version))
+
+
 def test_truncated_frames_are_decode_errors() -> None:
     spec = REGISTRY[8]
     req = OffsetCommitRequest(group_id="g", topics=[])
