@@ -5,6 +5,7 @@ code also has the layouts of what it imports built in (a NamedTuple's fields are
 the kcoord modules it imports directly count as its sources too."""
 
 import ast
+import functools
 from pathlib import Path
 from types import ModuleType
 
@@ -17,8 +18,10 @@ def is_compiled(module: ModuleType) -> bool:
     return not str(module.__file__).endswith(".py")
 
 
+@functools.cache
 def sources(module: ModuleType) -> list[Path]:
-    """The source beside ``module`` and those of the kcoord modules it imports directly."""
+    """The source beside ``module`` and those of the kcoord modules it imports directly (parsed once:
+    the loader and ``kcoord serve`` both ask at start-up)."""
     built = Path(str(module.__file__))
     source = built.with_name(built.name.split(".", 1)[0] + ".py")
     root = source.parents[module.__name__.count(".")]
