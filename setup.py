@@ -1,5 +1,6 @@
 """The optional compile step: the loader's hot path, ``storage/loadcodec.py`` (the batch decoder) and
-``coordinator/state.py`` (``replay``), is built with mypyc when mypy and a working C compiler are
+``coordinator/state.py`` (``replay``), and the request path's ``protocol/hotcodec.py`` (OffsetCommit and
+OffsetFetch on the wire) are built with mypyc when mypy and a working C compiler are
 present, and shipped as plain source otherwise (one line on stderr says which). ``KCOORD_PURE_PYTHON=1``
 forces pure Python. Everything else is in pyproject.toml.
 
@@ -17,7 +18,7 @@ from setuptools.command.build_ext import build_ext
 
 # Built together into one shared library (GROUP, a top-level module) so calls between them are C calls;
 # each also gets a small shim module of its own name.
-COMPILED = ["storage/loadcodec.py", "coordinator/state.py"]
+COMPILED = ["storage/loadcodec.py", "coordinator/state.py", "protocol/hotcodec.py"]
 GROUP = "kcoord_compiled"
 
 
@@ -51,7 +52,7 @@ class _OptionalBuildExt(build_ext):
             _remove_compiled()
             return
         # A shim whose C source did not change is not rebuilt and keeps its old time: stamp every output
-        # now, so "compiled module older than its source" (storage/compiled.py) means really stale.
+        # now, so "compiled module older than its source" (protocol/compiled.py) means really stale.
         for ext in self.extensions:
             out = Path(self.get_ext_fullpath(ext.name))
             if out.exists():

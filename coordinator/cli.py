@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import coordinator.state
+import protocol.hotcodec
 import storage.loadcodec
 from coordinator.config import Config, ConfigError, add_serve_arguments, config_from_args
 from coordinator.exporter import Exporter
@@ -31,7 +32,7 @@ from protocol.records import (
     UnknownRecord,
     decode_record,
 )
-from storage import compiled
+from protocol import compiled
 from storage.log import Damage, list_segments, read_segment
 
 log = logging.getLogger("kcoord")
@@ -86,9 +87,9 @@ async def _freeze_when_loaded(runtime: Runtime) -> None:
 
 def warn_stale_builds() -> list[str]:
     """A compiled module older than its source (an editable install edited since ``pip install -e .``):
-    the loader then falls back to pure Python, but a stale ``coordinator.state`` still runs, as Python
+    the loader and the registry then fall back to pure Python, but a stale ``coordinator.state`` still runs, as Python
     imports the compiled module before the source beside it. Says so loudly; returns the names."""
-    found = [m.__name__ for m in (coordinator.state, storage.loadcodec) if compiled.stale(m)]
+    found = [m.__name__ for m in (coordinator.state, storage.loadcodec, protocol.hotcodec) if compiled.stale(m)]
     for name in found:
         log.warning("%s: the compiled module is older than its source; re-run pip install -e .", name)
     return found

@@ -7,10 +7,12 @@ versions below our floor (kafka-python's schemas keep the fields of removed vers
 ceiling enforced here are ours, checked before anything is decoded.
 """
 
+import os
 import struct
 from dataclasses import dataclass
 from typing import Any
 
+from protocol import compiled, hotcodec
 from protocol.codec import DecodeError, MessageCodec, read_uvarint
 from protocol.header import response_header
 from protocol.schema import load_message
@@ -22,6 +24,10 @@ API_VERSIONS = 18
 _SIZE = struct.Struct(">i")
 _INT16 = struct.Struct(">h")
 _HEADER_FIXED = 8  # api key, api version, correlation id
+# The hand-written codecs of the hottest APIs (protocol/hotcodec.py) replace the generated ones only
+# compiled and up to date (interpreted they are no faster); KCOORD_PURE_PYTHON=1 turns them off too.
+HOT_CODECS = (hotcodec.compiled() and not compiled.stale(hotcodec)
+              and os.environ.get("KCOORD_PURE_PYTHON", "") in ("", "0"))
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class ApiSpec:
     max_version: int
     request: MessageCodec
     response: MessageCodec
+    hot: Any = None  # a protocol.hotcodec codec for every served version, or None
 
     def supports(self, version: int) -> bool:
         return self.min_version <= version <= self.max_version
@@ -42,6 +49,14 @@ class ApiSpec:
         """``(client id, body)`` of a whole request frame (header included); DecodeError if malformed.
         Request header v2 (flexible versions) adds a tagged-field section after the client id, which is
         always an int16-length string; a null client id reads as ""."""
+        if self.hot is not None:
+            try:
+                decoded: tuple[str, Any] = self.hot.decode(frame, version)
+            except DecodeError:
+                raise
+            except (IndexError, UnicodeDecodeError, ValueError, OverflowError) as exc:
+                raise DecodeError(f"{self.name} v{version}: {exc}") from exc
+            return decoded
         pos, client_id = _read_client_id(frame)
         flexible = self.request.spec.is_flexible(version)
         if flexible:
@@ -51,6 +66,9 @@ class ApiSpec:
 
     def encode_response(self, body: Any, version: int, correlation_id: int) -> bytes:
         """Size, header (v0 for ApiVersions per KIP-511, else v1 when flexible) and body."""
+        if self.hot is not None:
+            result: bytes = self.hot.encode(body, version, correlation_id)
+            return result
         flexible = self.key != API_VERSIONS and self.response.spec.is_flexible(version)
         payload = self.response.encode(body, version)
         head = response_header(correlation_id, flexible)
@@ -105,7 +123,8 @@ def register(key: int, name: str, min_version: int, max_version: int) -> ApiSpec
             raise ValueError(f"{codec.spec.name} has api key {codec.spec.api_key}, not {key}")
         if max_version > codec.spec.valid[1]:
             raise ValueError(f"{codec.spec.name} defines no v{max_version}")
-    spec = ApiSpec(key, name, min_version, max_version, request, response)
+    hot = hotcodec.codec_for(key, request.cls) if HOT_CODECS and max_version <= hotcodec.MAX_VERSION else None
+    spec = ApiSpec(key, name, min_version, max_version, request, response, hot)
     REGISTRY[key] = spec
     return spec
 

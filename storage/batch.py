@@ -22,7 +22,8 @@ from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import encode_varint
 
 from protocol.records import LoadedRecord, UnknownRecord, decode_record
-from storage import compiled, loadcodec
+from protocol import compiled
+from storage import loadcodec
 from storage.loadcodec import RecordsError, Run
 
 try:
@@ -32,7 +33,7 @@ except ImportError:  # a platform without aiokafka's C extension
 
 
 def codec_stale() -> bool:
-    """True when the compiled loadcodec is older than its source beside it (storage/compiled.py)."""
+    """True when the compiled loadcodec is older than its source beside it (protocol/compiled.py)."""
     return compiled.stale(loadcodec)
 
 

@@ -21,7 +21,7 @@ from protocol.records import (
     OffsetKey,
     Record,
 )
-from storage import compiled
+from protocol import compiled
 from tests.interpreted import interpreted, skip_unless_the_machine_compiles
 
 PURE = interpreted(installed)

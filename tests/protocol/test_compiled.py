@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-from storage import compiled
+from protocol import compiled
 
 BUILT = 1_000_000.0
 

@@ -1,0 +1,182 @@
+"""The hand-written OffsetCommit and OffsetFetch codecs (protocol/hotcodec.py) against the generated ones,
+which test_codec checks against kafka-python's classes: for every served version, compiled as installed
+and interpreted from source, random requests decode to equal objects (unknown tagged fields in the
+header and the body included), random responses encode to the same bytes, and malformed bytes get the
+same verdict: both refuse with DecodeError, or both read the same message."""
+
+import dataclasses
+import struct
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protocol import hotcodec, registry
+from protocol.codec import DecodeError, EncodeError, MessageCodec
+from protocol.registry import REGISTRY, ApiSpec
+from tests.interpreted import interpreted, skip_unless_the_machine_compiles
+from tests.protocol.test_codec import CODECS, _clear_junk, _set_everywhere, message_strategy, struct_strategy, with_junk
+
+PURE = interpreted(hotcodec)
+MODULES = [pytest.param(hotcodec, id="installed"), pytest.param(PURE, id="interpreted")]
+APIS = {8: "OffsetCommit", 9: "OffsetFetch"}
+CASES = [(key, v) for key in APIS for v in range(REGISTRY[key].min_version, REGISTRY[key].max_version + 1)]
+IDS = [f"{APIS[k]}-v{v}" for k, v in CASES]
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def generated(key: int) -> ApiSpec:
+    """The API as the generated codecs serve it."""
+    return dataclasses.replace(REGISTRY[key], hot=None)
+
+
+def hot(module: ModuleType, key: int) -> Any:
+    codec = module.codec_for(key, REGISTRY[key].request.cls)
+    assert codec is not None
+    return codec
+
+
+def flexible(key: int, version: int) -> bool:
+    return REGISTRY[key].request.spec.is_flexible(version)
+
+
+def header(key: int, version: int, client_id: str | None, tags: bytes = b"\x00") -> bytes:
+    raw = client_id.encode() if client_id is not None else b""
+    head = struct.pack(">hhih", key, version, 7, len(raw) if client_id is not None else -1) + raw
+    return head + tags if flexible(key, version) else head
+
+
+def verdict(decode: Any, frame: bytes, version: int) -> Any:
+    try:
+        return decode(frame, version)
+    except DecodeError:
+        return "refused"
+
+
+def test_registry_uses_them_when_compiled() -> None:
+    assert (REGISTRY[8].hot is not None) == (REGISTRY[9].hot is not None) == registry.HOT_CODECS
+    skip_unless_the_machine_compiles()
+    assert hotcodec.compiled(), "protocol/hotcodec was not compiled: see pip install -v -e ."
+    assert registry.HOT_CODECS and not PURE.compiled()
+
+
+@SETTINGS
+@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize(("key", "version"), CASES, ids=IDS)
+@given(data=st.data(), client_id=st.none() | st.text(max_size=8))
+def test_requests_decode_as_generated(module: ModuleType, key: int, version: int, data: st.DataObject,
+                                      client_id: str | None) -> None:
+    name = APIS[key] + "Request"
+    body = CODECS[name].encode(data.draw(message_strategy(name, version)), version)
+    frame = header(key, version, client_id) + body
+    expected = generated(key).decode_request(frame, version)
+    assert hot(module, key).decode(frame, version) == expected
+
+
+@SETTINGS
+@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize(("key", "version"), [c for c in CASES if flexible(*c)],
+                         ids=[i for c, i in zip(CASES, IDS, strict=True) if flexible(*c)])
+@given(data=st.data(), junk=st.text(min_size=1, max_size=40))
+def test_unknown_tagged_fields_are_skipped(module: ModuleType, key: int, version: int, data: st.DataObject,
+                                           junk: str) -> None:
+    real = CODECS[APIS[key] + "Request"]
+    patched_spec = dataclasses.replace(real.spec, root=with_junk(real.spec.root, real.spec.flexible))
+    patched = MessageCodec(patched_spec)
+    message = data.draw(struct_strategy(patched_spec.root, version, patched, True))
+    _clear_junk(patched_spec.root, version, message)
+    _set_everywhere(patched_spec.root, version, message, junk)
+    raw = junk.encode()
+    tags = b"\x01\xac\x02" + bytes([len(raw)]) + raw if len(raw) < 128 else b"\x00"
+    frame = header(key, version, "c", tags) + patched.encode(message, version)
+    assert hot(module, key).decode(frame, version) == generated(key).decode_request(frame, version)
+
+
+@SETTINGS
+@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize(("key", "version"), CASES, ids=IDS)
+@given(data=st.data(), correlation_id=st.integers(-(2**31), 2**31 - 1))
+def test_responses_encode_as_generated(module: ModuleType, key: int, version: int, data: st.DataObject,
+                                       correlation_id: int) -> None:
+    message = data.draw(message_strategy(APIS[key] + "Response", version))
+    expected = generated(key).encode_response(message, version, correlation_id)
+    assert hot(module, key).encode(message, version, correlation_id) == expected
+
+
+def sample(key: int, version: int) -> bytes:
+    """A request with a bit of everything: non-ASCII names, nulls, several topics and partitions."""
+    cls = REGISTRY[key].request.cls
+    if key == 8:
+        topic = cls.OffsetCommitRequestTopic
+        parts = [topic.OffsetCommitRequestPartition(partition_index=i, committed_offset=i * 10, committed_leader_epoch=i,
+                                                    commit_timestamp=5, committed_metadata=None if i else "mé")
+                 for i in range(3)]
+        msg = cls(group_id="gröup", generation_id_or_member_epoch=4, member_id="m", group_instance_id="i",
+                  retention_time_ms=9, topics=[topic(name="t", partitions=parts), topic(name="ü", partitions=[])])
+    else:
+        group = cls.OffsetFetchRequestGroup
+        msg = cls(group_id="gröup", topics=[cls.OffsetFetchRequestTopic(name="t", partition_indexes=[0, 1, 2])],
+                  groups=[group(group_id="g", member_id="m", member_epoch=3,
+                                topics=[group.OffsetFetchRequestTopics(name="t", partition_indexes=[1, 2])]),
+                          group(group_id="h", topics=None)],
+                  require_stable=True)
+    return header(key, version, "clïent") + REGISTRY[key].request.encode(msg, version)
+
+
+@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize(("key", "version"), CASES, ids=IDS)
+def test_every_truncation_gets_the_same_verdict(module: ModuleType, key: int, version: int) -> None:
+    frame = sample(key, version)
+    codec, reference = hot(module, key), generated(key)
+    assert codec.decode(frame, version) == reference.decode_request(frame, version)
+    for end in range(len(frame)):
+        assert verdict(codec.decode, frame[:end], version) == verdict(reference.decode_request, frame[:end], version)
+
+
+@settings(max_examples=200, deadline=None)
+@pytest.mark.parametrize("module", MODULES)
+@given(case=st.sampled_from(CASES),
+       flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), min_size=1, max_size=4))
+def test_corrupted_bytes_get_the_same_verdict(module: ModuleType, case: tuple[int, int],
+                                              flips: list[tuple[int, int]]) -> None:
+    key, version = case
+    frame = bytearray(sample(key, version))
+    for at, xor in flips:
+        frame[at % len(frame)] ^= xor
+    data = bytes(frame)
+    assert verdict(hot(module, key).decode, data, version) == verdict(generated(key).decode_request, data, version)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_bounds(module: ModuleType) -> None:
+    """Varints of at most 5 bytes; counts and lengths beyond the bytes left refused before any reading."""
+    codec = hot(module, 8)
+    head = header(8, 8, "c")
+    with pytest.raises(DecodeError, match="longer than 5"):
+        codec.decode(head + b"\xff" * 5 + b"\x01", 8)
+    with pytest.raises(DecodeError, match="cannot fit"):
+        codec.decode(head + b"\x02g" + struct.pack(">i", -1) + b"\x01\x01" + b"\xff\xff\xff\xff\x0f", 8)
+    with pytest.raises(DecodeError, match="too long"):
+        codec.decode(head + b"\xff\xff\x02" + b"g" * 40_000, 8)
+    with pytest.raises(DecodeError, match="null"):  # group_id is not nullable
+        codec.decode(header(8, 3, "c") + b"\xff\xff", 3)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_what_cannot_be_encoded_is_refused(module: ModuleType) -> None:
+    cls = REGISTRY[8].response.cls
+    codec = hot(module, 8)
+    with pytest.raises(EncodeError):
+        codec.encode(cls(topics=None), 8, 1)
+    with pytest.raises(EncodeError):
+        codec.encode(cls(throttle_time_ms=2**31), 8, 1)
+    topic = cls.OffsetCommitResponseTopic
+    with pytest.raises(EncodeError):
+        codec.encode(cls(topics=[topic(name=None, partitions=[])]), 8, 1)
+    fetch = REGISTRY[9].response.cls
+    part = fetch.OffsetFetchResponseTopic.OffsetFetchResponsePartition
+    with pytest.raises(EncodeError):
+        hot(module, 9).encode(fetch(topics=[fetch.OffsetFetchResponseTopic(
+            name="t", partitions=[part(committed_offset=2**63)])]), 5, 1)
