@@ -25,6 +25,7 @@ from coordinator.groups_cli import run as run_groups
 from coordinator.logfmt import configure_logging
 from coordinator.runtime import OFFSETS_TOPIC, ConfigMismatch, Runtime
 from coordinator.server import Server
+from protocol import compiled
 from protocol.records import (
     GroupMetadataRecord,
     OffsetCommitRecord,
@@ -32,7 +33,6 @@ from protocol.records import (
     UnknownRecord,
     decode_record,
 )
-from protocol import compiled
 from storage.log import Damage, list_segments, read_segment
 
 log = logging.getLogger("kcoord")

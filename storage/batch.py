@@ -21,8 +21,8 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import encode_varint
 
-from protocol.records import LoadedRecord, UnknownRecord, decode_record
 from protocol import compiled
+from protocol.records import LoadedRecord, UnknownRecord, decode_record
 from storage import loadcodec
 from storage.loadcodec import RecordsError, Run
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import coordinator.state as installed
 from coordinator.state import GroupState, ShardData
+from protocol import compiled
 from protocol.records import (
     GroupMetadata,
     GroupMetadataRecord,
@@ -21,7 +22,6 @@ from protocol.records import (
     OffsetKey,
     Record,
 )
-from protocol import compiled
 from tests.interpreted import interpreted, skip_unless_the_machine_compiles
 
 PURE = interpreted(installed)

@@ -110,9 +110,9 @@ def sample(key: int, version: int) -> bytes:
     cls = REGISTRY[key].request.cls
     if key == 8:
         topic = cls.OffsetCommitRequestTopic
-        parts = [topic.OffsetCommitRequestPartition(partition_index=i, committed_offset=i * 10, committed_leader_epoch=i,
-                                                    commit_timestamp=5, committed_metadata=None if i else "mé")
-                 for i in range(3)]
+        part = topic.OffsetCommitRequestPartition
+        parts = [part(partition_index=i, committed_offset=i * 10, committed_leader_epoch=i, commit_timestamp=5,
+                      committed_metadata=None if i else "mé") for i in range(3)]
         msg = cls(group_id="gröup", generation_id_or_member_epoch=4, member_id="m", group_instance_id="i",
                   retention_time_ms=9, topics=[topic(name="t", partitions=parts), topic(name="ü", partitions=[])])
     else:
