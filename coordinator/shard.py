@@ -278,8 +278,8 @@ class Shard:
     def read(self, req: Request | None, fixup: Fixup | None, op: Callable[..., Any], *args: Any) -> Any:
         """Runs ``op(self.data, *args)`` for its response; ``req`` waits for the newest pending write, if
         any (``fixup`` turns its part of the response into an error should that write fail)."""
-        error = _READ_ERRORS.get(self.state)
-        if error is not None:
+        state = self.state  # an Enum hashes in Python: look it up only when not plainly ACTIVE
+        if state is not ShardState.ACTIVE and (error := _READ_ERRORS.get(state)) is not None:
             raise ShardUnavailable(error)
         response = op(self.data, *args)
         batch = self._open or self._inflight

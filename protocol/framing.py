@@ -10,6 +10,7 @@ import struct
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 _SIZE = struct.Struct(">i")
 CHUNKED_BYTES = 64 * 1024
+SMALL_COPY_BYTES = 4096
 
 
 class FrameError(Exception):
@@ -49,10 +50,9 @@ class FrameReader:
             self._chunk_bytes += len(data)
             return
         self._buf += data
-        self._head_size()
+        self._start_chunks()  # which reads the head's size first: a bad one is the error raised here
         if self.error is not None:
             raise self.error
-        self._start_chunks()
 
     def _start_chunks(self) -> None:
         """Moves a large, incomplete frame at the head out of the buffer, into chunk assembly."""
@@ -93,8 +93,7 @@ class FrameReader:
         self._chunk_bytes = 0
         self._chunk_size = -1
         self._buf = bytearray(rest)
-        self._head_size()  # a bad size behind this frame is an error from now on
-        self._start_chunks()
+        self._start_chunks()  # reads the next size: a bad one is an error from now on
         return frame
 
     def next_frame(self) -> bytes | None:
@@ -102,26 +101,29 @@ class FrameReader:
         if self._chunk_size >= 0:
             return self._take_chunks()
         size = self._head_size()
-        if self.error is not None:
-            raise self.error
         if size is None:
+            if self.error is not None:
+                raise self.error
             return None
+        buf = self._buf
         start = self._pos + self._head
         end = self._pos + 4 + size
-        if end > len(self._buf):
+        if end > len(buf):
             return None
-        with memoryview(self._buf) as view:  # one copy (slicing the bytearray itself would make two)
-            frame = bytes(view[start:end])
-        if end == len(self._buf):
-            self._buf.clear()
+        if size < SMALL_COPY_BYTES:  # two small copies cost less than a memoryview's set-up
+            frame = bytes(buf[start:end])
+        else:
+            with memoryview(buf) as view:  # one copy (slicing the bytearray itself would make two)
+                frame = bytes(view[start:end])
+        if end == len(buf):
+            buf.clear()
             self._pos = 0
-        elif end > 65536 and end > len(self._buf) // 2:
-            del self._buf[:end]  # amortised: the copy is at most the size of what was consumed
+        elif end > 65536 and end > len(buf) // 2:
+            del buf[:end]  # amortised: the copy is at most the size of what was consumed
             self._pos = 0
         else:
             self._pos = end
-        self._head_size()  # a bad size behind this frame is an error from now on
-        self._start_chunks()
+        self._start_chunks()  # reads the next size: a bad one is an error from now on
         return frame
 
     def has_frame(self) -> bool:

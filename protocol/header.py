@@ -5,7 +5,6 @@ layout in header v0-v2, so they are read before anything else: that is what lets
 a too-new ApiVersions (KIP-511) and route a request without trusting the rest of the frame."""
 
 import struct
-from typing import NamedTuple
 
 _PEEK = struct.Struct(">hhi")
 _CORRELATION = struct.Struct(">i")
@@ -15,16 +14,12 @@ class HeaderError(Exception):
     """The frame is too short to hold a request header."""
 
 
-class HeaderPeek(NamedTuple):
-    api_key: int
-    api_version: int
-    correlation_id: int
-
-
-def peek_header(frame: bytes) -> HeaderPeek:
-    if len(frame) < _PEEK.size:
+def peek_header(frame: bytes) -> tuple[int, int, int]:
+    """``(api_key, api_version, correlation_id)``: a plain tuple, as every request pays for it."""
+    if len(frame) < 8:
         raise HeaderError(f"request of {len(frame)} bytes has no header")
-    return HeaderPeek(*_PEEK.unpack_from(frame, 0))
+    peeked: tuple[int, int, int] = _PEEK.unpack_from(frame, 0)
+    return peeked
 
 
 def response_header(correlation_id: int, flexible: bool) -> bytes:

@@ -16,6 +16,7 @@ from coordinator.request import Lazy, Request, ShardUnavailable
 from coordinator.runtime import Runtime
 from protocol.errors import ErrorCode
 from protocol.registry import register
+from protocol.schema import ZERO_UUID
 
 SPEC = register(9, "OffsetFetch", 0, 9)
 Response = SPEC.response.cls
@@ -29,6 +30,10 @@ Requested = list[tuple[str, list[int]]] | None
 
 
 def _topics(topic_cls: Any, part_cls: Any, offsets: TopicOffsets) -> list[Any]:
+    # Positional, as every fetch builds these: the generated classes take their schema fields in order,
+    # Partition(partition_index, committed_offset, committed_leader_epoch, metadata, error_code), and a
+    # v8+ GroupTopic(name, topic_id, partitions) has a topic id (v10) before its partitions.
+    grouped = topic_cls is GroupTopic
     out = []
     for name, parts in offsets:
         entries = []
@@ -37,7 +42,7 @@ def _topics(topic_cls: Any, part_cls: Any, offsets: TopicOffsets) -> list[Any]:
                 entries.append(part_cls(partition, v.offset, v.leader_epoch, v.metadata, error))
             else:
                 entries.append(part_cls(partition, -1, -1, "", error))
-        out.append(topic_cls(name=name, partitions=entries))
+        out.append(topic_cls(name, ZERO_UUID, entries) if grouped else topic_cls(name, entries))
     return out
 
 
@@ -140,7 +145,7 @@ def _fetch_few_groups(runtime: Runtime, req: Request, body: Any, stable: bool) -
     """The common case (a consumer asks for its own group): each group read directly into its part."""
     groups: list[Any] = []
     for g in body.groups:
-        entry = Group(group_id=g.group_id, topics=[], error_code=0)
+        entry = Group(g.group_id, [], 0)  # Group(group_id, topics, error_code), positional as above
         groups.append(entry)
         try:
             offsets = runtime.shard_for(g.group_id).read(req, _failer(entry), fetch_offsets, g.group_id,
@@ -149,7 +154,7 @@ def _fetch_few_groups(runtime: Runtime, req: Request, body: Any, stable: bool) -
             entry.error_code = exc.error
             continue
         entry.topics = _topics(GroupTopic, GroupPartition, offsets)
-    return Response(groups=groups)
+    return Response(0, [], 0, groups)  # Response(throttle_time_ms, topics, error_code, groups)
 
 
 def _failer(entry: Any) -> Any:
