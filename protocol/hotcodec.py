@@ -13,6 +13,7 @@ same bounds: varints of at most 5 bytes, every length checked against the bytes 
 where the version allows them).
 """
 
+import time
 from typing import Any, Final
 
 from librt.strings import BytesWriter, write_i16_be, write_i32_be, write_i64_be
@@ -26,6 +27,10 @@ OFFSET_FETCH: Final = 9
 MAX_VERSION: Final = 9  # both APIs add topic ids in v10
 _HEADER_FIXED: Final = 8  # api key, api version, correlation id
 _ZERO_UUID: Final = ZERO_UUID
+# A large response is encoded on the bulk thread; compiled code never lets the GIL go by itself (the
+# interpreter's switch checks are in its bytecode loop), so the encoder offers it every this many
+# entries: encoding a 150k-partition fetch answer would otherwise hold the event loop for ~60 ms.
+YIELD_EVERY: Final = 4096
 
 
 def compiled() -> bool:
@@ -161,6 +166,7 @@ class _Writer:
     def __init__(self, correlation_id: i64, flexible: bool) -> None:
         self.out = BytesWriter()
         self.flexible = flexible
+        self.entries: i64 = 0
         write_i32_be(self.out, 0)
         self.int32(correlation_id)
         if flexible:
@@ -217,6 +223,12 @@ class _Writer:
     def tags(self) -> None:
         if self.flexible:
             self.out.append(0)
+
+    def entry(self) -> None:
+        """One more partition written: every YIELD_EVERY, other threads get the GIL (sleep(0) drops it)."""
+        self.entries += 1
+        if self.entries % YIELD_EVERY == 0:
+            time.sleep(0)
 
     def done(self) -> bytes:
         out = self.out
@@ -287,6 +299,7 @@ class OffsetCommitCodec:
                 w.int32(p.partition_index)
                 w.int16(p.error_code)
                 w.tags()
+                w.entry()
             w.tags()
         w.tags()
         return w.done()
@@ -386,6 +399,7 @@ def _fetched_topics(w: _Writer, topics: Any, epochs: bool) -> None:
             w.string(p.metadata, True, "metadata")
             w.int16(p.error_code)
             w.tags()
+            w.entry()
         w.tags()
 
 

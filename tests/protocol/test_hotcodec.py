@@ -6,6 +6,7 @@ same verdict: both refuse with DecodeError, or both read the same message."""
 
 import dataclasses
 import struct
+import time
 from types import ModuleType
 from typing import Any
 
@@ -180,3 +181,21 @@ def test_what_cannot_be_encoded_is_refused(module: ModuleType) -> None:
     with pytest.raises(EncodeError):
         hot(module, 9).encode(fetch(topics=[fetch.OffsetFetchResponseTopic(
             name="t", partitions=[part(committed_offset=2**63)])]), 5, 1)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_a_large_answer_lets_other_threads_run(module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiled code holds the GIL until it returns: the encoder offers it every YIELD_EVERY entries (a
+    large answer is encoded on the bulk thread while the event loop waits for the GIL)."""
+    offered: list[float] = []
+    monkeypatch.setattr(time, "sleep", offered.append)
+    fetch = REGISTRY[9].response.cls
+    topic = fetch.OffsetFetchResponseTopic
+    parts = [topic.OffsetFetchResponsePartition(partition_index=i) for i in range(3 * module.YIELD_EVERY + 5)]
+    hot(module, 9).encode(fetch(topics=[topic(name="t", partitions=parts)]), 7, 1)
+    assert offered == [0, 0, 0]
+    commit = REGISTRY[8].response.cls
+    ctopic = commit.OffsetCommitResponseTopic
+    parts = [ctopic.OffsetCommitResponsePartition(partition_index=i) for i in range(2 * module.YIELD_EVERY)]
+    hot(module, 8).encode(commit(topics=[ctopic(name="t", partitions=parts)]), 8, 1)
+    assert offered == [0, 0, 0, 0, 0]
