@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+import coordinator.offsets
 import coordinator.state
 import protocol.hotcodec
 import storage.loadcodec
@@ -87,9 +88,11 @@ async def _freeze_when_loaded(runtime: Runtime) -> None:
 
 def warn_stale_builds() -> list[str]:
     """A compiled module older than its source (an editable install edited since ``pip install -e .``):
-    the loader and the registry then fall back to pure Python, but a stale ``coordinator.state`` still runs, as Python
-    imports the compiled module before the source beside it. Says so loudly; returns the names."""
-    found = [m.__name__ for m in (coordinator.state, storage.loadcodec, protocol.hotcodec) if compiled.stale(m)]
+    the loader and the registry then fall back to pure Python, but a stale ``coordinator.state`` or
+    ``coordinator.offsets`` still runs, as Python imports the compiled module before the source beside
+    it. Says so loudly; returns the names."""
+    modules = (coordinator.state, coordinator.offsets, storage.loadcodec, protocol.hotcodec)
+    found = [m.__name__ for m in modules if compiled.stale(m)]
     for name in found:
         log.warning("%s: the compiled module is older than its source; re-run pip install -e .", name)
     return found

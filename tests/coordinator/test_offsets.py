@@ -1,5 +1,11 @@
 """The pure handlers: exact records and per-partition errors (reference 5.2, 6.2, 19.5)."""
 
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordinator import offsets
 from coordinator.offsets import (
     CommitRequest,
     PartitionCommit,
@@ -10,11 +16,14 @@ from coordinator.offsets import (
     refuse_all,
 )
 from coordinator.state import ClassicGroup, GroupState, ShardData
+from protocol import compiled
 from protocol.errors import ErrorCode
 from protocol.records import MemberMetadata, OffsetAndMetadata, OffsetCommitRecord, OffsetKey, encode_record
+from tests.interpreted import interpreted, skip_unless_the_machine_compiles
 
 NOW = 1_700_000_000_000
 E = ErrorCode
+PURE = interpreted(offsets)
 
 
 def request(version: int = 8, generation: int = -1, member: str = "", instance: str | None = None,
@@ -161,3 +170,41 @@ def test_group_ids_too_long_for_a_record_key() -> None:
 def test_retention_overflow_is_clamped_to_int64() -> None:
     records, _ = commit_offsets(ShardData(), request(version=2, retention=2**63 - 1), NOW, 4096)
     assert records[0].value is not None and records[0].value.expire_timestamp == 2**63 - 1
+
+
+# -- compiled and interpreted --------------------------------------------------------------------------
+
+_names = st.sampled_from(["t", "topic.a-b_c", "ü", "", "bad name", "x" * 249, "x" * 250])
+_parts = st.builds(PartitionCommit, st.integers(-2, 2**31 - 1), st.integers(-(2**63), 2**63 - 1),
+                   st.integers(-(2**31), 2**31 - 1), st.sampled_from([-1, 0, NOW - 5]),
+                   st.none() | st.text(max_size=6) | st.sampled_from(["m" * 4096, "m" * 4097, "\U0001F600" * 2049]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(topics=st.lists(st.tuples(_names, st.lists(_parts, max_size=5)), max_size=4),
+       retention=st.sampled_from([-1, 0, 1000, 2**63 - 1]), group=st.sampled_from(["g", "grüppe"]))
+def test_prepare_commit_compiled_and_interpreted_agree(topics: list[tuple[str, list[PartitionCommit]]],
+                                                       retention: int, group: str) -> None:
+    """``coordinator.offsets`` is compiled by the install where it can be: both builds prepare the same
+    records, errors and bytes, and the bytes are what the record encoder writes."""
+    prepared = []
+    for module in (offsets, PURE):
+        req = module.CommitRequest(8, group, -1, "", None, retention, topics)
+        prepared.append(module.prepare_commit(req, NOW, 4096))
+    compiled_one, pure_one = prepared
+    assert compiled_one.records == pure_one.records and compiled_one.results == pure_one.results
+    assert compiled_one.encoded == pure_one.encoded == [encode_record(r) for r in pure_one.records]
+    assert all(type(r.key) is OffsetKey and type(r.value) is OffsetAndMetadata for r in compiled_one.records)
+
+
+def test_offsets_compiled_when_the_machine_can_compile() -> None:
+    skip_unless_the_machine_compiles()
+    assert compiled.is_compiled(offsets) and not compiled.stale(offsets), "pip install -v -e ."
+    assert not compiled.is_compiled(PURE)
+
+
+def test_legal_topic_is_kafkas_rule() -> None:
+    legal = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+    for name in ["", "a", "A.b-c_9", "x" * 249, "x" * 250, "a b", "é", "a/b", "a\x00", "\U0001F600", "-", ".."]:
+        for module in (offsets, PURE):
+            assert module.legal_topic(name) == (legal.fullmatch(name) is not None), name
