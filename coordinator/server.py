@@ -416,6 +416,8 @@ def _encode(req: Request) -> bytes:
     if req.api.render is not None:
         response = req.api.render(response, req.version)
     req.outcome = req.api.outcome(response)
+    if req.api.encode is not None:
+        return req.api.encode(response, req.version, req.correlation_id)
     return req.api.spec.encode_response(response, req.version, req.correlation_id)
 
 

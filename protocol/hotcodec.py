@@ -285,6 +285,26 @@ class OffsetCommitCodec:
             r.skip_tags()
         return client_id, self.request(group_id, generation, member_id, instance_id, retention, topics)
 
+    def encode_results(self, results: list[tuple[str, list[tuple[int, int]]]], version: i64,
+                       correlation_id: i64) -> bytes:
+        """The response to a commit from its ``(topic, [(partition, error code)])`` in request order,
+        without the generated objects (a throttle time of 0): what coordinator/apis/k08 answers with."""
+        w = _Writer(correlation_id, version >= 8)
+        if version >= 3:
+            w.int32(0)
+        w.count(results, "topics")
+        for name, partitions in results:
+            w.string(name, False, "name")
+            w.count(partitions, "partitions")
+            for partition, error in partitions:
+                w.int32(partition)
+                w.int16(error)
+                w.tags()
+                w.entry()
+            w.tags()
+        w.tags()
+        return w.done()
+
     def encode(self, msg: Any, version: i64, correlation_id: i64) -> bytes:
         w = _Writer(correlation_id, version >= 8)
         if version >= 3:

@@ -16,6 +16,8 @@ completes the rebalance): it makes the wire response when the reply is encoded.
 ``outcome(response)`` says what a reply did, for metrics: its first non-zero error code, and how many
 of its innermost entries that carry an error code (partitions committed or fetched, groups deleted)
 succeeded under parents that did too. The generic walker costs ~3 us; the hot APIs give their own.
+``encode(response, version, correlation_id)`` is for an API whose responses are not the generated
+message objects (OffsetCommit answers with plain tuples): it makes the framed reply.
 """
 
 import importlib
@@ -35,6 +37,7 @@ ErrorResponse = Callable[[Any, int, ErrorCode], Any]
 Prepare = Callable[[Runtime, Any, int], Any]
 Render = Callable[[Any, int], Any]
 Outcome = Callable[[Any], tuple[int, int]]
+Encode = Callable[[Any, int, int], bytes]
 
 
 def partitions_outcome(topics: Any) -> tuple[int, int]:
@@ -77,15 +80,17 @@ class Api:
     prepare: Prepare | None = None
     render: Render | None = None
     outcome: Outcome = outcome
+    encode: Encode | None = None
 
 
 APIS: dict[int, Api] = {}
 
 
 def handles(spec: ApiSpec, *, error_response: ErrorResponse, prepare: Prepare | None = None,
-            render: Render | None = None, outcome: Outcome = outcome) -> Callable[[Handler], Handler]:
+            render: Render | None = None, outcome: Outcome = outcome,
+            encode: Encode | None = None) -> Callable[[Handler], Handler]:
     def register_handler(fn: Handler) -> Handler:
-        APIS[spec.key] = Api(spec, fn, error_response, prepare, render, outcome)
+        APIS[spec.key] = Api(spec, fn, error_response, prepare, render, outcome, encode)
         return fn
 
     return register_handler

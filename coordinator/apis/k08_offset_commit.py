@@ -9,7 +9,7 @@ No version has a top-level error: a group-level error is repeated on every parti
 
 from typing import Any
 
-from coordinator.apis import handles, partitions_outcome
+from coordinator.apis import handles
 from coordinator.groups.membership import Membership
 from coordinator.offsets import (
     CommitRequest,
@@ -54,11 +54,32 @@ def to_commit_request(version: int, req: Any) -> CommitRequest:
     )
 
 
-def build_response(results: TopicErrors) -> Any:
-    # Positional: keyword arguments cost a 100-partition commit ~18% of its event-loop time.
-    # The generated classes take their schema fields in order: Partition(partition_index, error_code).
-    topics = [Topic(name=name, partitions=[Partition(p, e) for p, e in parts]) for name, parts in results]
+class CommitAnswer:
+    """An OffsetCommit response as the handler makes it: every partition's error in request order. It
+    stays tuples until encoded (``encode``): the generated objects of a 100-partition answer cost ~18%
+    of its event-loop time, and the compiled codec writes the tuples directly."""
+
+    __slots__ = ("results",)
+
+    def __init__(self, results: TopicErrors) -> None:
+        self.results = results
+
+
+def build_response(results: TopicErrors) -> CommitAnswer:
+    return CommitAnswer(results)
+
+
+def message(answer: CommitAnswer) -> Any:
+    """The answer as the generated classes (positional: Partition(partition_index, error_code))."""
+    topics = [Topic(name=name, partitions=[Partition(p, e) for p, e in parts]) for name, parts in answer.results]
     return Response(throttle_time_ms=0, topics=topics)
+
+
+def encode(answer: CommitAnswer, version: int, correlation_id: int) -> bytes:
+    if SPEC.hot is not None:
+        data: bytes = SPEC.hot.encode_results(answer.results, version, correlation_id)
+        return data
+    return SPEC.encode_response(message(answer), version, correlation_id)
 
 
 class _Prepared:
@@ -99,20 +120,25 @@ def _commit(data: ShardData, prepared: _Prepared, membership: Membership) -> OpR
 
     def written_failed(error: ErrorCode) -> None:
         # Only the partitions that were written get the write's error; refused ones keep their own.
-        for topic in response.topics:
-            for p in topic.partitions:
-                if p.error_code == ErrorCode.NONE:
-                    p.error_code = error
+        response.results = [(name, [(p, error if e == ErrorCode.NONE else e) for p, e in parts])
+                            for name, parts in response.results]
 
     return OpResult(records, response, written_failed, None, commit.encoded)
 
 
-def outcome(response: Any) -> tuple[int, int]:
+def outcome(answer: CommitAnswer) -> tuple[int, int]:
     """(first partition error, partitions committed)."""
-    return partitions_outcome(response.topics)
+    first, ok = 0, 0
+    for _, parts in answer.results:
+        for _, error in parts:
+            if error:
+                first = first or error
+            else:
+                ok += 1
+    return first, ok
 
 
-@handles(SPEC, error_response=error_response, prepare=prepare, outcome=outcome)
+@handles(SPEC, error_response=error_response, prepare=prepare, outcome=outcome, encode=encode)
 def offset_commit(runtime: Runtime, req: Request, prepared: _Prepared) -> Any:
     if prepared.commit is None:
         return prepared.response

@@ -6,6 +6,7 @@ import logging
 import pytest
 
 from coordinator.apis import APIS, load_all, outcome
+from coordinator.apis.k08_offset_commit import CommitAnswer
 from coordinator.exporter import _buckets
 from coordinator.logfmt import JsonFormatter
 from coordinator.metrics import Histogram, Metrics
@@ -43,7 +44,8 @@ def test_outcome_counts_successful_leaves_and_reports_the_first_error() -> None:
     for errors, expected in (([0, 0, 0], (0, 3)), ([0, 25, 0, 22], (25, 2)), ([], (0, 0))):
         response = _commit_response(errors)
         assert outcome(response) == expected
-        assert APIS[8].outcome(response) == expected  # the unrolled hot-path version agrees
+        # OffsetCommit answers with tuples (k08's CommitAnswer): its own outcome agrees
+        assert APIS[8].outcome(CommitAnswer([("t", list(enumerate(errors)))])) == expected
 
 
 def test_outcome_skips_the_leaves_of_a_failed_parent() -> None:

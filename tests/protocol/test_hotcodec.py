@@ -199,3 +199,21 @@ def test_a_large_answer_lets_other_threads_run(module: ModuleType, monkeypatch: 
     parts = [ctopic.OffsetCommitResponsePartition(partition_index=i) for i in range(2 * module.YIELD_EVERY)]
     hot(module, 8).encode(commit(topics=[ctopic(name="t", partitions=parts)]), 8, 1)
     assert offered == [0, 0, 0, 0, 0]
+
+
+@SETTINGS
+@pytest.mark.parametrize("module", MODULES)
+@given(version=st.integers(0, 9), correlation_id=st.integers(-(2**31), 2**31 - 1),
+       results=st.lists(st.tuples(st.text(max_size=8), st.lists(st.tuples(st.integers(-(2**31), 2**31 - 1),
+                                                                           st.integers(-(2**15), 2**15 - 1)),
+                                                                 max_size=4)), max_size=3))
+def test_commit_results_encode_as_their_generated_message(module: ModuleType, version: int, correlation_id: int,
+                                                           results: list[tuple[str, list[tuple[int, int]]]]) -> None:
+    """OffsetCommit's handler answers with tuples (coordinator/apis/k08: CommitAnswer)."""
+    cls = REGISTRY[8].response.cls
+    topic = cls.OffsetCommitResponseTopic
+    message = cls(throttle_time_ms=0, topics=[
+        topic(name=name, partitions=[topic.OffsetCommitResponsePartition(partition_index=p, error_code=e)
+                                     for p, e in parts]) for name, parts in results])
+    expected = generated(8).encode_response(message, version, correlation_id)
+    assert hot(module, 8).encode_results(results, version, correlation_id) == expected
