@@ -385,6 +385,28 @@ class OffsetFetchCodec:
             r.skip_tags()
         return client_id, self.request(group_id, topics, groups, require_stable)
 
+    def encode_answer(self, groups: list[Any], version: i64, correlation_id: i64) -> bytes:
+        """The response from the handler's ``[group_id, error code, offsets]`` per group, without the
+        generated objects (a throttle time of 0; v0-v7 answer for their one group, whose error is the
+        top-level one from v2): what coordinator/apis/k09 answers with."""
+        w = _Writer(correlation_id, version >= 6)
+        if version >= 3:
+            w.int32(0)
+        if version <= 7:
+            group = groups[0]
+            _answer_topics(w, group[2], version >= 5)
+            if version >= 2:
+                w.int16(group[1])
+        else:
+            w.count(groups, "groups")
+            for group in groups:
+                w.string(group[0], False, "group_id")
+                _answer_topics(w, group[2], True)
+                w.int16(group[1])
+                w.tags()
+        w.tags()
+        return w.done()
+
     def encode(self, msg: Any, version: i64, correlation_id: i64) -> bytes:
         w = _Writer(correlation_id, version >= 6)
         if version >= 3:
@@ -403,6 +425,31 @@ class OffsetFetchCodec:
                 w.tags()
         w.tags()
         return w.done()
+
+
+def _answer_topics(w: _Writer, offsets: list[tuple[str, list[tuple[int, Any, int]]]], epochs: bool) -> None:
+    """``(topic, [(partition, committed value or None, error code)])``; a committed value is read by
+    position (protocol.records.OffsetAndMetadata: offset, leader epoch, metadata, ...)."""
+    w.count(offsets, "topics")
+    for name, partitions in offsets:
+        w.string(name, False, "name")
+        w.count(partitions, "partitions")
+        for partition, value, error in partitions:
+            w.int32(partition)
+            if value is None:
+                w.int64(-1)
+                if epochs:
+                    w.int32(-1)
+                w.string("", True, "metadata")
+            else:
+                w.int64(value[0])
+                if epochs:
+                    w.int32(value[1])
+                w.string(value[2], True, "metadata")
+            w.int16(error)
+            w.tags()
+            w.entry()
+        w.tags()
 
 
 def _fetched_topics(w: _Writer, topics: Any, epochs: bool) -> None:

@@ -10,7 +10,7 @@ v0-v1 have no group-level error field: a group error is put on every requested p
 import asyncio
 from typing import Any
 
-from coordinator.apis import handles, partitions_outcome
+from coordinator.apis import handles
 from coordinator.offsets import TopicOffsets, fetch_offsets
 from coordinator.request import Lazy, Request, ShardUnavailable
 from coordinator.runtime import Runtime
@@ -29,10 +29,22 @@ Partition = Topic.OffsetFetchResponsePartition
 Requested = list[tuple[str, list[int]]] | None
 
 
+class FetchAnswer:
+    """An OffsetFetch response as the handler makes it: per group ``[group_id, error, offsets]``, in
+    request order (v0-v7: the one group, whose error is the response's; v0-v1 have no such field, so
+    their errors are on the partitions). It stays lists and tuples until encoded (``encode``): the
+    compiled codec writes them directly, and only the pure-Python path builds the generated objects."""
+
+    __slots__ = ("groups",)
+
+    def __init__(self, groups: list[list[Any]]) -> None:
+        self.groups = groups
+
+
 def _topics(topic_cls: Any, part_cls: Any, offsets: TopicOffsets) -> list[Any]:
-    # Positional, as every fetch builds these: the generated classes take their schema fields in order,
-    # Partition(partition_index, committed_offset, committed_leader_epoch, metadata, error_code), and a
-    # v8+ GroupTopic(name, topic_id, partitions) has a topic id (v10) before its partitions.
+    # Positional: the generated classes take their schema fields in order, Partition(partition_index,
+    # committed_offset, committed_leader_epoch, metadata, error_code), and a v8+ GroupTopic(name,
+    # topic_id, partitions) has a topic id (v10) before its partitions.
     grouped = topic_cls is GroupTopic
     out = []
     for name, parts in offsets:
@@ -46,25 +58,35 @@ def _topics(topic_cls: Any, part_cls: Any, offsets: TopicOffsets) -> list[Any]:
     return out
 
 
-def _response(offsets: TopicOffsets) -> Any:
-    return Response(topics=_topics(Topic, Partition, offsets), error_code=0)
+def message(answer: FetchAnswer, version: int) -> Any:
+    """The answer as the generated classes: the pure-Python path, and the tests' reference."""
+    if version >= 8:
+        return Response(groups=[Group(gid, _topics(GroupTopic, GroupPartition, offsets), error)
+                                for gid, error, offsets in answer.groups])
+    _, error, offsets = answer.groups[0]
+    return Response(topics=_topics(Topic, Partition, offsets), error_code=error)
+
+
+def encode(answer: FetchAnswer, version: int, correlation_id: int) -> bytes:
+    if SPEC.hot is not None:
+        data: bytes = SPEC.hot.encode_answer(answer.groups, version, correlation_id)
+        return data
+    return SPEC.encode_response(message(answer, version), version, correlation_id)
 
 
 def _requested(topics: Any) -> Requested:
     return None if topics is None else [(t.name, list(t.partition_indexes)) for t in topics]
 
 
-def error_response(body: Any, version: int, error: ErrorCode) -> Any:
+def error_response(body: Any, version: int, error: ErrorCode) -> FetchAnswer:
     if version >= 8:
-        return Response(groups=[Group(group_id=g.group_id, topics=[], error_code=error) for g in body.groups])
+        return FetchAnswer([[g.group_id, error, []] for g in body.groups])
     if version >= 2:
-        return Response(topics=[], error_code=error)
+        return FetchAnswer([[body.group_id, error, []]])
     # v0-v1 carry a group error on every requested partition (offset -1), as older Kafka did.
-    return Response(topics=[
-        Topic(name=name, partitions=[Partition(partition_index=p, committed_offset=-1, committed_leader_epoch=-1,
-                                               metadata="", error_code=error) for p in parts])
-        for name, parts in (_requested(body.topics) or [])
-    ])
+    requested = _requested(body.topics) or []
+    return FetchAnswer([[body.group_id, ErrorCode.NONE, [(name, [(p, None, error) for p in parts])
+                                                         for name, parts in requested]]])
 
 
 class _Groups:
@@ -89,11 +111,9 @@ class _Groups:
 
         return fail
 
-    def response(self) -> Any:
-        return Response(groups=[
-            Group(group_id=gid, topics=_topics(GroupTopic, GroupPartition, offsets), error_code=error)
-            for gid, (error, offsets) in zip(self.ids, self.results, strict=True)
-        ])
+    def response(self) -> FetchAnswer:
+        return FetchAnswer([[gid, error, offsets]
+                            for gid, (error, offsets) in zip(self.ids, self.results, strict=True)])
 
 
 # Up to this many groups a v8+ request is answered group by group, as cheaply as a v7 one; beyond it
@@ -109,24 +129,23 @@ def _fetch_many(data: Any, groups: list[tuple[int, str, Requested]], stable: boo
     return [fetch_offsets(data, group_id, requested, stable) for _, group_id, requested in groups]
 
 
-def outcome(response: Any) -> tuple[int, int]:
-    """(first error, partitions fetched without error): the generic walker, unrolled for the hot path."""
-    groups = getattr(response, "groups", None)
-    if not groups:  # v0-v7 (a v8+ reply always names its groups)
-        if getattr(response, "error_code", 0):
-            return response.error_code, 0
-        return partitions_outcome(getattr(response, "topics", None) or [])
+def outcome(answer: FetchAnswer) -> tuple[int, int]:
+    """(first error, partitions fetched without error under a group without one)."""
     first, ok = 0, 0
-    for group in groups:
-        if group.error_code:
-            first = first or group.error_code
+    for _, error, offsets in answer.groups:
+        if error:
+            first = first or error
             continue
-        error, n = partitions_outcome(group.topics)
-        first, ok = first or error, ok + n
+        for _, parts in offsets:
+            for _, _, e in parts:
+                if e:
+                    first = first or e
+                else:
+                    ok += 1
     return first, ok
 
 
-@handles(SPEC, error_response=error_response, prepare=prepare, outcome=outcome)
+@handles(SPEC, error_response=error_response, prepare=prepare, outcome=outcome, encode=encode)
 def offset_fetch(runtime: Runtime, req: Request, prepared: Any) -> Any:
     v = req.version
     if v >= 8:
@@ -138,28 +157,26 @@ def offset_fetch(runtime: Runtime, req: Request, prepared: Any) -> Any:
     stable = bool(body.require_stable) if v >= 7 else False
     shard = runtime.shard_for(body.group_id)
     offsets = shard.read(req, None, fetch_offsets, body.group_id, _requested(body.topics), stable)
-    return Lazy(_response, offsets) if req.large else _response(offsets)
+    return FetchAnswer([[body.group_id, ErrorCode.NONE, offsets]])
 
 
 def _fetch_few_groups(runtime: Runtime, req: Request, body: Any, stable: bool) -> Any:
     """The common case (a consumer asks for its own group): each group read directly into its part."""
-    groups: list[Any] = []
+    groups: list[list[Any]] = []
     for g in body.groups:
-        entry = Group(g.group_id, [], 0)  # Group(group_id, topics, error_code), positional as above
+        entry: list[Any] = [g.group_id, ErrorCode.NONE, []]
         groups.append(entry)
         try:
-            offsets = runtime.shard_for(g.group_id).read(req, _failer(entry), fetch_offsets, g.group_id,
-                                                         _requested(g.topics), stable)
+            entry[2] = runtime.shard_for(g.group_id).read(req, _failer(entry), fetch_offsets, g.group_id,
+                                                          _requested(g.topics), stable)
         except ShardUnavailable as exc:
-            entry.error_code = exc.error
-            continue
-        entry.topics = _topics(GroupTopic, GroupPartition, offsets)
-    return Response(0, [], 0, groups)  # Response(throttle_time_ms, topics, error_code, groups)
+            entry[1] = exc.error
+    return FetchAnswer(groups)
 
 
-def _failer(entry: Any) -> Any:
+def _failer(entry: list[Any]) -> Any:
     def fail(error: ErrorCode) -> None:
-        entry.topics, entry.error_code = [], error
+        entry[1], entry[2] = error, []
 
     return fail
 

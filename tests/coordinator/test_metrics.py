@@ -6,10 +6,13 @@ import logging
 import pytest
 
 from coordinator.apis import APIS, load_all, outcome
+from coordinator.apis import k09_offset_fetch as k09
 from coordinator.apis.k08_offset_commit import CommitAnswer
+from coordinator.apis.k09_offset_fetch import FetchAnswer
 from coordinator.exporter import _buckets
 from coordinator.logfmt import JsonFormatter
 from coordinator.metrics import Histogram, Metrics
+from protocol.records import OffsetAndMetadata
 
 load_all()
 
@@ -49,29 +52,21 @@ def test_outcome_counts_successful_leaves_and_reports_the_first_error() -> None:
 
 
 def test_outcome_skips_the_leaves_of_a_failed_parent() -> None:
-    cls = APIS[9].spec.response.cls
-    group = cls.OffsetFetchResponseGroup
-    topic = group.OffsetFetchResponseTopics
-    part = topic.OffsetFetchResponsePartitions
-
-    def g(gid: str, error: int) -> object:
-        return group(group_id=gid, error_code=error, topics=[topic(name="t", partitions=[
-            part(partition_index=0, committed_offset=1, committed_leader_epoch=-1, metadata="", error_code=0)])])
-
-    response = cls(throttle_time_ms=0, groups=[g("a", 0), g("b", 14), g("c", 0)])
-    assert outcome(response) == APIS[9].outcome(response) == (14, 2)
-    assert APIS[9].outcome(cls(throttle_time_ms=0, groups=[])) == (0, 0)
-    old = cls.OffsetFetchResponseTopic
-    old_part = old.OffsetFetchResponsePartition
-
-    def v7(top: int, errors: list[int]) -> object:
-        return cls(throttle_time_ms=0, error_code=top, topics=[old(name="t", partitions=[
-            old_part(partition_index=i, committed_offset=1, committed_leader_epoch=-1, metadata="", error_code=e)
-            for i, e in enumerate(errors)])])
-
-    for response, expected in ((v7(0, [0, 0]), (0, 2)), (v7(14, [0]), (14, 0)), (v7(0, [0, 3]), (3, 1))):
-        assert outcome(response) == expected
-        assert APIS[9].outcome(response) == expected
+    """The generic walker over the generated objects, and OffsetFetch's own over the tuples its handler
+    answers with (k09's FetchAnswer), of the same answers."""
+    value = OffsetAndMetadata(1, -1, "", 0, -1)
+    for version, groups, expected in (
+        (9, [["a", 0, [("t", [(0, value, 0)])]], ["b", 14, []], ["c", 0, [("t", [(0, None, 0)])]]], (14, 2)),
+        (9, [], (0, 0)),
+        (7, [["g", 0, [("t", [(0, value, 0), (1, value, 0)])]]], (0, 2)),
+        (7, [["g", 14, []]], (14, 0)),
+        (7, [["g", 0, [("t", [(0, value, 0), (1, None, 3)])]]], (3, 1)),
+        (1, [["g", 0, [("t", [(0, None, 16), (1, value, 0)])]]], (16, 1)),
+    ):
+        answer = FetchAnswer(groups)
+        assert APIS[9].outcome(answer) == expected
+        if version >= 2 and groups:  # v0-v1 have no top-level error for the walker to find first
+            assert outcome(k09.message(answer, version)) == expected
 
 
 def test_json_log_lines_carry_extra_fields_and_exceptions() -> None:

@@ -14,8 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from coordinator.apis import k09_offset_fetch as k09
+from coordinator.apis.k09_offset_fetch import FetchAnswer
 from protocol import hotcodec, registry
 from protocol.codec import DecodeError, EncodeError, MessageCodec
+from protocol.records import OffsetAndMetadata
 from protocol.registry import REGISTRY, ApiSpec
 from tests.interpreted import interpreted, skip_unless_the_machine_compiles
 from tests.protocol.test_codec import CODECS, _clear_junk, _set_everywhere, message_strategy, struct_strategy, with_junk
@@ -217,3 +220,24 @@ def test_commit_results_encode_as_their_generated_message(module: ModuleType, ve
                                      for p, e in parts]) for name, parts in results])
     expected = generated(8).encode_response(message, version, correlation_id)
     assert hot(module, 8).encode_results(results, version, correlation_id) == expected
+
+
+_values = st.none() | st.builds(OffsetAndMetadata, st.integers(-(2**63), 2**63 - 1), st.integers(-(2**31), 2**31 - 1),
+                                st.text(max_size=6), st.integers(0, 2**40), st.just(-1))
+_offsets = st.lists(st.tuples(st.text(max_size=6), st.lists(st.tuples(st.integers(-(2**31), 2**31 - 1), _values,
+                                                                       st.integers(-(2**15), 2**15 - 1)),
+                                                             max_size=3)), max_size=3)
+
+
+@SETTINGS
+@pytest.mark.parametrize("module", MODULES)
+@given(version=st.integers(0, 9), correlation_id=st.integers(-(2**31), 2**31 - 1),
+       groups=st.lists(st.lists(st.tuples(st.text(max_size=6), st.integers(-(2**15), 2**15 - 1), _offsets)
+                                .map(list), min_size=1, max_size=1), min_size=1, max_size=3))
+def test_fetch_answers_encode_as_their_generated_message(module: ModuleType, version: int, correlation_id: int,
+                                                          groups: list[list[list[Any]]]) -> None:
+    """OffsetFetch's handler answers with lists and tuples (coordinator/apis/k09: FetchAnswer); v0-v7
+    answer for one group."""
+    answer = FetchAnswer([g[0] for g in groups] if version >= 8 else [groups[0][0]])
+    expected = generated(9).encode_response(k09.message(answer, version), version, correlation_id)
+    assert hot(module, 9).encode_answer(answer.groups, version, correlation_id) == expected
