@@ -5,12 +5,13 @@ Why: the generated codecs (protocol.codec) are straight-line Python, but a 1-par
 still spent ~8 us in its header, body and tag sections and ~3 us encoding its answer, about a fifth of
 the request's event-loop time. Compiled, with byte arithmetic in ``i64``, the same work takes ~1-2 us.
 
-The objects are the generated classes' (in: the decoded request, out: the handler's response), so the
-handlers do not know which codec ran; the registry uses these only when compiled (interpreted they are
-no faster than the generated code). The generated codecs stay the reference: the tests check both ways
-of this module against them, on random messages and on malformed bytes (the same refusals, with the
-same bounds: varints of at most 5 bytes, every length checked against the bytes left, nulls only
-where the version allows them).
+Requests decode into the generated classes' objects, so handlers do not know which codec ran; the
+answers are encoded from the plain lists and tuples the two handlers answer with (coordinator/apis/k08
+and k09), so no response objects are built at all. The registry and the handlers use this module
+only when compiled (interpreted it is no faster than the generated code). The generated codecs stay
+the reference: the tests check both ways of this module against them, on random messages and
+answers and on malformed bytes (the same refusals, with the same bounds: varints of at most 5 bytes,
+every length checked against the bytes left, nulls only where the version allows them).
 """
 
 import time
@@ -305,25 +306,6 @@ class OffsetCommitCodec:
         w.tags()
         return w.done()
 
-    def encode(self, msg: Any, version: i64, correlation_id: i64) -> bytes:
-        w = _Writer(correlation_id, version >= 8)
-        if version >= 3:
-            w.int32(msg.throttle_time_ms)
-        topics = msg.topics
-        w.count(topics, "topics")
-        for topic in topics:
-            w.string(topic.name, False, "name")
-            partitions = topic.partitions
-            w.count(partitions, "partitions")
-            for p in partitions:
-                w.int32(p.partition_index)
-                w.int16(p.error_code)
-                w.tags()
-                w.entry()
-            w.tags()
-        w.tags()
-        return w.done()
-
 
 class OffsetFetchCodec:
     """OffsetFetch (key 9) requests v0-v9 and their responses, as the generated classes."""
@@ -407,25 +389,6 @@ class OffsetFetchCodec:
         w.tags()
         return w.done()
 
-    def encode(self, msg: Any, version: i64, correlation_id: i64) -> bytes:
-        w = _Writer(correlation_id, version >= 6)
-        if version >= 3:
-            w.int32(msg.throttle_time_ms)
-        if version <= 7:
-            _fetched_topics(w, msg.topics, version >= 5)
-            if version >= 2:
-                w.int16(msg.error_code)
-        else:
-            groups = msg.groups
-            w.count(groups, "groups")
-            for g in groups:
-                w.string(g.group_id, False, "group_id")
-                _fetched_topics(w, g.topics, True)
-                w.int16(g.error_code)
-                w.tags()
-        w.tags()
-        return w.done()
-
 
 def _answer_topics(w: _Writer, offsets: list[tuple[str, list[tuple[int, Any, int]]]], epochs: bool) -> None:
     """``(topic, [(partition, committed value or None, error code)])``; a committed value is read by
@@ -447,24 +410,6 @@ def _answer_topics(w: _Writer, offsets: list[tuple[str, list[tuple[int, Any, int
                     w.int32(value[1])
                 w.string(value[2], True, "metadata")
             w.int16(error)
-            w.tags()
-            w.entry()
-        w.tags()
-
-
-def _fetched_topics(w: _Writer, topics: Any, epochs: bool) -> None:
-    w.count(topics, "topics")
-    for topic in topics:
-        w.string(topic.name, False, "name")
-        partitions = topic.partitions
-        w.count(partitions, "partitions")
-        for p in partitions:
-            w.int32(p.partition_index)
-            w.int64(p.committed_offset)
-            if epochs:
-                w.int32(p.committed_leader_epoch)
-            w.string(p.metadata, True, "metadata")
-            w.int16(p.error_code)
             w.tags()
             w.entry()
         w.tags()

@@ -1,8 +1,9 @@
 """The hand-written OffsetCommit and OffsetFetch codecs (protocol/hotcodec.py) against the generated ones,
 which test_codec checks against kafka-python's classes: for every served version, compiled as installed
 and interpreted from source, random requests decode to equal objects (unknown tagged fields in the
-header and the body included), random responses encode to the same bytes, and malformed bytes get the
-same verdict: both refuse with DecodeError, or both read the same message."""
+header and the body included), malformed bytes get the same verdict (both refuse with DecodeError, or
+both read the same message), and random answers, as the two handlers make them (lists and tuples),
+encode to the bytes of the same answer built as generated objects and encoded by the generated code."""
 
 import dataclasses
 import struct
@@ -98,17 +99,6 @@ def test_unknown_tagged_fields_are_skipped(module: ModuleType, key: int, version
     assert hot(module, key).decode(frame, version) == generated(key).decode_request(frame, version)
 
 
-@SETTINGS
-@pytest.mark.parametrize("module", MODULES)
-@pytest.mark.parametrize(("key", "version"), CASES, ids=IDS)
-@given(data=st.data(), correlation_id=st.integers(-(2**31), 2**31 - 1))
-def test_responses_encode_as_generated(module: ModuleType, key: int, version: int, data: st.DataObject,
-                                       correlation_id: int) -> None:
-    message = data.draw(message_strategy(APIS[key] + "Response", version))
-    expected = generated(key).encode_response(message, version, correlation_id)
-    assert hot(module, key).encode(message, version, correlation_id) == expected
-
-
 def sample(key: int, version: int) -> bytes:
     """A request with a bit of everything: non-ASCII names, nulls, several topics and partitions."""
     cls = REGISTRY[key].request.cls
@@ -170,20 +160,18 @@ def test_bounds(module: ModuleType) -> None:
 
 @pytest.mark.parametrize("module", MODULES)
 def test_what_cannot_be_encoded_is_refused(module: ModuleType) -> None:
-    cls = REGISTRY[8].response.cls
-    codec = hot(module, 8)
+    """A handler bug (a None name, an int out of its field's range) is an error, never wrong bytes
+    (compiled, a value of the wrong type is refused as such: TypeError)."""
+    commit, fetch = hot(module, 8), hot(module, 9)
+    for bad in ([(None, [])], [("t", [(2**31, 0)])], [("t", [(0, 2**15)])]):
+        with pytest.raises((EncodeError, TypeError)):
+            commit.encode_results(bad, 8, 1)
+    value = OffsetAndMetadata(2**63, -1, "", 0, -1)
+    for groups in ([["g", 0, [("t", [(0, value, 0)])]]], [[None, 0, []]], [["g", 2**15, []]]):
+        with pytest.raises((EncodeError, TypeError)):
+            fetch.encode_answer(groups, 9, 1)
     with pytest.raises(EncodeError):
-        codec.encode(cls(topics=None), 8, 1)
-    with pytest.raises(EncodeError):
-        codec.encode(cls(throttle_time_ms=2**31), 8, 1)
-    topic = cls.OffsetCommitResponseTopic
-    with pytest.raises(EncodeError):
-        codec.encode(cls(topics=[topic(name=None, partitions=[])]), 8, 1)
-    fetch = REGISTRY[9].response.cls
-    part = fetch.OffsetFetchResponseTopic.OffsetFetchResponsePartition
-    with pytest.raises(EncodeError):
-        hot(module, 9).encode(fetch(topics=[fetch.OffsetFetchResponseTopic(
-            name="t", partitions=[part(committed_offset=2**63)])]), 5, 1)
+        fetch.encode_answer([["g", 0, [("t", [(0, value, 0)])]]], 5, 1)
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -192,15 +180,9 @@ def test_a_large_answer_lets_other_threads_run(module: ModuleType, monkeypatch: 
     large answer is encoded on the bulk thread while the event loop waits for the GIL)."""
     offered: list[float] = []
     monkeypatch.setattr(time, "sleep", offered.append)
-    fetch = REGISTRY[9].response.cls
-    topic = fetch.OffsetFetchResponseTopic
-    parts = [topic.OffsetFetchResponsePartition(partition_index=i) for i in range(3 * module.YIELD_EVERY + 5)]
-    hot(module, 9).encode(fetch(topics=[topic(name="t", partitions=parts)]), 7, 1)
+    hot(module, 9).encode_answer([["g", 0, [("t", [(i, None, 0) for i in range(3 * module.YIELD_EVERY + 5)])]]], 7, 1)
     assert offered == [0, 0, 0]
-    commit = REGISTRY[8].response.cls
-    ctopic = commit.OffsetCommitResponseTopic
-    parts = [ctopic.OffsetCommitResponsePartition(partition_index=i) for i in range(2 * module.YIELD_EVERY)]
-    hot(module, 8).encode(commit(topics=[ctopic(name="t", partitions=parts)]), 8, 1)
+    hot(module, 8).encode_results([("t", [(i, 0) for i in range(2 * module.YIELD_EVERY)])], 8, 1)
     assert offered == [0, 0, 0, 0, 0]
 
 
