@@ -65,10 +65,6 @@ class CommitAnswer:
         self.results = results
 
 
-def build_response(results: TopicErrors) -> CommitAnswer:
-    return CommitAnswer(results)
-
-
 def message(answer: CommitAnswer) -> Any:
     """The answer as the generated classes (positional: Partition(partition_index, error_code))."""
     topics = [Topic(name=name, partitions=[Partition(p, e) for p, e in parts]) for name, parts in answer.results]
@@ -97,13 +93,13 @@ def prepare(runtime: Runtime, body: Any, version: int) -> _Prepared:
     commit = to_commit_request(version, body)
     bad_group = group_id_error(commit.group_id)
     if bad_group:
-        return _Prepared(None, bad_group, build_response(refuse_all(commit, bad_group)))
+        return _Prepared(None, bad_group, CommitAnswer(refuse_all(commit, bad_group)))
     prepared = prepare_commit(commit, runtime.clock.now_ms(), runtime.config.offset_metadata_max_bytes)
-    return _Prepared(prepared, bad_group, build_response(prepared.results))
+    return _Prepared(prepared, bad_group, CommitAnswer(prepared.results))
 
 
 def error_response(body: Any, version: int, error: ErrorCode) -> Any:
-    return build_response(refuse_all(to_commit_request(version, body), error))
+    return CommitAnswer(refuse_all(to_commit_request(version, body), error))
 
 
 def _commit(data: ShardData, prepared: _Prepared, membership: Membership) -> OpResult:
@@ -112,7 +108,7 @@ def _commit(data: ShardData, prepared: _Prepared, membership: Membership) -> OpR
         raise ValueError("a commit refused before preparation has nothing to write")
     records, results = check_group(data, commit)
     if results is not commit.results:  # the group refused it
-        return OpResult([], build_response(results))
+        return OpResult([], CommitAnswer(results))
     group = data.groups.get(commit.request.group_id)
     if group is not None and commit.request.member_id:
         membership.touch(group, commit.request.member_id)  # a member's valid commit is also a heartbeat
