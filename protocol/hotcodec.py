@@ -39,6 +39,24 @@ def compiled() -> bool:
     return not __file__.endswith(".py")
 
 
+def int16_at(data: bytes, pos: i64) -> i64:
+    """The big-endian int16 at ``pos`` (unchecked: the caller knows the bytes are there). Shared with
+    the loader's record decoder (storage/loadcodec.py), in the same compiled library."""
+    v: i64 = (data[pos] << 8) | data[pos + 1]
+    return v - 0x10000 if v >= 0x8000 else v
+
+
+def int32_at(data: bytes, pos: i64) -> i64:
+    v: i64 = (data[pos] << 24) | (data[pos + 1] << 16) | (data[pos + 2] << 8) | data[pos + 3]
+    return v - 0x100000000 if v >= 0x80000000 else v
+
+
+def int64_at(data: bytes, pos: i64) -> i64:
+    hi: i64 = int32_at(data, pos)
+    lo: i64 = (data[pos + 4] << 24) | (data[pos + 5] << 16) | (data[pos + 6] << 8) | data[pos + 7]
+    return hi * 0x100000000 + lo
+
+
 class _Reader:
     """A position in a frame; every read is bounds-checked first, so malformed bytes raise DecodeError."""
 
@@ -59,25 +77,21 @@ class _Reader:
 
     def int16(self) -> i64:
         self.need(2)
-        buf, pos = self.buf, self.pos
-        v: i64 = (buf[pos] << 8) | buf[pos + 1]
-        self.pos = pos + 2
-        return v - 0x10000 if v >= 0x8000 else v
+        v = int16_at(self.buf, self.pos)
+        self.pos += 2
+        return v
 
     def int32(self) -> i64:
         self.need(4)
-        buf, pos = self.buf, self.pos
-        v: i64 = (buf[pos] << 24) | (buf[pos + 1] << 16) | (buf[pos + 2] << 8) | buf[pos + 3]
-        self.pos = pos + 4
-        return v - 0x100000000 if v >= 0x80000000 else v
+        v = int32_at(self.buf, self.pos)
+        self.pos += 4
+        return v
 
     def int64(self) -> i64:
-        hi: i64 = self.int32()
-        self.need(4)
-        buf, pos = self.buf, self.pos
-        lo: i64 = (buf[pos] << 24) | (buf[pos + 1] << 16) | (buf[pos + 2] << 8) | buf[pos + 3]
-        self.pos = pos + 4
-        return hi * 0x100000000 + lo
+        self.need(8)
+        v = int64_at(self.buf, self.pos)
+        self.pos += 8
+        return v
 
     def uvarint(self) -> i64:
         """At most 5 bytes, as Kafka's ``readUnsignedVarint``."""

@@ -14,6 +14,7 @@ from typing import Final
 
 from mypy_extensions import i64
 
+from protocol.hotcodec import int16_at, int32_at, int64_at
 from protocol.records import (
     OFFSET_COMMIT_LEGACY_TYPE,
     OFFSET_COMMIT_TYPE,
@@ -82,22 +83,6 @@ def _same(data: bytes, a: i64, b: i64, n: i64) -> bool:
     return True
 
 
-def _int16(data: bytes, pos: i64) -> i64:
-    v: i64 = (data[pos] << 8) | data[pos + 1]
-    return v - 0x10000 if v >= 0x8000 else v
-
-
-def _int32(data: bytes, pos: i64) -> i64:
-    v: i64 = (data[pos] << 24) | (data[pos + 1] << 16) | (data[pos + 2] << 8) | data[pos + 3]
-    return v - 0x100000000 if v >= 0x80000000 else v
-
-
-def _int64(data: bytes, pos: i64) -> i64:
-    hi: i64 = _int32(data, pos)
-    lo: i64 = (data[pos + 4] << 24) | (data[pos + 5] << 16) | (data[pos + 6] << 8) | data[pos + 7]
-    return hi * 0x100000000 + lo
-
-
 def _offset_record(
     data: bytes, kpos: int, kend: int, vpos: int, vend: int, prev: _Previous
 ) -> LoadedCommit | None:
@@ -106,12 +91,12 @@ def _offset_record(
     schema decoders then decide)."""
     if kend - kpos < 8:
         return None
-    glen = _int16(data, kpos + 2)
+    glen = int16_at(data, kpos + 2)
     gstart = kpos + 4
     tpos = gstart + glen
     if glen < 0 or tpos + 2 > kend:
         return None
-    tlen = _int16(data, tpos)
+    tlen = int16_at(data, tpos)
     tend = tpos + 2 + tlen
     if tlen < 0 or tend + 4 != kend:
         return None
@@ -128,23 +113,23 @@ def _offset_record(
             prev.tpos, prev.tlen, prev.topic = tpos + 2, tlen, topic
     except UnicodeDecodeError:
         return None
-    key = (group, topic, _int32(data, tend))
+    key = (group, topic, int32_at(data, tend))
     if vpos < 0:
         return key, None
     if vend - vpos < 12:
         return None
-    version = _int16(data, vpos)
-    offset = _int64(data, vpos + 2)
+    version = int16_at(data, vpos)
+    offset = int64_at(data, vpos + 2)
     if version == 3:
         if vend - vpos < 16:
             return None
-        epoch = _int32(data, vpos + 10)
+        epoch = int32_at(data, vpos + 10)
         mpos, tail = vpos + 16, 8
     elif 0 <= version <= 2:
         epoch, mpos, tail = -1, vpos + 12, 16 if version == 1 else 8
     else:
         return None
-    mlen = _int16(data, mpos - 2)
+    mlen = int16_at(data, mpos - 2)
     mend = mpos + mlen
     if mlen < 0 or mend + tail != vend:
         return None
@@ -154,12 +139,12 @@ def _offset_record(
             metadata = data[mpos:mend].decode()
         except UnicodeDecodeError:
             return None
-    commit_ts = _int64(data, mend)
+    commit_ts = int64_at(data, mend)
     if commit_ts != prev.ts:
         prev.ts = commit_ts
         prev.ts_obj = commit_ts  # boxed once here (an object attribute), shared by the records that follow
     ts_obj = prev.ts_obj  # read back: mypyc would box a narrowed local again for the tuple
-    expire_ts = _int64(data, mend + 8) if version == 1 else -1
+    expire_ts = int64_at(data, mend + 8) if version == 1 else -1
     value: OffsetAndMetadata = _new(_OffsetAndMetadata, (offset, epoch, metadata, ts_obj, expire_ts))
     return key, value
 
@@ -171,7 +156,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
     size = len(data)
     if size < RECORDS_START:
         raise RecordsError(f"batch of {size} bytes is shorter than the v2 header")
-    count = _int32(data, _COUNT_POSITION)
+    count = int32_at(data, _COUNT_POSITION)
     runs: list[Run] = []
     run: list[LoadedRecord] = []
     run_start = next_expected = -1
@@ -217,7 +202,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
             continue  # a corrupt record was found: only the remaining layout is still checked
         record: LoadedRecord | UnknownRecord | None = None
         if klen >= 2:
-            rtype = _int16(data, kpos)
+            rtype = int16_at(data, kpos)
             if rtype == OFFSET_COMMIT_TYPE or rtype == OFFSET_COMMIT_LEGACY_TYPE:
                 record = _offset_record(data, kpos, kpos + klen, vpos, vpos + vlen, prev)
         if record is None:
