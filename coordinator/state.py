@@ -20,15 +20,28 @@ from protocol.records import (
     OffsetCommitRecord,
     OffsetKey,
 )
+from storage.loadcodec import loaded_value
 
-__all__ = ["NO_PRODUCER", "ClassicGroup", "GroupState", "ShardData", "TopicPartition"]
+__all__ = ["NO_PRODUCER", "ClassicGroup", "GroupState", "ShardData", "StoredOffset", "TopicPartition", "offset_value"]
 
 NO_PRODUCER = -1
 INTERNED_PARTITIONS_MAX = 1 << 20
 
 
 TopicPartition = tuple[str, int]
+# A cached offset: as a live commit made it, or as the compiled loader read it (the value's bytes from the
+# log, storage.loadcodec.loaded_value): a large log loads in less time and memory, and a value is only
+# decoded when something reads it. Read every cached offset through ``offset_value``.
+StoredOffset = OffsetAndMetadata | bytes
 _new = tuple.__new__
+
+
+def offset_value(value: StoredOffset) -> OffsetAndMetadata:
+    """A cached offset as the OffsetAndMetadata it stands for."""
+    if type(value) is bytes:
+        return loaded_value(value)
+    decoded: OffsetAndMetadata = value  # type: ignore[assignment]
+    return decoded
 
 
 def _named(key: Any) -> OffsetKey:
@@ -44,9 +57,9 @@ class ShardData:
 
     def __init__(self) -> None:
         self.groups: dict[str, ClassicGroup] = {}
-        self.offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
+        self.offsets: dict[str, dict[TopicPartition, StoredOffset]] = {}
         # producer id -> offsets written in its open transaction (made visible by a COMMIT marker)
-        self.pending: dict[int, dict[OffsetKey, tuple[int, OffsetAndMetadata]]] = {}
+        self.pending: dict[int, dict[OffsetKey, tuple[int, StoredOffset]]] = {}
         # (group, topic, partition) -> number of producers with a pending offset for it
         self.pending_count: dict[OffsetKey, int] = {}
         # log offset of a plain commit made while a transaction had that partition pending: a later
@@ -70,8 +83,8 @@ class ShardData:
         changes this state, for live writes and for loading alike. ``producer_id`` is set for records of
         a transactional batch, which stay pending until their COMMIT or ABORT marker. Written for a
         whole batch at a time: a 150k-partition commit replays in one pass on the event loop. An offset
-        commit comes as an ``OffsetCommitRecord`` or, from the compiled loader, as the equal plain tuples
-        (``LoadedCommit``); both are applied by the same lines."""
+        commit comes as an ``OffsetCommitRecord`` or, from the compiled loader, as plain tuples with the
+        value's bytes (``LoadedCommit``); both are applied by the same lines and cached as they come."""
         offset = first_offset
         offsets = self.offsets
         pending_count = self.pending_count
@@ -80,7 +93,7 @@ class ShardData:
             if type(record) is OffsetCommitRecord or type(record) is tuple:
                 commit: Any = record
                 key: Any = commit[0]
-                value: OffsetAndMetadata | None = commit[1]
+                value: StoredOffset | None = commit[1]
                 if value is None or producer_id != NO_PRODUCER:
                     key = _named(key)
                     if value is None:
@@ -96,9 +109,10 @@ class ShardData:
                         group = self._new_offsets_group(group_id)
                     tp: Any = (topic, partition)
                     tp = partitions.get(tp) or self._intern(tp)
-                    if tp not in group:
-                        self.num_offsets += 1
+                    size = len(group)
                     group[tp] = value
+                    if len(group) != size:  # one lookup of the key instead of two
+                        self.num_offsets += 1
             elif isinstance(record, GroupMetadataRecord):
                 if record.value is None:
                     self.groups.pop(record.group, None)
@@ -119,22 +133,23 @@ class ShardData:
 
     def committed(self, group_id: str, topic: str, partition: int) -> OffsetAndMetadata | None:
         group = self.offsets.get(group_id)
-        return None if group is None else group.get((topic, partition))
+        value = None if group is None else group.get((topic, partition))
+        return None if value is None else offset_value(value)
 
     def has_pending(self, key: OffsetKey) -> bool:
         return key in self.pending_count
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _new_offsets_group(self, group_id: str) -> dict[TopicPartition, OffsetAndMetadata]:
-        group: dict[TopicPartition, OffsetAndMetadata] = {}
+    def _new_offsets_group(self, group_id: str) -> dict[TopicPartition, StoredOffset]:
+        group: dict[TopicPartition, StoredOffset] = {}
         self.offsets[group_id] = group
         if group_id not in self.groups:
             # A commit to an unknown group creates a "simple" group: Empty, no protocol type.
             self.groups[group_id] = ClassicGroup(group_id)
         return group
 
-    def _put_offset(self, key: OffsetKey, value: OffsetAndMetadata) -> None:
+    def _put_offset(self, key: OffsetKey, value: StoredOffset) -> None:
         group = self.offsets.get(key.group)
         if group is None:
             group = self._new_offsets_group(key.group)
@@ -160,7 +175,7 @@ class ShardData:
             del self.pending[pid][key]
             self._release_pending(key)
 
-    def _add_pending(self, producer_id: int, key: OffsetKey, offset: int, value: OffsetAndMetadata) -> None:
+    def _add_pending(self, producer_id: int, key: OffsetKey, offset: int, value: StoredOffset) -> None:
         offs = self.pending.setdefault(producer_id, {})
         if key not in offs:
             self.pending_count[key] = self.pending_count.get(key, 0) + 1

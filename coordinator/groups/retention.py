@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from coordinator.groups.model import CONSUMER_PROTOCOL, ClassicGroup, GroupState
 from coordinator.shard import OpResult
-from coordinator.state import ShardData
+from coordinator.state import ShardData, offset_value
 from protocol.records import GroupMetadataRecord, OffsetAndMetadata, OffsetCommitRecord, OffsetKey, Record
 
 RETENTION_KEY = "retention"
@@ -49,10 +49,11 @@ def expire_offsets(data: ShardData, now_ms: int, retention_ms: int) -> OpResult:
         offsets = data.offsets.get(group_id, {})
         gone = 0
         if base is not None:
-            for (topic, partition), value in offsets.items():
+            for (topic, partition), stored in offsets.items():
                 key = OffsetKey(group_id, topic, partition)
                 if data.has_pending(key):
                     continue
+                value = offset_value(stored)
                 if value.expire_timestamp != -1:
                     due = now_ms >= value.expire_timestamp
                 else:

@@ -12,7 +12,7 @@ from coordinator.config import Config
 from coordinator.request import Request
 from coordinator.runtime import LogFactory, Runtime
 from coordinator.shard import OpResult, Shard, ShardState
-from coordinator.state import ShardData
+from coordinator.state import ShardData, offset_value
 from protocol.errors import ErrorCode
 from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, Record
 from storage.log import PartitionLog
@@ -133,3 +133,13 @@ class FaultyLog(PartitionLog):
         if self.faults.disk_full:
             raise OSError(errno.ENOSPC, "No space left on device (injected)", str(self.directory))
         super().probe()
+
+
+def offsets_of(data: ShardData) -> dict[str, dict[tuple[str, int], OffsetAndMetadata]]:
+    """The cached offsets as OffsetAndMetadata, whether cached by a live commit or as loaded bytes."""
+    return {g: {tp: offset_value(v) for tp, v in group.items()} for g, group in data.offsets.items()}
+
+
+def pending_of(data: ShardData) -> dict[int, dict[OffsetKey, tuple[int, OffsetAndMetadata]]]:
+    """The open transactions' offsets, read the same way."""
+    return {pid: {k: (at, offset_value(v)) for k, (at, v) in offs.items()} for pid, offs in data.pending.items()}

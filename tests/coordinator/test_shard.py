@@ -29,7 +29,7 @@ from protocol.records import (
     Record,
 )
 from storage.log import PartitionLog, list_segments
-from tests.coordinator.harness import OK, Faults, append, commit, config, started, stop, wait_state
+from tests.coordinator.harness import OK, Faults, append, commit, config, offsets_of, started, stop, wait_state
 
 # every test loads both ways: compiled loadcodec and pure Python (tests/coordinator/conftest.py)
 pytestmark = pytest.mark.usefixtures("both_loader_paths")
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("both_loader_paths")
 
 def snapshot(data: ShardData) -> tuple[Any, ...]:
     groups = {g: (x.state, x.generation, x.protocol_type, tuple(x.members)) for g, x in data.groups.items()}
-    return data.offsets, groups, data.num_offsets
+    return offsets_of(data), groups, data.num_offsets
 
 
 def on_disk(directory: Path) -> list[int]:

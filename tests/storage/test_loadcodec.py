@@ -64,8 +64,16 @@ def reference(data: bytes) -> tuple[list[Any], int]:
 
 
 def decoded(codec: ModuleType, data: bytes) -> tuple[list[Any], int]:
+    """The codec's runs, with every kept offset value (bytes: see ``test_offset_values_are_kept_as_read``)
+    read back through ``loaded_value``, for comparison with the reference's records."""
     runs, unknown = codec.decode_records(data, struct.unpack_from(">q", data)[0])
-    return runs, unknown
+    return [(start, [_read_back(codec, r) for r in run]) for start, run in runs], unknown
+
+
+def _read_back(codec: ModuleType, record: Any) -> Any:
+    if type(record) is tuple and type(record[1]) is bytes:
+        return record[0], codec.loaded_value(record[1])
+    return record
 
 
 def value_bytes(version: int, value: OffsetAndMetadata) -> bytes:
@@ -151,21 +159,32 @@ def test_runs_and_unknown_records(codec: ModuleType) -> None:
     assert skipped == 1
     assert [(start, len(run)) for start, run in runs] == [(10, 1), (12, 1), (14, 1)]
     assert runs[1][1][0] == OffsetCommitRecord(OffsetKey("g", "t", 1), None)
-    # offset commits come as plain tuples equal to the records they stand for (LoadedCommit)
+    # offset commits come as plain tuples standing for the records (LoadedCommit)
     loaded = runs[0][1][0]
     assert loaded == OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(5, 1, "", T))
-    assert type(loaded) is tuple and type(loaded[0]) is tuple and type(loaded[1]) is OffsetAndMetadata
+    assert type(loaded) is tuple and type(loaded[0]) is tuple
 
 
-def test_records_of_one_commit_share_their_commit_timestamp(codec: ModuleType) -> None:
-    """Memory: the cached offsets of one commit hold one int for their time (32 bytes each otherwise)."""
-    ts, other = 1_700_000_000_123, 1_700_000_000_999
-    entries = [encode_record(OffsetCommitRecord(OffsetKey("g", "t", p), OffsetAndMetadata(p, -1, "", t)))
-               for p, t in enumerate((ts, ts, ts, other))]
-    runs, _ = decoded(codec, build_batch(0, entries, T))
-    values = [r[1] for _, run in runs for r in run]
-    assert [v.commit_timestamp for v in values] == [ts, ts, ts, other]
-    assert values[0].commit_timestamp is values[1].commit_timestamp is values[2].commit_timestamp
+def test_offset_values_are_kept_as_read(codec: ModuleType) -> None:
+    """Memory and time: a loaded offset is cached as the value's bytes from the log (no OffsetAndMetadata,
+    nothing the garbage collector tracks), and ``loaded_value`` reads them back, in every value version."""
+    values = [(3, OffsetAndMetadata(7, 4, "m\u00e9ta", T)), (2, OffsetAndMetadata(8, -1, "", T + 1)),
+              (1, OffsetAndMetadata(9, -1, "x", T + 2, T + 9)), (0, OffsetAndMetadata(10, -1, "", T + 3))]
+    entries = [(encode_record(OffsetCommitRecord(OffsetKey("g", "t", p), None))[0], value_bytes(version, value))
+               for p, (version, value) in enumerate(values)]
+    runs, _ = codec.decode_records(build_batch(0, entries, T), 0)
+    kept = [record[1] for _, run in runs for record in run]
+    assert kept == [value for _, value in entries]
+    assert all(type(raw) is bytes for raw in kept)
+    assert [codec.loaded_value(raw) for raw in kept] == [value for _, value in values]
+
+
+@pytest.mark.parametrize("raw", [b"", b"\x00\x03" + bytes(13), b"\x00\x04" + bytes(24),
+                                 b"\x00\x03" + bytes(12) + b"\x00\x01\xff" + bytes(8), b"\x00\x00" + bytes(19)])
+def test_loaded_value_refuses_what_the_loader_would_not_keep(codec: ModuleType, raw: bytes) -> None:
+    """Short, of an unknown version, metadata that is not UTF-8, sizes that do not add up."""
+    with pytest.raises(ValueError):
+        codec.loaded_value(raw)
 
 
 headers = st.lists(st.tuples(st.text(max_size=4), st.one_of(st.none(), st.binary(max_size=4))), max_size=3)
@@ -237,7 +256,8 @@ def test_decode_batch_uses_the_codec_only_when_asked_and_fast(monkeypatch: pytes
     data = build_batch(3, [entry, entry], T)
     monkeypatch.setattr(batch_module, "FAST_REPLAY", True)
     fast = decode_batch(data, replayable=True)
-    assert fast.runs == reference(data)[0] and fast.records == () and fast.last_offset == 4
+    assert fast.runs is not None and fast.records == () and fast.last_offset == 4
+    assert [(start, [_read_back(installed, r) for r in run]) for start, run in fast.runs] == reference(data)[0]
     assert decode_batch(data).runs is None
     monkeypatch.setattr(batch_module, "FAST_REPLAY", False)
     assert decode_batch(data, replayable=True).runs is None

@@ -156,6 +156,22 @@ def test_a_stable_consumer_group_keeps_subscribed_offsets_forever_and_expires_th
     assert result.records == [OffsetCommitRecord(OffsetKey("g", "old", 0), None)]  # the group stays
 
 
+def test_loaded_offsets_expire_as_live_ones_do() -> None:
+    """A loaded offset is cached as its value's bytes (storage.loadcodec): retention reads its commit
+    time, and a v1 value's own expire timestamp, from them."""
+    from protocol.records import OffsetAndMetadata, encode_offset_value
+
+    shard = GroupShard()
+    simple_commit(shard, "s", [0], at=T0)
+    shard.data.offsets["s"][("t", 1)] = encode_offset_value(OffsetAndMetadata(1, -1, "", T0 + 10))
+    shard.data.offsets["s"][("t", 2)] = encode_offset_value(OffsetAndMetadata(2, -1, "", T0, T0 + 5))
+    assert [r.key for r in expire_offsets(shard.data, T0 + 5, WEEK).records] == [OffsetKey("s", "t", 2)]
+    assert [r.key for r in expire_offsets(shard.data, T0 + WEEK, WEEK).records] == [
+        OffsetKey("s", "t", 0), OffsetKey("s", "t", 2)]
+    result = expire_offsets(shard.data, T0 + WEEK + 10, WEEK)
+    assert result.response == 3 and result.records[-1] == GroupMetadataRecord("s", None)
+
+
 def test_an_explicit_expire_timestamp_wins() -> None:
     from coordinator.offsets import PartitionCommit
 
