@@ -53,7 +53,8 @@ def _named(key: Any) -> OffsetKey:
 class ShardData:
     """Groups, committed offsets and pending transactional offsets of one shard."""
 
-    __slots__ = ("contested", "groups", "num_offsets", "offsets", "partitions", "pending", "pending_count")
+    __slots__ = ("contested", "groups", "interned", "num_offsets", "offsets", "partitions", "pending",
+                 "pending_count")
 
     def __init__(self) -> None:
         self.groups: dict[str, ClassicGroup] = {}
@@ -68,9 +69,12 @@ class ShardData:
         self.num_offsets = 0
         # one shared (topic, partition) tuple per partition, used as the key in every group's dict:
         # a million cached offsets over a few thousand partitions would otherwise hold a million tuples
-        # (~84 bytes of RSS each with the partition's int). Cleared when it grows past its bound.
+        # (~84 bytes of RSS each with the partition's int). Cleared when ``interned`` passes its bound.
+        # By topic, then partition: replay finds a key without building a tuple to look it up (with
+        # the group and topic of the previous record reused: ~40% of replaying a loaded record).
         # (Typed Any: compiled by mypyc, a tuple[str, int] local is a C struct, boxed anew at every use.)
-        self.partitions: dict[TopicPartition, Any] = {}
+        self.partitions: dict[str, dict[Any, Any]] = {}
+        self.interned = 0
 
     def replay(self, offset: int, record: LoadedRecord, producer_id: int = NO_PRODUCER) -> None:
         """Applies one record appended at log ``offset`` (see ``replay_records``)."""
@@ -89,12 +93,19 @@ class ShardData:
         offsets = self.offsets
         pending_count = self.pending_count
         partitions = self.partitions
+        last_group_id: object = None
+        last_group: dict[TopicPartition, StoredOffset] = {}
+        last_topic: object = None
+        by_partition: dict[Any, Any] = {}
         for record in records:
             if type(record) is OffsetCommitRecord or type(record) is tuple:
-                commit: Any = record
+                # typed tuples: compiled, their items are read in place (an Any is indexed and unpacked
+                # through Python's generic protocols: ~30% of replaying a loaded record)
+                commit: tuple[Any, Any] = record
                 key: Any = commit[0]
                 value: StoredOffset | None = commit[1]
                 if value is None or producer_id != NO_PRODUCER:
+                    last_group_id = None  # a tombstone may drop the group's dict: look it up again
                     key = _named(key)
                     if value is None:
                         self._delete_offset(key)
@@ -103,12 +114,22 @@ class ShardData:
                 else:
                     if pending_count and key in pending_count:
                         self.contested[_named(key)] = offset
-                    group_id, topic, partition = key
-                    group = offsets.get(group_id)
-                    if group is None:
-                        group = self._new_offsets_group(group_id)
-                    tp: Any = (topic, partition)
-                    tp = partitions.get(tp) or self._intern(tp)
+                    parts: tuple[str, str, object] = key
+                    group_id, topic, partition = parts[0], parts[1], parts[2]
+                    if group_id is not last_group_id:  # the records of one commit share group and topic
+                        group = offsets.get(group_id)
+                        if group is None:
+                            group = self._new_offsets_group(group_id)
+                        last_group_id, last_group = group_id, group
+                    else:
+                        group = last_group
+                    if topic is not last_topic:
+                        found = partitions.get(topic)
+                        by_partition = self._topic(topic) if found is None else found
+                        last_topic = topic
+                    tp = by_partition.get(partition)
+                    if tp is None:
+                        tp = self._intern(by_partition, topic, partition)
                     size = len(group)
                     group[tp] = value
                     if len(group) != size:  # one lookup of the key instead of two
@@ -153,16 +174,27 @@ class ShardData:
         group = self.offsets.get(key.group)
         if group is None:
             group = self._new_offsets_group(key.group)
-        tp: Any = (key.topic, key.partition)
-        tp = self.partitions.get(tp) or self._intern(tp)
+        found = self.partitions.get(key.topic)
+        by_partition = self._topic(key.topic) if found is None else found
+        tp = by_partition.get(key.partition)
+        if tp is None:
+            tp = self._intern(by_partition, key.topic, key.partition)
         if tp not in group:
             self.num_offsets += 1
         group[tp] = value
 
-    def _intern(self, tp: Any) -> Any:
-        if len(self.partitions) >= INTERNED_PARTITIONS_MAX:
-            self.partitions.clear()
-        self.partitions[tp] = tp
+    def _topic(self, topic: str) -> dict[Any, Any]:
+        by_partition: dict[Any, Any] = {}
+        self.partitions[topic] = by_partition
+        return by_partition
+
+    def _intern(self, by_partition: dict[Any, Any], topic: str, partition: object) -> Any:
+        if self.interned >= INTERNED_PARTITIONS_MAX:
+            self.partitions.clear()  # ``by_partition`` is dropped with it: what it keys stays valid
+            self.interned = 0
+        tp: Any = (topic, partition)
+        by_partition[partition] = tp
+        self.interned += 1
         return tp
 
     def _delete_offset(self, key: OffsetKey) -> None:

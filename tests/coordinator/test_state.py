@@ -95,6 +95,32 @@ def test_group_metadata_loads_empty_or_stable(shard_data: type[ShardData]) -> No
     assert "s" not in data.groups
 
 
+def test_a_group_emptied_and_committed_to_again_in_one_batch_keeps_the_new_offset(
+        shard_data: type[ShardData]) -> None:
+    """Replay reuses the previous record's group: a tombstone that empties the group (its offsets dict
+    goes) must not leave a later commit of the same batch writing into the dropped dict."""
+    data = shard_data()
+    for records in ([loaded(r) for r in _emptied_and_again()], _emptied_and_again()):
+        data.replay_records(0, records)
+        assert data.committed("g", "t", 0) == value(3) and data.committed("g", "u", 1) == value(4)
+        assert data.num_offsets == 2 and set(data.offsets["g"]) == {("t", 0), ("u", 1)}
+
+
+def _emptied_and_again() -> list[Record]:
+    return [OffsetCommitRecord(K0, value(1)), OffsetCommitRecord(K0, None), OffsetCommitRecord(K0, value(3)),
+            OffsetCommitRecord(OffsetKey("g", "u", 1), value(4))]
+
+
+def test_interned_keys_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its bound the table of shared keys starts again; the offsets cached meanwhile stay right.
+    (Interpreted only: compiled, the bound is a constant.)"""
+    monkeypatch.setattr(PURE, "INTERNED_PARTITIONS_MAX", 3)
+    data = PURE.ShardData()
+    data.replay_records(0, [OffsetCommitRecord(OffsetKey("g", t, p), value(p)) for t in "ab" for p in range(4)])
+    assert data.interned <= 3 and data.num_offsets == 8
+    assert all(data.committed("g", t, p) == value(p) for t in "ab" for p in range(4))
+
+
 def test_groups_share_one_key_per_topic_partition(shard_data: type[ShardData]) -> None:
     """Memory: a million offsets over a few thousand partitions hold a few thousand key tuples. Both
     paths in (a whole batch, and a pending offset made visible by its COMMIT marker) share them."""
