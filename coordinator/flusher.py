@@ -2,12 +2,12 @@
 
 A shard with records to make durable asks for a flush; the next cycle takes the open batch of every
 shard that asked and appends each to its log as Kafka record batches, on the event loop (a write into
-the page cache: microseconds), then hands the sync to the writer thread, which makes all of them
-durable together (storage.sync: one ``syncfs`` per file system where that is safe, else an fsync per
-log) and hands the results back to the event loop in one call, where each shard releases its waiting
-requests. Commits arriving meanwhile gather in the shards' next open batches. Compared with one fsync
-and two thread hand-offs per shard, this is what lets durable commits spread over many partitions
-share the disk's flushes.
+the page cache: microseconds), then hands the sync to the writer thread (coordinator.writer), which
+makes all of them durable together (storage.sync: one ``syncfs`` per file system where that is safe,
+else an fsync per log) and hands the results back to the event loop in one call, where each shard
+releases its waiting requests. Commits arriving meanwhile gather in the shards' next open batches.
+Compared with one fsync and two thread hand-offs per shard, this is what lets durable commits spread
+over many partitions share the disk's flushes.
 
 Why the appends are not on the writer thread (they were): every ``os.write`` there gives up the GIL
 and then waits for the busy event loop to hand it back (up to the switch interval), so a cycle
@@ -20,15 +20,13 @@ before it.
 """
 
 import asyncio
-import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
 from typing import Any, Protocol
 
-from coordinator.handoff import on_loop
 from coordinator.metrics import Metrics
+from coordinator.writer import WriterThread
 from storage.log import PartitionLog
 from storage.sync import FileSync
 
@@ -51,7 +49,7 @@ class Flushable(Protocol):
 
 
 class Flusher:
-    def __init__(self, writer: Executor, sync: FileSync, metrics: Metrics) -> None:
+    def __init__(self, writer: WriterThread, sync: FileSync, metrics: Metrics) -> None:
         self._writer = writer
         self._sync = sync
         self._metrics = metrics
@@ -92,11 +90,10 @@ class Flusher:
             return
         self._running = True
         try:
-            done = self._writer.submit(self._sync_logs, [jobs[i][0].log for i in appended])
+            self._writer.post(self._sync_logs, ([jobs[i][0].log for i in appended],), asyncio.get_running_loop(),
+                              self._written, jobs, outcomes, appended, started)
         except RuntimeError as exc:  # the writer has shut down: the process is stopping
             self._finish(jobs, started, [exc] * len(jobs))
-            return
-        on_loop(asyncio.get_running_loop(), done, self._written, jobs, outcomes, appended, started)
 
     def _sync_logs(self, logs: list[PartitionLog]) -> tuple[list[BaseException | None], float]:
         """Writer thread: makes the appended logs durable together; each log's error (or None) and
@@ -106,14 +103,12 @@ class Flusher:
         return results, time.perf_counter() - started
 
     def _written(self, jobs: list[tuple[Flushable, Any]], outcomes: list[FlushOutcome], appended: list[int],
-                 started: float,
-                 done: "concurrent.futures.Future[tuple[list[BaseException | None], float]]") -> None:
-        if done.cancelled():
-            outcomes = [RuntimeError("the writer stopped")] * len(jobs)
-        elif (exc := done.exception()) is not None:
-            outcomes = [exc] * len(jobs)
+                 started: float, synced: "tuple[list[BaseException | None], float] | BaseException") -> None:
+        """On the loop, with what ``_sync_logs`` returned or raised (WriterStopped: it never ran)."""
+        if isinstance(synced, BaseException):
+            outcomes = [synced] * len(jobs)
         else:
-            results, seconds = done.result()
+            results, seconds = synced
             for i, error in zip(appended, results, strict=True):
                 if error is not None:
                     outcomes[i] = error

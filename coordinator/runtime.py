@@ -18,6 +18,7 @@ from coordinator.groups.hooks import GroupHooks
 from coordinator.metrics import Metrics
 from coordinator.shard import Shard, ShardState
 from coordinator.timers import Clock, SystemClock
+from coordinator.writer import WriterThread
 from protocol.partitioning import partition_for
 from storage.log import PartitionLog, fsync_path
 from storage.sync import make_sync
@@ -102,7 +103,7 @@ class Runtime:
         self.shards: list[Shard] = []
         self.groups: list[GroupHooks] = []  # the group side of each shard
         self._log_factory = log_factory
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-writer")
+        self._writer = WriterThread()
         self.flusher = Flusher(self._writer, make_sync(config.sync_mode), self.metrics)
         self._loader = ThreadPoolExecutor(max_workers=LOADER_THREADS, thread_name_prefix="kcoord-loader")
         self._cleaner_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-cleaner")
