@@ -216,6 +216,18 @@ def signed(data: bytearray) -> bytes:
     return bytes(data)
 
 
+def test_an_offset_repeated_inside_a_batch_splits_the_runs_as_the_reference_does(codec: ModuleType) -> None:
+    """Found by the damage test below: a batch whose first and last offsets span exactly its count but
+    which repeats one inside (a damaged batch with a valid CRC). Both paths now check every offset."""
+    entry = encode_record(OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(5, 1, "", T)))
+    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
+    for delta in (0, 1, 2, 0, 4):
+        builder.append(delta, T, *entry, [])
+    data = bytes(builder.build())
+    same(codec, data)
+    assert [(start, len(run)) for start, run in reference(data)[0]] == [(0, 3), (0, 1), (4, 1)]
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(entries(), min_size=1, max_size=5), st.data())
 def test_damaged_records_sections_are_refused_like_the_reference(codec: ModuleType, items: list[Any],
