@@ -1,7 +1,8 @@
 """The optional compile step: the loader's hot path, ``storage/loadcodec.py`` (the batch decoder) and
 ``coordinator/state.py`` (``replay``), and the request path's ``protocol/hotcodec.py`` (OffsetCommit and
-OffsetFetch on the wire) and ``coordinator/offsets.py`` (a commit's records and their bytes) are built
-with mypyc when mypy and a working C compiler are present, and shipped as plain source otherwise (one
+OffsetFetch on the wire), ``coordinator/offsets.py`` (a commit's records and their bytes) and every
+request's framing and header peek (``protocol/framing.py``, ``protocol/header.py``) are built with
+mypyc when mypy and a working C compiler are present, and shipped as plain source otherwise (one
 line on stderr says which). ``KCOORD_PURE_PYTHON=1`` forces pure Python. Everything else is in
 pyproject.toml.
 
@@ -19,7 +20,8 @@ from setuptools.command.build_ext import build_ext
 
 # Built together into one shared library (GROUP, a top-level module) so calls between them are C calls;
 # each also gets a small shim module of its own name.
-COMPILED = ["storage/loadcodec.py", "coordinator/state.py", "protocol/hotcodec.py", "coordinator/offsets.py"]
+COMPILED = ["storage/loadcodec.py", "coordinator/state.py", "protocol/hotcodec.py", "coordinator/offsets.py",
+            "protocol/framing.py", "protocol/header.py"]
 GROUP = "kcoord_compiled"
 
 

@@ -17,6 +17,8 @@ from typing import Any, TextIO
 
 import coordinator.offsets
 import coordinator.state
+import protocol.framing
+import protocol.header
 import protocol.hotcodec
 import storage.loadcodec
 from coordinator.config import Config, ConfigError, add_serve_arguments, config_from_args
@@ -95,10 +97,11 @@ async def _freeze_when_loaded(runtime: Runtime) -> None:
 
 def warn_stale_builds() -> list[str]:
     """A compiled module older than its source (an editable install edited since ``pip install -e .``):
-    the loader and the registry then fall back to pure Python, but a stale ``coordinator.state`` or
-    ``coordinator.offsets`` still runs, as Python imports the compiled module before the source beside
-    it. Says so loudly; returns the names."""
-    modules = (coordinator.state, coordinator.offsets, storage.loadcodec, protocol.hotcodec)
+    the loader and the registry then fall back to pure Python, but a stale ``coordinator.state``,
+    ``coordinator.offsets`` or ``protocol.framing``/``protocol.header`` still runs, as Python imports
+    the compiled module before the source beside it. Says so loudly; returns the names."""
+    modules = (coordinator.state, coordinator.offsets, storage.loadcodec, protocol.hotcodec, protocol.framing,
+               protocol.header)
     found = [m.__name__ for m in modules if compiled.stale(m)]
     for name in found:
         log.warning("%s: the compiled module is older than its source; re-run pip install -e .", name)

@@ -1,19 +1,43 @@
 import struct
+from types import ModuleType
+from typing import Any
 
 import pytest
 
-from protocol.framing import FrameError, FrameReader, frame
+import protocol.framing as installed
+from protocol import compiled
+from protocol.framing import frame
+from tests.interpreted import interpreted, skip_unless_the_machine_compiles
+
+# Every test runs against the module the install compiled (setup.py) and against its source.
+PURE = interpreted(installed)
 
 
-def drain(reader: FrameReader) -> list[bytes]:
+@pytest.fixture(params=["compiled", "interpreted"])
+def framing(request: pytest.FixtureRequest) -> ModuleType:
+    if request.param == "interpreted":
+        return PURE
+    if not compiled.is_compiled(installed):
+        pytest.skip("this install has no compiled protocol/framing (no C compiler, or KCOORD_PURE_PYTHON)")
+    return installed
+
+
+def test_compiled_when_the_machine_can_compile() -> None:
+    skip_unless_the_machine_compiles()
+    assert compiled.is_compiled(installed), "protocol/framing was not compiled: see pip install -v -e ."
+    assert not compiled.stale(installed), "the compiled protocol/framing is older than its source: pip install -e ."
+    assert not compiled.is_compiled(PURE)
+
+
+def drain(reader: Any) -> list[bytes]:
     frames = []
     while (f := reader.next_frame()) is not None:
         frames.append(f)
     return frames
 
 
-def test_frames_split_across_and_within_reads() -> None:
-    reader = FrameReader(max_bytes=100)
+def test_frames_split_across_and_within_reads(framing: ModuleType) -> None:
+    reader = framing.FrameReader(max_bytes=100)
     data = frame(b"abc") + frame(b"") + frame(b"defgh")
     reader.feed(data[:2])
     assert drain(reader) == [] and not reader.has_frame()
@@ -27,28 +51,28 @@ def test_frames_split_across_and_within_reads() -> None:
 
 
 @pytest.mark.parametrize("size", [-1, -(2**31), 101, 2**31 - 1])
-def test_bad_sizes_are_refused_before_the_payload_arrives(size: int) -> None:
-    reader = FrameReader(max_bytes=100)
-    with pytest.raises(FrameError):
+def test_bad_sizes_are_refused_before_the_payload_arrives(framing: ModuleType, size: int) -> None:
+    reader = framing.FrameReader(max_bytes=100)
+    with pytest.raises(framing.FrameError):
         reader.feed(struct.pack(">i", size))
 
 
-def test_a_bad_size_behind_a_good_frame_is_refused_when_reached() -> None:
-    reader = FrameReader(max_bytes=100)
+def test_a_bad_size_behind_a_good_frame_is_refused_when_reached(framing: ModuleType) -> None:
+    reader = framing.FrameReader(max_bytes=100)
     reader.feed(frame(b"ok") + struct.pack(">i", 1000))
     assert reader.next_frame() == b"ok"
-    with pytest.raises(FrameError):
+    with pytest.raises(framing.FrameError):
         reader.next_frame()
 
 
-def test_limit_is_inclusive() -> None:
-    reader = FrameReader(max_bytes=3)
+def test_limit_is_inclusive(framing: ModuleType) -> None:
+    reader = framing.FrameReader(max_bytes=3)
     reader.feed(frame(b"xyz"))
     assert drain(reader) == [b"xyz"]
 
 
-def test_the_head_frames_declared_size_is_known_from_its_first_four_bytes() -> None:
-    reader = FrameReader(max_bytes=1000)
+def test_the_head_frames_declared_size_is_known_from_its_first_four_bytes(framing: ModuleType) -> None:
+    reader = framing.FrameReader(max_bytes=1000)
     reader.feed(struct.pack(">i", 500)[:3])
     assert reader.head_size() is None
     reader.feed(struct.pack(">i", 500)[3:] + b"x" * 10)
@@ -57,10 +81,10 @@ def test_the_head_frames_declared_size_is_known_from_its_first_four_bytes() -> N
     assert reader.has_frame()
 
 
-def test_queries_never_raise_once_a_bad_size_is_found() -> None:
-    reader = FrameReader(max_bytes=100)
+def test_queries_never_raise_once_a_bad_size_is_found(framing: ModuleType) -> None:
+    reader = framing.FrameReader(max_bytes=100)
     reader.feed(frame(b"ok") + struct.pack(">i", 1000))
     assert reader.next_frame() == b"ok"
     assert reader.head_size() is None and reader.has_frame()  # has_frame: come and get the error
-    with pytest.raises(FrameError):
+    with pytest.raises(framing.FrameError):
         reader.next_frame()

@@ -2,11 +2,18 @@
 frames must give back the same frames, in order, with ``buffered``/``has_frame`` consistent."""
 
 import struct
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.framing import CHUNKED_BYTES, FrameReader
+from protocol.framing import CHUNKED_BYTES
+from tests.protocol.test_framing import PURE, installed
+
+# both builds of protocol/framing (test_framing.py); a class rather than the fixture, for hypothesis
+READERS = pytest.mark.parametrize("reader_class", [installed.FrameReader, PURE.FrameReader],
+                                  ids=["installed", "interpreted"])
 
 sizes = st.lists(st.sampled_from([0, 1, 9, 1000, CHUNKED_BYTES, CHUNKED_BYTES + 1, 3 * CHUNKED_BYTES + 7]),
                  min_size=1, max_size=6)
@@ -15,11 +22,13 @@ sizes = st.lists(st.sampled_from([0, 1, 9, 1000, CHUNKED_BYTES, CHUNKED_BYTES + 
 @settings(max_examples=25, deadline=None)
 @given(sizes=sizes, cuts=st.lists(st.integers(min_value=1, max_value=300_000), min_size=1, max_size=40),
        include_size=st.booleans())
-def test_any_split_gives_the_same_frames(sizes: list[int], cuts: list[int], include_size: bool) -> None:
+@READERS
+def test_any_split_gives_the_same_frames(reader_class: Any, sizes: list[int], cuts: list[int],
+                                         include_size: bool) -> None:
     payloads = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
     wire = b"".join(struct.pack(">i", len(f)) + f for f in payloads)
     frames = [struct.pack(">i", len(f)) + f for f in payloads] if include_size else payloads
-    reader = FrameReader(1 << 24, include_size)
+    reader = reader_class(1 << 24, include_size)
     got: list[bytes] = []
     pos, i = 0, 0
     while pos < len(wire):
