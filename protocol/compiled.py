@@ -4,8 +4,8 @@ imports the compiled module before the source beside it, so a stale one would ru
 code also has the layouts of what it imports built in (a NamedTuple's fields are read by position), so
 the kcoord modules it imports directly count as its sources too."""
 
-import ast
 import functools
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -18,27 +18,43 @@ def is_compiled(module: ModuleType) -> bool:
     return not str(module.__file__).endswith(".py")
 
 
+# ``from a.b import c, d`` (names possibly in parentheses over several lines) and ``import a.b, c``,
+# at any indentation. Read with a pattern rather than parsed: parsing the sources of six compiled
+# modules cost ~30 ms of every start. A line in a docstring that looks like an import only adds a file
+# to check.
+_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)|import[ \t]+([^\n]*))", re.M)
+
+
+def _imported(text: str) -> list[str]:
+    names: list[str] = []
+    for module, imported, plain in _IMPORT.findall(text):
+        if module:
+            # ``from package import module`` imports a module too
+            names += [module, *(f"{module}.{alias}" for alias in _aliases(imported.strip("()")))]
+        else:
+            names += _aliases(plain)
+    return names
+
+
+def _aliases(listed: str) -> list[str]:
+    """The imported names of ``a as b, c`` (a comment after them dropped)."""
+    return [part.split()[0] for part in re.sub(r"#[^\n]*", "", listed).split(",") if part.strip()]
+
+
 @functools.cache
 def sources(module: ModuleType) -> list[Path]:
-    """The source beside ``module`` and those of the kcoord modules it imports directly (parsed once:
+    """The source beside ``module`` and those of the kcoord modules it imports directly (read once:
     the loader and ``kcoord serve`` both ask at start-up)."""
     built = Path(str(module.__file__))
     source = built.with_name(built.name.split(".", 1)[0] + ".py")
     root = source.parents[module.__name__.count(".")]
     found = [source]
-    for node in ast.walk(ast.parse(source.read_bytes())):
-        names: list[str] = []
-        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            # ``from package import module`` imports a module too
-            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
-        elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        for name in names:
-            if name.split(".")[0] in PACKAGES:
-                path = root.joinpath(*name.split("."))
-                path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
-                if path.is_file() and path not in found:
-                    found.append(path)
+    for name in _imported(source.read_text(encoding="utf-8")):
+        if name.split(".")[0] in PACKAGES:
+            path = root.joinpath(*name.split("."))
+            path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+            if path.is_file() and path not in found:
+                found.append(path)
     return found
 
 

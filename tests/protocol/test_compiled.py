@@ -51,3 +51,19 @@ def test_a_module_run_from_its_source_is_never_stale(tmp_path: Path) -> None:
     module.__file__ = str(tmp_path / "storage" / "codec.py")
     os.utime(tmp_path / "protocol" / "records.py", (BUILT + 60, BUILT + 60))
     assert not compiled.is_compiled(module) and not compiled.stale(module)
+
+
+def test_every_form_of_import_is_found(tmp_path: Path) -> None:
+    """Imports are read with a pattern: parenthesized lists over several lines, aliases, comments,
+    imports inside functions; relative and outside imports are not kcoord sources."""
+    module = fake_build(tmp_path)
+    for name in ("a", "b", "c", "d", "e"):
+        (tmp_path / "protocol" / f"{name}.py").write_text("")
+    (tmp_path / "storage" / "codec.py").write_text(
+        "import os, protocol.a as first  # a comment\n"
+        "from protocol import (\n    b,  # the b\n    c as sea,\n)\n"
+        "from .sibling import x\n"
+        "def f() -> None:\n    from protocol.d import thing\n    import protocol.e\n")
+    assert compiled.sources(module) == [tmp_path / "storage" / "codec.py", *(
+        tmp_path / "protocol" / name for name in ("a.py", "__init__.py", "b.py", "c.py", "d.py", "e.py"))]
+
