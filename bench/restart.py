@@ -23,7 +23,14 @@ from typing import Any
 
 from kafka.protocol.consumer.group import OffsetFetchRequest, OffsetFetchResponse
 
-from bench.kcoord_api import OFFSETS_TOPIC, KcoordProcess, loaded_line, offsets_partition, write_offsets_partition
+from bench.kcoord_api import (
+    OFFSETS_TOPIC,
+    KcoordProcess,
+    byte_compile,
+    loaded_line,
+    offsets_partition,
+    write_offsets_partition,
+)
 from bench.wire import SIZE
 
 PARTITIONS_PER_TOPIC = 100
@@ -226,6 +233,7 @@ def restart(tmp: Path, records: int, keys: int | None = None, groups: int = 1000
     if progress:
         progress(f"wrote {records:,} records ({keys:,} keys, {len(layout.groups)} groups), {nbytes / 1e6:.1f} MB, "
                  f"in {wrote:.1f} s")
+    byte_compile()  # restarts are of kcoord as installed (bench/kcoord_api.py)
     idle = idle_peak_rss(tmp / f"restart-{records}-idle", offsets_partitions)
     return [
         load_once(data_dir, layout, partition, offsets_partitions, poll_interval, samples,
