@@ -32,3 +32,27 @@ def skip_unless_the_machine_compiles() -> None:
         pytest.skip("KCOORD_PURE_PYTHON is set")
     if shutil.which("cc") is None or not Path(sysconfig.get_paths()["include"], "Python.h").exists():
         pytest.skip("no C compiler or Python headers here")
+
+
+def assert_compiled(installed: ModuleType, pure: ModuleType) -> None:
+    """Where the machine can compile, the install built ``installed`` and it is not older than its
+    source (a build that silently stopped compiling would otherwise only show up as slowness)."""
+    from protocol import compiled
+
+    skip_unless_the_machine_compiles()
+    name = installed.__name__.replace(".", "/")
+    assert compiled.is_compiled(installed), f"{name} was not compiled: see pip install -v -e ."
+    assert not compiled.stale(installed), f"the compiled {name} is older than its source: pip install -e ."
+    assert not compiled.is_compiled(pure)
+
+
+def build(param: str, installed: ModuleType, pure: ModuleType) -> ModuleType:
+    """A both-builds fixture's module: ``pure`` for "interpreted", else ``installed`` if it is compiled."""
+    from protocol import compiled
+
+    if param == "interpreted":
+        return pure
+    if not compiled.is_compiled(installed):
+        pytest.skip(f"this install has no compiled {installed.__name__} (no C compiler, or KCOORD_PURE_PYTHON)")
+    return installed
+

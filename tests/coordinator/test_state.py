@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 import coordinator.state as installed
 from coordinator.state import GroupState, ShardData
-from protocol import compiled
 from protocol.records import (
     GroupMetadata,
     GroupMetadataRecord,
@@ -24,7 +23,7 @@ from protocol.records import (
     encode_offset_value,
 )
 from tests.coordinator.harness import offsets_of, pending_of
-from tests.interpreted import interpreted, skip_unless_the_machine_compiles
+from tests.interpreted import assert_compiled, interpreted
 
 PURE = interpreted(installed)
 K0, K1 = OffsetKey("g", "t", 0), OffsetKey("g", "t", 1)
@@ -38,10 +37,7 @@ def shard_data(request: pytest.FixtureRequest) -> type[ShardData]:
 
 
 def test_compiled_when_the_machine_can_compile() -> None:
-    skip_unless_the_machine_compiles()
-    assert compiled.is_compiled(installed), "coordinator/state was not compiled: see pip install -v -e ."
-    assert not compiled.stale(installed), "the compiled coordinator/state is older than its source: pip install -e ."
-    assert not compiled.is_compiled(PURE)
+    assert_compiled(installed, PURE)
 
 
 def value(offset: int) -> OffsetAndMetadata:

@@ -5,9 +5,8 @@ from typing import Any
 import pytest
 
 import protocol.framing as installed
-from protocol import compiled
 from protocol.framing import frame
-from tests.interpreted import interpreted, skip_unless_the_machine_compiles
+from tests.interpreted import assert_compiled, build, interpreted
 
 # Every test runs against the module the install compiled (setup.py) and against its source.
 PURE = interpreted(installed)
@@ -15,18 +14,11 @@ PURE = interpreted(installed)
 
 @pytest.fixture(params=["compiled", "interpreted"])
 def framing(request: pytest.FixtureRequest) -> ModuleType:
-    if request.param == "interpreted":
-        return PURE
-    if not compiled.is_compiled(installed):
-        pytest.skip("this install has no compiled protocol/framing (no C compiler, or KCOORD_PURE_PYTHON)")
-    return installed
+    return build(request.param, installed, PURE)
 
 
 def test_compiled_when_the_machine_can_compile() -> None:
-    skip_unless_the_machine_compiles()
-    assert compiled.is_compiled(installed), "protocol/framing was not compiled: see pip install -v -e ."
-    assert not compiled.stale(installed), "the compiled protocol/framing is older than its source: pip install -e ."
-    assert not compiled.is_compiled(PURE)
+    assert_compiled(installed, PURE)
 
 
 def drain(reader: Any) -> list[bytes]:

@@ -6,26 +6,18 @@ from types import ModuleType
 import pytest
 
 import protocol.header as installed
-from protocol import compiled
-from tests.interpreted import interpreted, skip_unless_the_machine_compiles
+from tests.interpreted import assert_compiled, build, interpreted
 
 PURE = interpreted(installed)
 
 
 @pytest.fixture(params=["compiled", "interpreted"])
 def header(request: pytest.FixtureRequest) -> ModuleType:
-    if request.param == "interpreted":
-        return PURE
-    if not compiled.is_compiled(installed):
-        pytest.skip("this install has no compiled protocol/header (no C compiler, or KCOORD_PURE_PYTHON)")
-    return installed
+    return build(request.param, installed, PURE)
 
 
 def test_compiled_when_the_machine_can_compile() -> None:
-    skip_unless_the_machine_compiles()
-    assert compiled.is_compiled(installed), "protocol/header was not compiled: see pip install -v -e ."
-    assert not compiled.stale(installed), "the compiled protocol/header is older than its source: pip install -e ."
-    assert not compiled.is_compiled(PURE)
+    assert_compiled(installed, PURE)
 
 
 def test_the_peek_reads_api_key_version_and_correlation_id_signed(header: ModuleType) -> None:
