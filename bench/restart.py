@@ -234,6 +234,8 @@ def restart(tmp: Path, records: int, keys: int | None = None, groups: int = 1000
         progress(f"wrote {records:,} records ({keys:,} keys, {len(layout.groups)} groups), {nbytes / 1e6:.1f} MB, "
                  f"in {wrote:.1f} s")
     byte_compile()  # restarts are of kcoord as installed (bench/kcoord_api.py)
+    if progress:
+        progress("wrote the bytecode of kcoord's modules first, as pip install does")
     idle = idle_peak_rss(tmp / f"restart-{records}-idle", offsets_partitions)
     return [
         load_once(data_dir, layout, partition, offsets_partitions, poll_interval, samples,

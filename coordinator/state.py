@@ -190,7 +190,10 @@ class ShardData:
 
     def _intern(self, by_partition: dict[Any, Any], topic: str, partition: object) -> Any:
         if self.interned >= INTERNED_PARTITIONS_MAX:
-            self.partitions.clear()  # ``by_partition`` is dropped with it: what it keys stays valid
+            # start again, keeping the caller's table (replay goes on with it) registered and counted
+            self.partitions.clear()
+            by_partition.clear()
+            self.partitions[topic] = by_partition
             self.interned = 0
         tp: Any = (topic, partition)
         by_partition[partition] = tp

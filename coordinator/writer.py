@@ -6,12 +6,14 @@ which hands it a sync every flush cycle: ``post`` runs a function and calls a ca
 loop with its result (or the exception it raised), with no ``Future``, done-callback or closure in
 between. A cycle's hand-off through ``concurrent.futures`` and ``handoff.on_loop`` cost ~15 us of the
 event loop's CPU and ~29 us of the process's; this way ~12 and ~24 (uvloop, measured round trips).
-The thread is a daemon: a process that gave up on a stuck write (coordinator.cli) does not wait for it,
-and nothing was acknowledged that depends on it.
+The thread is a daemon, so that a Runtime that was never stopped does not keep the process alive;
+a clean stop waits for the writer through the shards, and one that gave up on a stuck write exits
+at once (coordinator.cli). Nothing was acknowledged that depends on a job still running.
 """
 
 import asyncio
 import functools
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 # (function, its arguments, the Future of a submit or None; for a post: the loop, callback and its
 # leading arguments)
@@ -56,14 +59,18 @@ class WriterThread(Executor):
             if self._stopped:
                 raise RuntimeError("cannot schedule new work after the writer shut down")
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                thread.start()  # if this raises, the next job tries again
+                self._thread = thread
             self._jobs.put(job)
 
     def _run(self) -> None:
         jobs = self._jobs
         while (job := jobs.get()) is not None:
-            _run_one(*job)
+            try:
+                _run_one(*job)
+            except Exception:  # the thread must outlive any one job: every later job would wait for ever
+                log.exception("writer thread: a job's hand-off failed")
             job = None  # its references go now, not when the next job arrives
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:

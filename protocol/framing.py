@@ -3,6 +3,9 @@
 The size is checked against the limit as soon as its 4 bytes arrive, *before* any buffer for the payload
 is grown, so a hostile prefix cannot make the server allocate 2 GiB (Kafka: ``socket.request.max.bytes``).
 Frames are taken one at a time, so the caller decides how many to handle per turn.
+
+Compiled with mypyc where the install can (setup.py): it then takes ``bytes`` only, not a bytearray
+or memoryview (interpreted it would take any buffer).
 """
 
 import struct

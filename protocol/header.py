@@ -2,7 +2,11 @@
 
 The first eight bytes of every request header (api key, api version, correlation id) have the same
 layout in header v0-v2, so they are read before anything else: that is what lets the server answer
-a too-new ApiVersions (KIP-511) and route a request without trusting the rest of the frame."""
+a too-new ApiVersions (KIP-511) and route a request without trusting the rest of the frame.
+
+Compiled with mypyc where the install can (setup.py): it then takes ``bytes`` only, not a bytearray
+or memoryview (interpreted it would take any buffer).
+"""
 
 import struct
 

@@ -115,6 +115,10 @@ def test_interned_keys_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     data.replay_records(0, [OffsetCommitRecord(OffsetKey("g", t, p), value(p)) for t in "ab" for p in range(4)])
     assert data.interned <= 3 and data.num_offsets == 8
     assert all(data.committed("g", t, p) == value(p) for t in "ab" for p in range(4))
+    # the table the batch went on with stays registered and counted: later batches share its keys
+    assert data.interned == sum(len(by_partition) for by_partition in data.partitions.values())
+    data.replay_records(8, [OffsetCommitRecord(OffsetKey("h", "b", 3), value(3))])
+    assert next(k for k in data.offsets["h"]) is next(k for k in data.offsets["g"] if k == ("b", 3))
 
 
 def test_groups_share_one_key_per_topic_partition(shard_data: type[ShardData]) -> None:

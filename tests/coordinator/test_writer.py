@@ -89,3 +89,34 @@ def test_a_result_for_a_closed_loop_is_dropped_and_the_thread_goes_on() -> None:
     writer.post(pow, (2, 3), loop, lambda outcome: None)
     assert writer.submit(pow, 3, 2).result(timeout=10) == 9
     writer.shutdown()
+
+
+def test_a_thread_that_would_not_start_is_started_by_the_next_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review: the old pool tried again on the next submit; a writer that remembered a thread
+    that never started would leave every later job queued for ever."""
+    start = threading.Thread.start
+    calls = [0]
+
+    def flaky(self: threading.Thread) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("can't start new thread")
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", flaky)
+    writer = WriterThread()
+    with pytest.raises(RuntimeError):
+        writer.submit(pow, 2, 1)
+    assert writer.submit(pow, 2, 3).result(timeout=10) == 8
+    writer.shutdown()
+
+
+def test_the_thread_outlives_a_failed_hand_off() -> None:
+    class BrokenLoop:
+        def call_soon_threadsafe(self, *args: Any) -> None:
+            raise ValueError("not a loop")
+
+    writer = WriterThread()
+    writer.post(pow, (2, 3), BrokenLoop(), lambda outcome: None)  # type: ignore[arg-type]
+    assert writer.submit(pow, 3, 3).result(timeout=10) == 27
+    writer.shutdown()
