@@ -67,7 +67,8 @@ def test_a_cycle_of_many_logs_takes_one_syncfs_once_the_file_system_is_watched(t
     for plog in group:
         append(plog)
     assert sync.sync(group) == [None] * 5  # first sight of this file system: per-file fsyncs
-    assert syncfs.calls == 0
+    # none by the cycle itself; the recorder's first recording, off the cycle, may already have made one
+    assert all(name.startswith("kcoord-checkpoint") for name in syncfs.threads)
     assert [p.durable_offset for p in group] == [1] * 5
     sync.wait_recorded(10)  # the logs' first recovery points, off the cycle
     syncfs.calls = 0
