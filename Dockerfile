@@ -10,6 +10,14 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+# A C compiler and Python's headers (the official image has the headers; the stand-in from
+# deploy/base-image.sh takes Debian's), so that installing kcoord compiles its loader and request hot
+# paths with mypyc (setup.py): without them the image ran them all interpreted. Only in this stage:
+# the runtime stage gets the built venv.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev \
+        $(python3 -c 'import os, sysconfig; print("" if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else "python3.11-dev")') \
+    && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/kcoord
 # Dependencies first, read from pyproject.toml: this layer is rebuilt only when they change.
 COPY pyproject.toml setup.py ./
@@ -20,10 +28,12 @@ COPY coordinator ./coordinator
 COPY protocol ./protocol
 COPY storage ./storage
 COPY pipeline ./pipeline
-# kcoord itself; then the venv must import uvloop (the faster event loop) and need no pip at run time.
+# kcoord itself; then the venv must import uvloop (the faster event loop), hold the compiled modules
+# (-P: imported from the venv, not from the sources in /src) and need no pip at run time.
 RUN /opt/kcoord/bin/pip install --no-deps . \
     && /opt/kcoord/bin/pip check \
     && /opt/kcoord/bin/python -c 'import uvloop, coordinator.cli' \
+    && /opt/kcoord/bin/python -P -c 'import storage.loadcodec as c, sys; sys.exit(0 if c.COMPILED else "not compiled")' \
     && /opt/kcoord/bin/pip uninstall --yes pip setuptools
 
 FROM ${PYTHON_IMAGE}
