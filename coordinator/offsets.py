@@ -12,7 +12,7 @@ from typing import Final, NamedTuple
 
 from librt.strings import BytesWriter, write_i16_be, write_i32_be, write_i64_be
 
-from coordinator.state import ClassicGroup, GroupState, ShardData, StoredOffset, offset_value
+from coordinator.state import ClassicGroup, GroupState, ShardData, read_offset
 from protocol.errors import ErrorCode
 from protocol.records import (
     OFFSET_VALUE_VERSION,
@@ -253,17 +253,13 @@ def fetch_offsets(
     result: TopicOffsets = []
     for topic, partitions in topics:
         if not check_pending:
-            result.append((topic, [(p, _read(get((topic, p))), none) for p in partitions]))
+            result.append((topic, [(p, read_offset(get((topic, p))), none) for p in partitions]))
             continue
         entries: list[PartitionOffset] = []
         for p in partitions:
             if data.has_pending(OffsetKey(group_id, topic, p)):
                 entries.append((p, None, ErrorCode.UNSTABLE_OFFSET_COMMIT))
             else:
-                entries.append((p, _read(get((topic, p))), none))
+                entries.append((p, read_offset(get((topic, p))), none))
         result.append((topic, entries))
     return result
-
-
-def _read(value: StoredOffset | None) -> OffsetAndMetadata | None:
-    return None if value is None else offset_value(value)

@@ -22,7 +22,8 @@ from protocol.records import (
 )
 from storage.loadcodec import loaded_value
 
-__all__ = ["NO_PRODUCER", "ClassicGroup", "GroupState", "ShardData", "StoredOffset", "TopicPartition", "offset_value"]
+__all__ = ["NO_PRODUCER", "ClassicGroup", "GroupState", "ShardData", "StoredOffset", "TopicPartition", "offset_value",
+           "read_offset"]
 
 NO_PRODUCER = -1
 INTERNED_PARTITIONS_MAX = 1 << 20
@@ -42,6 +43,11 @@ def offset_value(value: StoredOffset) -> OffsetAndMetadata:
         return loaded_value(value)
     decoded: OffsetAndMetadata = value  # type: ignore[assignment]
     return decoded
+
+
+def read_offset(value: StoredOffset | None) -> OffsetAndMetadata | None:
+    """``offset_value`` of a lookup that may have found nothing."""
+    return None if value is None else offset_value(value)
 
 
 def _named(key: Any) -> OffsetKey:
@@ -154,8 +160,7 @@ class ShardData:
 
     def committed(self, group_id: str, topic: str, partition: int) -> OffsetAndMetadata | None:
         group = self.offsets.get(group_id)
-        value = None if group is None else group.get((topic, partition))
-        return None if value is None else offset_value(value)
+        return None if group is None else read_offset(group.get((topic, partition)))
 
     def has_pending(self, key: OffsetKey) -> bool:
         return key in self.pending_count
