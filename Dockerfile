@@ -10,13 +10,13 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
-# A C compiler and Python's headers (the official image has the headers; the stand-in from
-# deploy/base-image.sh takes Debian's), so that installing kcoord compiles its loader and request hot
-# paths with mypyc (setup.py): without them the image ran them all interpreted. Only in this stage:
-# the runtime stage gets the built venv.
+# A C compiler and Python's headers, so that installing kcoord compiles its loader and request hot
+# paths with mypyc (setup.py): without them the image ran them all interpreted. Debian's headers are
+# for the stand-in base from deploy/base-image.sh (Debian's Python); the official image has its own.
+# Only in this stage: the runtime stage gets the built venv. Versions pinned to bookworm's series.
 RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev \
-        $(python3 -c 'import os, sysconfig; print("" if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else "python3.11-dev")') \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        'gcc=4:12.*' 'libc6-dev=2.36-*' 'python3.11-dev=3.11.*' \
     && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/kcoord
 # Dependencies first, read from pyproject.toml: this layer is rebuilt only when they change.
