@@ -98,7 +98,6 @@ class ShardData:
         offset = first_offset
         offsets = self.offsets
         pending_count = self.pending_count
-        partitions = self.partitions
         last_group_id: object = None
         last_group: dict[TopicPartition, StoredOffset] = {}
         last_topic: object = None
@@ -130,8 +129,7 @@ class ShardData:
                     else:
                         group = last_group
                     if topic is not last_topic:
-                        found = partitions.get(topic)
-                        by_partition = self._topic(topic) if found is None else found
+                        by_partition = self._topic_table(topic)
                         last_topic = topic
                     tp = by_partition.get(partition)
                     if tp is None:
@@ -179,8 +177,7 @@ class ShardData:
         group = self.offsets.get(key.group)
         if group is None:
             group = self._new_offsets_group(key.group)
-        found = self.partitions.get(key.topic)
-        by_partition = self._topic(key.topic) if found is None else found
+        by_partition = self._topic_table(key.topic)
         tp = by_partition.get(key.partition)
         if tp is None:
             tp = self._intern(by_partition, key.topic, key.partition)
@@ -188,9 +185,11 @@ class ShardData:
             self.num_offsets += 1
         group[tp] = value
 
-    def _topic(self, topic: str) -> dict[Any, Any]:
-        by_partition: dict[Any, Any] = {}
-        self.partitions[topic] = by_partition
+    def _topic_table(self, topic: str) -> dict[Any, Any]:
+        """The shared keys of ``topic``'s partitions, by partition."""
+        by_partition = self.partitions.get(topic)
+        if by_partition is None:
+            by_partition = self.partitions[topic] = {}
         return by_partition
 
     def _intern(self, by_partition: dict[Any, Any], topic: str, partition: object) -> Any:
