@@ -118,10 +118,11 @@ def _offset_record(
     return key, data[vpos:vend]
 
 
-def _metadata_end(data: bytes, vpos: i64, vend: i64) -> i64:
+def _metadata_end(data: bytes, vpos: i64, vend: i64, check_text: bool = True) -> i64:
     """Where the metadata of the offset-commit value ``data[vpos:vend]`` ends, or -1 unless the value
-    is one this module reads exactly (v0-v3, sizes that add up, UTF-8 metadata). What the loader keeps
-    and what ``loaded_value`` reads back are checked by this one function."""
+    is one this module reads exactly (v0-v3, sizes that add up, UTF-8 metadata unless ``check_text``
+    is False: ``loaded_value`` decodes it anyway). What the loader keeps and what ``loaded_value``
+    reads back are checked by this one function."""
     if vend - vpos < 12:
         return -1
     version = int16_at(data, vpos)
@@ -137,7 +138,7 @@ def _metadata_end(data: bytes, vpos: i64, vend: i64) -> i64:
     mend = mpos + mlen
     if mlen < 0 or mend + tail != vend:
         return -1
-    if mlen:
+    if mlen and check_text:
         try:
             data[mpos:mend].decode()
         except UnicodeDecodeError:
@@ -151,9 +152,10 @@ def loaded_value(raw: bytes) -> OffsetAndMetadata:
     ~112 (the tuple and its offset's int), one allocation instead of three, and nothing for the garbage
     collector to track, which is what loading a large log spent most of its time on after decoding.
     Read this way when a handler reads it (coordinator.state.offset_value); raises ValueError for bytes
-    the loader would not have kept."""
+    the loader would not have kept (UnicodeDecodeError, a ValueError, for metadata that is not UTF-8:
+    it is decoded once, here)."""
     size: i64 = len(raw)
-    mend = _metadata_end(raw, 0, size)
+    mend = _metadata_end(raw, 0, size, False)
     if mend < 0:
         raise ValueError("not an offset-commit value the loader keeps")
     version = int16_at(raw, 0)
