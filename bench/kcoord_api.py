@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from protocol.compiled import PACKAGES
 from protocol.partitioning import partition_for
 from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, encode_record
 from storage.batch import BATCH_HEADER_BYTES, build_batch, read_head
@@ -86,6 +87,5 @@ def byte_compile() -> None:
     """Writes the bytecode of kcoord's own modules, as ``pip install`` does for an installed kcoord: a
     source tree run with PYTHONDONTWRITEBYTECODE=1 (this machine sets it) otherwise compiles all of
     them at every start, ~60-80 ms of a restart that a deployed kcoord does not spend."""
-    for package in ("coordinator", "protocol", "storage"):
+    for package in PACKAGES:
         compileall.compile_dir(REPO / package, quiet=1)
-
