@@ -28,12 +28,15 @@ COPY coordinator ./coordinator
 COPY protocol ./protocol
 COPY storage ./storage
 COPY pipeline ./pipeline
-# kcoord itself; then the venv must import uvloop (the faster event loop), hold the compiled modules
-# (-P: imported from the venv, not from the sources in /src) and need no pip at run time.
+# kcoord itself; then the venv must import uvloop (the faster event loop), hold every compiled module
+# of protocol/compiled.py (-P: imported from the venv, not from the sources in /src) and need no pip
+# at run time.
 RUN /opt/kcoord/bin/pip install --no-deps . \
     && /opt/kcoord/bin/pip check \
     && /opt/kcoord/bin/python -c 'import uvloop, coordinator.cli' \
-    && /opt/kcoord/bin/python -P -c 'import storage.loadcodec as c, sys; sys.exit(0 if c.COMPILED else "not compiled")' \
+    && /opt/kcoord/bin/python -P -c 'import importlib, sys; from protocol.compiled import MODULES, is_compiled; \
+        missing = [m for m in MODULES if not is_compiled(importlib.import_module(m))]; \
+        sys.exit(f"not compiled: {missing}" if missing else 0)' \
     && /opt/kcoord/bin/pip uninstall --yes pip setuptools
 
 FROM ${PYTHON_IMAGE}

@@ -1,9 +1,8 @@
-"""The optional compile step: the loader's hot path, ``storage/loadcodec.py`` (the batch decoder) and
-``coordinator/state.py`` (``replay``), and the request path's ``protocol/hotcodec.py`` (OffsetCommit and
-OffsetFetch on the wire), ``coordinator/offsets.py`` (a commit's records and their bytes) and every
-request's framing and header peek (``protocol/framing.py``, ``protocol/header.py``) are built with
-mypyc when mypy and a working C compiler are present, and shipped as plain source otherwise (one
-line on stderr says which). ``KCOORD_PURE_PYTHON=1`` forces pure Python. Everything else is in
+"""The optional compile step: the modules in COMPILED (the loader's batch decoder and ``replay``, and
+every request's way from its frame to its reply, with OffsetCommit's and OffsetFetch's codecs and
+handlers) are built with mypyc when mypy and a working C compiler are present, and shipped as plain
+source otherwise (one line on stderr says which). ``KCOORD_PURE_PYTHON=1`` forces pure Python (and, at
+run time, imports every module from its source: protocol/compiled.py). Everything else is in
 pyproject.toml.
 
 The .py file is always installed too: without the extension, Python simply imports the source.
@@ -20,8 +19,17 @@ from setuptools.command.build_ext import build_ext
 
 # Built together into one shared library (GROUP, a top-level module) so calls between them are C calls;
 # each also gets a small shim module of its own name.
-COMPILED = ["storage/loadcodec.py", "coordinator/state.py", "protocol/hotcodec.py", "coordinator/offsets.py",
-            "protocol/framing.py", "protocol/header.py"]
+COMPILED = [
+    # the loader
+    "storage/loadcodec.py", "coordinator/state.py",
+    # every request's way: framing, header, registry, server, request, runtime, shard, flusher, metrics
+    "protocol/framing.py", "protocol/header.py", "protocol/registry.py", "coordinator/server.py",
+    "coordinator/request.py", "coordinator/runtime.py", "coordinator/shard.py", "coordinator/flusher.py",
+    "coordinator/metrics.py", "coordinator/timers.py",
+    # OffsetCommit and OffsetFetch
+    "protocol/hotcodec.py", "coordinator/offsets.py", "coordinator/apis/k08_offset_commit.py",
+    "coordinator/apis/k09_offset_fetch.py",
+]
 GROUP = "kcoord_compiled"
 
 

@@ -6,6 +6,7 @@ runs the Spark jobs over an offsets log (pipeline/cli.py)."""
 import argparse
 import asyncio
 import gc
+import importlib
 import importlib.metadata
 import logging
 import os
@@ -15,12 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-import coordinator.offsets
-import coordinator.state
-import protocol.framing
-import protocol.header
-import protocol.hotcodec
-import storage.loadcodec
 from coordinator.config import Config, ConfigError, add_serve_arguments, config_from_args
 from coordinator.exporter import Exporter
 from coordinator.groups_cli import add_groups_parser
@@ -97,12 +92,10 @@ async def _freeze_when_loaded(runtime: Runtime) -> None:
 
 def warn_stale_builds() -> list[str]:
     """A compiled module older than its source (an editable install edited since ``pip install -e .``):
-    the loader and the registry then fall back to pure Python, but a stale ``coordinator.state``,
-    ``coordinator.offsets`` or ``protocol.framing``/``protocol.header`` still runs, as Python imports
-    the compiled module before the source beside it. Says so loudly; returns the names."""
-    modules = (coordinator.state, coordinator.offsets, storage.loadcodec, protocol.hotcodec, protocol.framing,
-               protocol.header)
-    found = [m.__name__ for m in modules if compiled.stale(m)]
+    the loader and the registry then leave a stale codec unused, but every other compiled module still
+    runs, as Python imports the compiled module before the source beside it. Says so loudly; returns
+    the names."""
+    found = [name for name in compiled.MODULES if compiled.stale(importlib.import_module(name))]
     for name in found:
         log.warning("%s: the compiled module is older than its source; re-run pip install -e .", name)
     return found

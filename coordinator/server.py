@@ -472,7 +472,10 @@ class Server:
         self.runtime.start()
         await self._server.start_serving()
         self._sweeper = self.loop.create_task(self._close_idle_connections())
-        sock = self._server.sockets[0].getsockname()
+        # uvloop's server gives a list where asyncio's stubs say tuple: read it untyped (compiled, a
+        # declared tuple is checked)
+        listening: Any = self._server
+        sock = listening.sockets[0].getsockname()
         log.info("kcoord listening on %s:%d (node %d, %d offsets partitions, data in %s)",
                  sock[0], sock[1], cfg.node_id, cfg.offsets_partitions, cfg.data_dir)
         return sock[0], sock[1]

@@ -25,6 +25,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from mypy_extensions import mypyc_attr
+
 from coordinator.flusher import Flusher, FlushOutcome
 from coordinator.gcpause import freeze_loaded, gc_paused
 from coordinator.metrics import Metrics
@@ -106,6 +108,7 @@ class OpResult(NamedTuple):
     replay: bool = True  # False: the op already changed the state these records persist (group metadata)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (setup.py); subclassed by coordinator/groups
 class ShardHooks:
     """Domain code told when a shard starts serving writes (arm timers) and stops (answer parked
     requests, forget soft state). The default does nothing."""

@@ -5,12 +5,51 @@ code also has the layouts of what it imports built in (a NamedTuple's fields are
 the kcoord modules it imports directly count as its sources too."""
 
 import functools
+import importlib.util
+import os
 import re
+import sys
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
 
 SLACK_S = 2.0  # file systems with coarse timestamps
 PACKAGES = ("coordinator", "protocol", "storage")
+# What setup.py compiles (its COMPILED, as module names; a test keeps the two lists equal).
+MODULES = ("storage.loadcodec", "coordinator.state", "protocol.framing", "protocol.header", "protocol.registry",
+           "coordinator.server", "coordinator.request", "coordinator.runtime", "coordinator.shard",
+           "coordinator.flusher", "coordinator.metrics", "coordinator.timers", "protocol.hotcodec",
+           "coordinator.offsets", "coordinator.apis.k08_offset_commit", "coordinator.apis.k09_offset_fetch")
+
+
+def pure_python_forced() -> bool:
+    """``KCOORD_PURE_PYTHON=1``: at install time nothing is compiled; at run time every kcoord module
+    is imported from its source even where the install compiled it (``prefer_source``)."""
+    return os.environ.get("KCOORD_PURE_PYTHON", "") not in ("", "0")
+
+
+class _SourceFirst:
+    """A meta path finder that finds a kcoord module's ``.py`` before the compiled module beside it (the
+    default finders try extension modules first). Packages are left to the default finders."""
+
+    def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> ModuleSpec | None:
+        if path is None or name.split(".", 1)[0] not in PACKAGES:
+            return None
+        leaf = name.rpartition(".")[2]
+        for entry in path:
+            source = Path(entry, f"{leaf}.py")
+            if source.is_file():
+                return importlib.util.spec_from_file_location(name, source)
+        return None
+
+
+def prefer_source() -> None:
+    """Called by each kcoord package's ``__init__`` before any of its modules is imported: with
+    ``KCOORD_PURE_PYTHON`` set, a compiled install runs from its sources (the tests run the server's
+    path that way too; an operator can rule the compiled build out with it)."""
+    if pure_python_forced() and not any(isinstance(finder, _SourceFirst) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _SourceFirst())
 
 
 def is_compiled(module: ModuleType) -> bool:

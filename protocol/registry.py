@@ -7,7 +7,6 @@ versions below our floor (kafka-python's schemas keep the fields of removed vers
 ceiling enforced here are ours, checked before anything is decoded.
 """
 
-import os
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +26,7 @@ _HEADER_FIXED = 8  # api key, api version, correlation id
 # The hand-written codecs of the hottest APIs (protocol/hotcodec.py) replace the generated ones only
 # compiled and up to date (interpreted they are no faster); KCOORD_PURE_PYTHON=1 turns them off too.
 HOT_CODECS = (hotcodec.compiled() and not compiled.stale(hotcodec)
-              and os.environ.get("KCOORD_PURE_PYTHON", "") in ("", "0"))
+              and not compiled.pure_python_forced())
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ producerEpoch int16 | baseSequence int32 | recordsCount int32 | records. The CRC
 partitionLeaderEpoch, so both are stamped after the batch is built.
 """
 
-import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ def codec_stale() -> bool:
 # The loader's fast path needs the compiled codec (interpreted, it is slower than the path it replaces);
 # KCOORD_PURE_PYTHON=1 turns it off at run time too, tests flip it to load both ways.
 FAST_REPLAY = (loadcodec.COMPILED and not codec_stale()
-               and os.environ.get("KCOORD_PURE_PYTHON", "") in ("", "0"))
+               and not compiled.pure_python_forced())
 
 LOG_OVERHEAD = 12  # baseOffset + batchLength
 BATCH_HEADER_BYTES = 61

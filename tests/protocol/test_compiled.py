@@ -1,11 +1,19 @@
 """Stale compiled modules are noticed: their own source or a kcoord module they import edited after the
 build (compiled code reads an imported NamedTuple's fields by position)."""
 
+import ast
+import importlib
 import os
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
+from coordinator.cli import warn_stale_builds
 from protocol import compiled
+from tests.interpreted import skip_unless_the_machine_compiles
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BUILT = 1_000_000.0
 
@@ -67,3 +75,25 @@ def test_every_form_of_import_is_found(tmp_path: Path) -> None:
     assert compiled.sources(module) == [tmp_path / "storage" / "codec.py", *(
         tmp_path / "protocol" / name for name in ("a.py", "__init__.py", "b.py", "c.py", "d.py", "e.py"))]
 
+
+
+def test_the_module_list_is_what_setup_compiles() -> None:
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    listed = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "COMPILED" for t in node.targets))
+    paths = ast.literal_eval(listed)
+    assert tuple(p.removesuffix(".py").replace("/", ".") for p in paths) == compiled.MODULES
+
+
+@pytest.mark.parametrize("name", compiled.MODULES)
+def test_every_listed_module_is_compiled_and_up_to_date(name: str) -> None:
+    """Where the machine compiles, a module that silently stopped compiling would only show as slowness."""
+    skip_unless_the_machine_compiles()
+    module = importlib.import_module(name)
+    assert compiled.is_compiled(module), f"{name} was not compiled: see pip install -v -e ."
+    assert not compiled.stale(module), f"the compiled {name} is older than its source: pip install -e ."
+
+
+def test_serve_warns_of_nothing_on_a_fresh_install() -> None:
+    skip_unless_the_machine_compiles()
+    assert warn_stale_builds() == []
