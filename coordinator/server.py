@@ -266,7 +266,7 @@ class Connection(asyncio.Protocol):
             on_loop(self._server.loop, done, self._bulk_done, req)
             return
         try:
-            req.client_id, body = spec.decode_request(frame, version)
+            req.client_id, body = api.decode_request(frame, version)
         except DecodeError as exc:
             self.abort(f"malformed request: {exc}", "malformed")
             return
@@ -423,7 +423,7 @@ def _encode(req: Request) -> bytes:
 
 def _decode_and_prepare(runtime: Runtime, api: Api, frame: bytes, version: int) -> tuple[str, Any, Any]:
     """Bulk thread: a large request's decoding and its API's state-independent preparation."""
-    client_id, body = api.spec.decode_request(frame, version)
+    client_id, body = api.decode_request(frame, version)
     return client_id, body, api.prepare(runtime, body, version) if api.prepare else body
 
 

@@ -20,7 +20,8 @@ PACKAGES = ("coordinator", "protocol", "storage")
 MODULES = ("storage.loadcodec", "coordinator.state", "protocol.framing", "protocol.header", "protocol.registry",
            "coordinator.server", "coordinator.request", "coordinator.runtime", "coordinator.shard",
            "coordinator.flusher", "coordinator.metrics", "coordinator.timers", "protocol.hotcodec",
-           "coordinator.offsets", "coordinator.apis.k08_offset_commit", "coordinator.apis.k09_offset_fetch")
+           "protocol.commit", "coordinator.offsets", "coordinator.apis.k08_offset_commit",
+           "coordinator.apis.k09_offset_fetch")
 
 
 def pure_python_forced() -> bool:

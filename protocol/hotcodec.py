@@ -5,7 +5,8 @@ Why: the generated codecs (protocol.codec) are straight-line Python, but a 1-par
 still spent ~8 us in its header, body and tag sections and ~3 us encoding its answer, about a fifth of
 the request's event-loop time. Compiled, with byte arithmetic in ``i64``, the same work takes ~1-2 us.
 
-Requests decode into the generated classes' objects, so handlers do not know which codec ran; the
+Requests decode into the generated classes' objects, as the registry's other codecs do, except that
+OffsetCommit's handler takes its ``CommitRequest`` straight from the frame (``decode_commit``); the
 answers are encoded from the plain lists and tuples the two handlers answer with (coordinator/apis/k08
 and k09), so no response objects are built at all. The registry and the handlers use this module
 only when compiled (interpreted it is no faster than the generated code). The generated codecs stay
@@ -21,6 +22,7 @@ from librt.strings import BytesWriter, write_i16_be, write_i32_be, write_i64_be
 from mypy_extensions import i16, i32, i64, u8
 
 from protocol.codec import MAX_COMPACT_STRING, DecodeError, EncodeError
+from protocol.commit import CommitRequest, PartitionCommit
 from protocol.schema import ZERO_UUID
 
 OFFSET_COMMIT: Final = 8
@@ -28,9 +30,12 @@ OFFSET_FETCH: Final = 9
 MAX_VERSION: Final = 9  # both APIs add topic ids in v10
 _HEADER_FIXED: Final = 8  # api key, api version, correlation id
 _ZERO_UUID: Final = ZERO_UUID
-# A large response is encoded on the bulk thread; compiled code never lets the GIL go by itself (the
-# interpreter's switch checks are in its bytecode loop), so the encoder offers it every this many
-# entries: encoding a 150k-partition fetch answer would otherwise hold the event loop for ~60 ms.
+_new: Final = tuple.__new__
+_PartitionCommit: Final = PartitionCommit
+# A large request is decoded, and its response encoded, on the bulk thread; compiled code never lets
+# the GIL go by itself (the interpreter's switch checks are in its bytecode loop), so the commit
+# decoder and the encoder offer it every this many entries: encoding a 150k-partition fetch answer
+# would otherwise hold the event loop for ~60 ms.
 YIELD_EVERY: Final = 4096
 
 
@@ -263,7 +268,10 @@ class OffsetCommitCodec:
         self.topic = request.OffsetCommitRequestTopic
         self.partition = self.topic.OffsetCommitRequestPartition
 
-    def decode(self, frame: bytes, version: i64) -> tuple[str, Any]:
+    def decode_commit(self, frame: bytes, version: i64) -> tuple[str, CommitRequest]:
+        """``(client id, request)`` straight from the frame, without the generated objects: what
+        coordinator/apis/k08 serves from. A huge request offers the GIL every YIELD_EVERY partitions
+        (it is decoded on the bulk thread)."""
         flexible = version >= 8
         r = _Reader(frame, 0)
         client_id = r.header(flexible)
@@ -279,11 +287,11 @@ class OffsetCommitCodec:
             instance_id = r.string(flexible, True, "group_instance_id")
         if 2 <= version <= 4:
             retention = r.int64()
-        topic_cls, partition_cls = self.topic, self.partition
-        topics: list[Any] = []
+        seen: i64 = 0
+        topics: list[tuple[str, list[PartitionCommit]]] = []
         for _ in range(r.count(flexible, False, "topics")):
             name = r.text(flexible, "name")
-            partitions: list[Any] = []
+            partitions: list[PartitionCommit] = []
             for _ in range(r.count(flexible, False, "partitions")):
                 index = r.int32()
                 offset = r.int64()
@@ -292,13 +300,25 @@ class OffsetCommitCodec:
                 metadata = r.string(flexible, True, "committed_metadata")
                 if flexible:
                     r.skip_tags()
-                partitions.append(partition_cls(index, offset, epoch, timestamp, metadata))
+                partitions.append(_new(_PartitionCommit, (index, offset, epoch, timestamp, metadata)))
+                seen += 1
+                if seen % YIELD_EVERY == 0:
+                    time.sleep(0)
             if flexible:
                 r.skip_tags()
-            topics.append(topic_cls(name, _ZERO_UUID, partitions))
+            topics.append((name, partitions))
         if flexible:
             r.skip_tags()
-        return client_id, self.request(group_id, generation, member_id, instance_id, retention, topics)
+        return client_id, CommitRequest(version, group_id, generation, member_id, instance_id, retention, topics)
+
+    def decode(self, frame: bytes, version: i64) -> tuple[str, Any]:
+        """``(client id, the generated request object)``, as the registry's ``decode_request`` gives."""
+        client_id, req = self.decode_commit(frame, version)
+        topic_cls, partition_cls = self.topic, self.partition
+        topics = [topic_cls(name, _ZERO_UUID, [partition_cls(*p) for p in partitions])
+                  for name, partitions in req.topics]
+        return client_id, self.request(req.group_id, req.generation, req.member_id, req.group_instance_id,
+                                       req.retention_ms, topics)
 
     def encode_results(self, results: list[tuple[str, list[tuple[int, int]]]], version: i64,
                        correlation_id: i64) -> bytes:

@@ -8,8 +8,9 @@ ceiling enforced here are ours, checked before anything is decoded.
 """
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from protocol import compiled, hotcodec
 from protocol.codec import DecodeError, MessageCodec, read_uvarint
@@ -18,6 +19,8 @@ from protocol.schema import load_message
 
 __all__ = ["API_VERSIONS", "REGISTRY", "ApiSpec", "DecodeError", "api_versions_fallback", "register",
            "supported_versions"]
+
+T = TypeVar("T")
 
 API_VERSIONS = 18
 _SIZE = struct.Struct(">i")
@@ -50,12 +53,7 @@ class ApiSpec:
         Request header v2 (flexible versions) adds a tagged-field section after the client id, which is
         always an int16-length string; a null client id reads as ""."""
         if self.hot is not None:
-            try:
-                decoded: tuple[str, Any] = self.hot.decode(frame, version)
-            except DecodeError:
-                raise
-            except (IndexError, UnicodeDecodeError, ValueError, OverflowError) as exc:
-                raise DecodeError(f"{self.name} v{version}: {exc}") from exc
+            decoded: tuple[str, Any] = self.hot_decoded(self.hot.decode, frame, version)
             return decoded
         pos, client_id = _read_client_id(frame)
         flexible = self.request.spec.is_flexible(version)
@@ -63,6 +61,16 @@ class ApiSpec:
             pos = skip_tagged_fields(frame, pos)
         body, _ = self.request.decode(frame, version, pos)
         return client_id, body
+
+    def hot_decoded(self, decode: Callable[[bytes, int], T], frame: bytes, version: int) -> T:
+        """``decode(frame, version)``, a hot codec's decoder, whose refusals of malformed bytes (an index
+        past the end, bad UTF-8, a negative length) become DecodeError, as the generated codecs raise."""
+        try:
+            return decode(frame, version)
+        except DecodeError:
+            raise
+        except (IndexError, UnicodeDecodeError, ValueError, OverflowError) as exc:
+            raise DecodeError(f"{self.name} v{version}: {exc}") from exc
 
     def encode_response(self, body: Any, version: int, correlation_id: int) -> bytes:
         """Size, header (v0 for ApiVersions per KIP-511, else v1 when flexible) and body."""

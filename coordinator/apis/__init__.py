@@ -19,6 +19,9 @@ succeeded under parents that did too. The generic walker costs ~3 us; the hot AP
 over the tuples they answer with.
 ``encode(response, version, correlation_id)`` is for an API whose responses are not the generated
 message objects (OffsetCommit and OffsetFetch answer with plain tuples): it makes the framed reply.
+``decode(frame, version)``, likewise, is for an API whose handler takes something other than the
+generated request object (OffsetCommit takes a ``CommitRequest``): ``(client id, body)`` of the whole
+frame, DecodeError if malformed; ``error_response`` and ``prepare`` get that body too.
 """
 
 import importlib
@@ -39,6 +42,7 @@ Prepare = Callable[[Runtime, Any, int], Any]
 Render = Callable[[Any, int], Any]
 Outcome = Callable[[Any], tuple[int, int]]
 Encode = Callable[[Any, int, int], bytes]
+Decode = Callable[[bytes, int], tuple[str, Any]]
 
 
 def outcome(msg: Any) -> tuple[int, int]:
@@ -70,6 +74,13 @@ class Api:
     render: Render | None = None
     outcome: Outcome = outcome
     encode: Encode | None = None
+    decode: Decode | None = None
+
+    def decode_request(self, frame: bytes, version: int) -> tuple[str, Any]:
+        """``(client id, body)`` as the handler takes it."""
+        if self.decode is not None:
+            return self.decode(frame, version)
+        return self.spec.decode_request(frame, version)
 
 
 APIS: dict[int, Api] = {}
@@ -77,9 +88,9 @@ APIS: dict[int, Api] = {}
 
 def handles(spec: ApiSpec, *, error_response: ErrorResponse, prepare: Prepare | None = None,
             render: Render | None = None, outcome: Outcome = outcome,
-            encode: Encode | None = None) -> Callable[[Handler], Handler]:
+            encode: Encode | None = None, decode: Decode | None = None) -> Callable[[Handler], Handler]:
     def register_handler(fn: Handler) -> Handler:
-        APIS[spec.key] = Api(spec, fn, error_response, prepare, render, outcome, encode)
+        APIS[spec.key] = Api(spec, fn, error_response, prepare, render, outcome, encode, decode)
         return fn
 
     return register_handler

@@ -12,8 +12,6 @@ from typing import Any
 from coordinator.apis import handles
 from coordinator.groups.membership import Membership
 from coordinator.offsets import (
-    CommitRequest,
-    PartitionCommit,
     PreparedCommit,
     TopicErrors,
     check_group,
@@ -25,6 +23,7 @@ from coordinator.request import Request
 from coordinator.runtime import Runtime
 from coordinator.shard import OpResult
 from coordinator.state import ShardData
+from protocol.commit import CommitRequest, from_message
 from protocol.errors import ErrorCode
 from protocol.registry import register
 
@@ -34,24 +33,15 @@ Topic = Response.OffsetCommitResponseTopic
 Partition = Topic.OffsetCommitResponsePartition
 
 
-def to_commit_request(version: int, req: Any) -> CommitRequest:
-    new = tuple.__new__
-    if version >= 6:
-        topics = [(t.name, [new(PartitionCommit, (p.partition_index, p.committed_offset, p.committed_leader_epoch, -1,
-                                                  p.committed_metadata)) for p in t.partitions]) for t in req.topics]
-    else:
-        ts_of = (lambda p: p.commit_timestamp) if version == 1 else (lambda p: -1)
-        topics = [(t.name, [new(PartitionCommit, (p.partition_index, p.committed_offset, -1, ts_of(p),
-                                                  p.committed_metadata)) for p in t.partitions]) for t in req.topics]
-    return CommitRequest(
-        version=version,
-        group_id=req.group_id,
-        generation=req.generation_id_or_member_epoch if version >= 1 else -1,
-        member_id=(req.member_id or "") if version >= 1 else "",
-        group_instance_id=req.group_instance_id if version >= 7 else None,
-        retention_ms=req.retention_time_ms if 2 <= version <= 4 else -1,
-        topics=topics,
-    )
+def decode(frame: bytes, version: int) -> tuple[str, CommitRequest]:
+    """The request straight from the frame where the compiled codec serves (protocol/hotcodec.py), else
+    from the generated message object."""
+    hot = SPEC.hot
+    if hot is not None:
+        decoded: tuple[str, CommitRequest] = SPEC.hot_decoded(hot.decode_commit, frame, version)
+        return decoded
+    client_id, body = SPEC.decode_request(frame, version)
+    return client_id, from_message(version, body)
 
 
 class CommitAnswer:
@@ -89,8 +79,7 @@ class _Prepared:
         self.response = response
 
 
-def prepare(runtime: Runtime, body: Any, version: int) -> _Prepared:
-    commit = to_commit_request(version, body)
+def prepare(runtime: Runtime, commit: CommitRequest, version: int) -> _Prepared:
     bad_group = group_id_error(commit.group_id)
     if bad_group:
         return _Prepared(None, bad_group, CommitAnswer(refuse_all(commit, bad_group)))
@@ -98,8 +87,8 @@ def prepare(runtime: Runtime, body: Any, version: int) -> _Prepared:
     return _Prepared(prepared, bad_group, CommitAnswer(prepared.results))
 
 
-def error_response(body: Any, version: int, error: ErrorCode) -> Any:
-    return CommitAnswer(refuse_all(to_commit_request(version, body), error))
+def error_response(commit: CommitRequest, version: int, error: ErrorCode) -> Any:
+    return CommitAnswer(refuse_all(commit, error))
 
 
 def _commit(data: ShardData, prepared: _Prepared, membership: Membership) -> OpResult:
@@ -134,7 +123,7 @@ def outcome(answer: CommitAnswer) -> tuple[int, int]:
     return first, ok
 
 
-@handles(SPEC, error_response=error_response, prepare=prepare, outcome=outcome, encode=encode)
+@handles(SPEC, error_response=error_response, prepare=prepare, outcome=outcome, encode=encode, decode=decode)
 def offset_commit(runtime: Runtime, req: Request, prepared: _Prepared) -> Any:
     if prepared.commit is None:
         return prepared.response

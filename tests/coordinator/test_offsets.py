@@ -1,14 +1,14 @@
 """The pure handlers: exact records and per-partition errors (reference 5.2, 6.2, 19.5)."""
 
 import re
+import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator import offsets
 from coordinator.offsets import (
-    CommitRequest,
-    PartitionCommit,
     commit_offsets,
     fetch_offsets,
     group_id_error,
@@ -17,6 +17,7 @@ from coordinator.offsets import (
 )
 from coordinator.state import ClassicGroup, GroupState, ShardData
 from protocol import compiled
+from protocol.commit import CommitRequest, PartitionCommit
 from protocol.errors import ErrorCode
 from protocol.records import MemberMetadata, OffsetAndMetadata, OffsetCommitRecord, OffsetKey, encode_record
 from tests.interpreted import interpreted, skip_unless_the_machine_compiles
@@ -195,6 +196,17 @@ def test_prepare_commit_compiled_and_interpreted_agree(topics: list[tuple[str, l
     assert compiled_one.records == pure_one.records and compiled_one.results == pure_one.results
     assert compiled_one.encoded == pure_one.encoded == [encode_record(r) for r in pure_one.records]
     assert all(type(r.key) is OffsetKey and type(r.value) is OffsetAndMetadata for r in compiled_one.records)
+
+
+def test_a_huge_commit_lets_other_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiled code holds the GIL until it returns, and a huge commit is prepared on the bulk thread
+    while the event loop waits: ``prepare_commit`` offers the GIL every YIELD_EVERY partitions."""
+    for module in (offsets, PURE):
+        offered: list[float] = []
+        monkeypatch.setattr(time, "sleep", offered.append)
+        parts = [PartitionCommit(p, 1, -1, -1, "") for p in range(2 * module.YIELD_EVERY + 1)]
+        prepared = module.prepare_commit(CommitRequest(8, "g", -1, "", None, -1, [("t", parts)]), NOW, 4096)
+        assert len(prepared.records) == len(parts) and offered == [0, 0]
 
 
 def test_offsets_compiled_when_the_machine_can_compile() -> None:

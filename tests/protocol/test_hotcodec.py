@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from coordinator.apis import k09_offset_fetch as k09
 from coordinator.apis.k09_offset_fetch import FetchAnswer
-from protocol import hotcodec, registry
+from protocol import commit, hotcodec, registry
 from protocol.codec import DecodeError, EncodeError, MessageCodec
 from protocol.records import OffsetAndMetadata
 from protocol.registry import REGISTRY, ApiSpec
@@ -78,6 +78,9 @@ def test_requests_decode_as_generated(module: ModuleType, key: int, version: int
     frame = header(key, version, client_id) + body
     expected = generated(key).decode_request(frame, version)
     assert hot(module, key).decode(frame, version) == expected
+    if key == 8:  # what OffsetCommit's handler takes, straight from the frame
+        direct = hot(module, key).decode_commit(frame, version)
+        assert direct == (expected[0], commit.from_message(version, expected[1]))
 
 
 @SETTINGS
@@ -176,14 +179,23 @@ def test_what_cannot_be_encoded_is_refused(module: ModuleType) -> None:
 
 @pytest.mark.parametrize("module", MODULES)
 def test_a_large_answer_lets_other_threads_run(module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Compiled code holds the GIL until it returns: the encoder offers it every YIELD_EVERY entries (a
-    large answer is encoded on the bulk thread while the event loop waits for the GIL)."""
+    """Compiled code holds the GIL until it returns: the encoders and the commit decoder offer it every
+    YIELD_EVERY entries (a large request is decoded, and its answer encoded, on the bulk thread while
+    the event loop waits for the GIL)."""
     offered: list[float] = []
     monkeypatch.setattr(time, "sleep", offered.append)
     hot(module, 9).encode_answer([["g", 0, [("t", [(i, None, 0) for i in range(3 * module.YIELD_EVERY + 5)])]]], 7, 1)
     assert offered == [0, 0, 0]
     hot(module, 8).encode_results([("t", [(i, 0) for i in range(2 * module.YIELD_EVERY)])], 8, 1)
     assert offered == [0, 0, 0, 0, 0]
+    # and a large commit is decoded on the bulk thread
+    cls = REGISTRY[8].request.cls
+    topic = cls.OffsetCommitRequestTopic
+    parts = [topic.OffsetCommitRequestPartition(partition_index=i) for i in range(2 * module.YIELD_EVERY + 1)]
+    message = cls(group_id="g", topics=[topic(name="t", partitions=parts)])
+    frame = header(8, 8, "c") + REGISTRY[8].request.encode(message, 8)
+    _, request = hot(module, 8).decode_commit(frame, 8)
+    assert len(request.topics[0][1]) == len(parts) and offered == [0] * 7
 
 
 @SETTINGS

@@ -26,7 +26,7 @@ def subscription(*topics: str) -> bytes:
 
 
 def simple_commit(shard: GroupShard, group: str, partitions: list[int], at: int | None = None) -> None:
-    from coordinator.offsets import PartitionCommit
+    from protocol.commit import PartitionCommit
 
     parts = [PartitionCommit(p, 10 + p, -1, -1, "") for p in partitions]
     records, _ = commit_offsets(shard.data, request(group=group, parts=parts), at or shard.clock.now_ms(), 4096)
@@ -173,7 +173,7 @@ def test_loaded_offsets_expire_as_live_ones_do() -> None:
 
 
 def test_an_explicit_expire_timestamp_wins() -> None:
-    from coordinator.offsets import PartitionCommit
+    from protocol.commit import PartitionCommit
 
     shard = GroupShard()
     records, _ = commit_offsets(shard.data, request(version=2, retention=1000, group="r",

@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from coordinator.groups.admin import delete_groups
 from coordinator.groups.model import ClassicGroup, GroupState
 from coordinator.groups.retention import expire_offsets
-from coordinator.offsets import PartitionCommit, commit_offsets
+from coordinator.offsets import commit_offsets
 from coordinator.shard import OpResult
 from coordinator.state import ShardData
+from protocol.commit import PartitionCommit
 from protocol.errors import ErrorCode
 from tests.coordinator.groups.harness import Client, GroupShard, Reply
 from tests.coordinator.harness import offsets_of
