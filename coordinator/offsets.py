@@ -57,11 +57,22 @@ def group_id_error(group_id: str) -> ErrorCode:
 
 
 def refuse_all(req: CommitRequest, error: ErrorCode) -> TopicErrors:
-    """Every partition gets ``error``, except those that cannot exist, which keep their own error."""
-    return [
-        (name, [(p.partition, partition_error(name, p.partition) or error) for p in parts])
-        for name, parts in req.topics
-    ]
+    """Every partition gets ``error``, except those that cannot exist, which keep their own error
+    (``partition_error``). Offers the GIL every YIELD_EVERY partitions, as ``prepare_commit`` does."""
+    unknown = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    out: TopicErrors = []
+    seen = 0
+    for name, parts in req.topics:
+        legal = legal_topic(name)
+        errors: list[tuple[int, ErrorCode]] = []
+        for p in parts:
+            partition = p.partition
+            errors.append((partition, error if legal and partition >= 0 else unknown))
+            seen += 1
+            if seen % YIELD_EVERY == 0:
+                time.sleep(0)
+        out.append((name, errors))
+    return out
 
 
 def utf16_length(s: str) -> int:

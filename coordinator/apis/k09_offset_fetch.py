@@ -8,10 +8,11 @@ v0-v1 have no group-level error field: a group error is put on every requested p
 """
 
 import asyncio
+import time
 from typing import Any
 
 from coordinator.apis import handles
-from coordinator.offsets import TopicOffsets, fetch_offsets
+from coordinator.offsets import YIELD_EVERY, TopicOffsets, fetch_offsets
 from coordinator.request import Lazy, Request, ShardUnavailable
 from coordinator.runtime import Runtime
 from protocol.errors import ErrorCode
@@ -102,6 +103,7 @@ class _Groups:
         for i, g in enumerate(body.groups):
             shard = runtime.shard_for(g.group_id).partition
             self.by_shard.setdefault(shard, []).append((i, g.group_id, _requested(g.topics)))
+            _offer_gil(i)
         self.results: list[tuple[ErrorCode, TopicOffsets]] = [(ErrorCode.NONE, [])] * len(self.ids)
 
     def fail(self, indexes: list[int]) -> Any:
@@ -112,8 +114,18 @@ class _Groups:
         return fail
 
     def response(self) -> FetchAnswer:
-        return FetchAnswer([[gid, error, offsets]
-                            for gid, (error, offsets) in zip(self.ids, self.results, strict=True)])
+        groups: list[list[Any]] = []
+        for i, (gid, (error, offsets)) in enumerate(zip(self.ids, self.results, strict=True)):
+            groups.append([gid, error, offsets])
+            _offer_gil(i)
+        return FetchAnswer(groups)
+
+
+def _offer_gil(i: int) -> None:
+    """A large request's groups are bucketed, and its answer assembled, on the bulk thread, and compiled
+    code holds the GIL until it returns: every YIELD_EVERY groups, the event loop gets it."""
+    if i % YIELD_EVERY == YIELD_EVERY - 1:
+        time.sleep(0)
 
 
 # Up to this many groups a v8+ request is answered group by group, as cheaply as a v7 one; beyond it

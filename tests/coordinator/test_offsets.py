@@ -200,13 +200,17 @@ def test_prepare_commit_compiled_and_interpreted_agree(topics: list[tuple[str, l
 
 def test_a_huge_commit_lets_other_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compiled code holds the GIL until it returns, and a huge commit is prepared on the bulk thread
-    while the event loop waits: ``prepare_commit`` offers the GIL every YIELD_EVERY partitions."""
+    while the event loop waits: ``prepare_commit``, and ``refuse_all`` for a refused group, offer the GIL
+    every YIELD_EVERY partitions."""
     for module in (offsets, PURE):
         offered: list[float] = []
         monkeypatch.setattr(time, "sleep", offered.append)
         parts = [PartitionCommit(p, 1, -1, -1, "") for p in range(2 * module.YIELD_EVERY + 1)]
-        prepared = module.prepare_commit(CommitRequest(8, "g", -1, "", None, -1, [("t", parts)]), NOW, 4096)
+        req = CommitRequest(8, "g", -1, "", None, -1, [("t", parts)])
+        prepared = module.prepare_commit(req, NOW, 4096)
         assert len(prepared.records) == len(parts) and offered == [0, 0]
+        refused = module.refuse_all(req, ErrorCode.INVALID_GROUP_ID)
+        assert len(refused[0][1]) == len(parts) and offered == [0, 0, 0, 0]
 
 
 def test_offsets_compiled_when_the_machine_can_compile() -> None:
