@@ -33,10 +33,17 @@ _ZERO_UUID: Final = ZERO_UUID
 _new: Final = tuple.__new__
 _PartitionCommit: Final = PartitionCommit
 # A large request is decoded, and its response encoded, on the bulk thread; compiled code never lets
-# the GIL go by itself (the interpreter's switch checks are in its bytecode loop), so the commit
-# decoder and the encoder offer it every this many entries: encoding a 150k-partition fetch answer
-# would otherwise hold the event loop for ~60 ms.
+# the GIL go by itself (the interpreter's switch checks are in its bytecode loop), so loops over a
+# large request's entries offer it every this many (``offer_gil``): encoding a 150k-partition fetch
+# answer would otherwise hold the event loop for ~60 ms, preparing such a commit ~200 ms.
 YIELD_EVERY: Final = 4096
+
+
+def offer_gil(count: i64) -> None:
+    """After the ``count``-th entry of a large loop: every YIELD_EVERY, other threads get the GIL
+    (``sleep(0)`` drops it). Shared by the codecs here and the large-request work in coordinator."""
+    if count % YIELD_EVERY == 0:
+        time.sleep(0)
 
 
 def compiled() -> bool:
@@ -247,8 +254,7 @@ class _Writer:
     def entry(self) -> None:
         """One more partition written: every YIELD_EVERY, other threads get the GIL (sleep(0) drops it)."""
         self.entries += 1
-        if self.entries % YIELD_EVERY == 0:
-            time.sleep(0)
+        offer_gil(self.entries)
 
     def done(self) -> bytes:
         out = self.out
@@ -302,8 +308,7 @@ class OffsetCommitCodec:
                     r.skip_tags()
                 partitions.append(_new(_PartitionCommit, (index, offset, epoch, timestamp, metadata)))
                 seen += 1
-                if seen % YIELD_EVERY == 0:
-                    time.sleep(0)
+                offer_gil(seen)
             if flexible:
                 r.skip_tags()
             topics.append((name, partitions))

@@ -8,14 +8,14 @@ v0-v1 have no group-level error field: a group error is put on every requested p
 """
 
 import asyncio
-import time
 from typing import Any
 
 from coordinator.apis import handles
-from coordinator.offsets import YIELD_EVERY, TopicOffsets, fetch_offsets
+from coordinator.offsets import TopicOffsets, fetch_offsets
 from coordinator.request import Lazy, Request, ShardUnavailable
 from coordinator.runtime import Runtime
 from protocol.errors import ErrorCode
+from protocol.hotcodec import offer_gil
 from protocol.registry import register
 from protocol.schema import ZERO_UUID
 
@@ -103,7 +103,7 @@ class _Groups:
         for i, g in enumerate(body.groups):
             shard = runtime.shard_for(g.group_id).partition
             self.by_shard.setdefault(shard, []).append((i, g.group_id, _requested(g.topics)))
-            _offer_gil(i)
+            offer_gil(i + 1)  # on the bulk thread for a large request
         self.results: list[tuple[ErrorCode, TopicOffsets]] = [(ErrorCode.NONE, [])] * len(self.ids)
 
     def fail(self, indexes: list[int]) -> Any:
@@ -117,15 +117,8 @@ class _Groups:
         groups: list[list[Any]] = []
         for i, (gid, (error, offsets)) in enumerate(zip(self.ids, self.results, strict=True)):
             groups.append([gid, error, offsets])
-            _offer_gil(i)
+            offer_gil(i + 1)  # encoded on the bulk thread for a large request
         return FetchAnswer(groups)
-
-
-def _offer_gil(i: int) -> None:
-    """A large request's groups are bucketed, and its answer assembled, on the bulk thread, and compiled
-    code holds the GIL until it returns: every YIELD_EVERY groups, the event loop gets it."""
-    if i % YIELD_EVERY == YIELD_EVERY - 1:
-        time.sleep(0)
 
 
 # Up to this many groups a v8+ request is answered group by group, as cheaply as a v7 one; beyond it

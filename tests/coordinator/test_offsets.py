@@ -16,7 +16,7 @@ from coordinator.offsets import (
     refuse_all,
 )
 from coordinator.state import ClassicGroup, GroupState, ShardData
-from protocol import compiled
+from protocol import compiled, hotcodec
 from protocol.commit import CommitRequest, PartitionCommit
 from protocol.errors import ErrorCode
 from protocol.records import MemberMetadata, OffsetAndMetadata, OffsetCommitRecord, OffsetKey, encode_record
@@ -205,7 +205,7 @@ def test_a_huge_commit_lets_other_threads_run(monkeypatch: pytest.MonkeyPatch) -
     for module in (offsets, PURE):
         offered: list[float] = []
         monkeypatch.setattr(time, "sleep", offered.append)
-        parts = [PartitionCommit(p, 1, -1, -1, "") for p in range(2 * module.YIELD_EVERY + 1)]
+        parts = [PartitionCommit(p, 1, -1, -1, "") for p in range(2 * hotcodec.YIELD_EVERY + 1)]
         req = CommitRequest(8, "g", -1, "", None, -1, [("t", parts)])
         prepared = module.prepare_commit(req, NOW, 4096)
         assert len(prepared.records) == len(parts) and offered == [0, 0]

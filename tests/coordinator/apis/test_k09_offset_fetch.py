@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.apis import k09_offset_fetch as k09
-from coordinator.offsets import YIELD_EVERY
+from protocol.hotcodec import YIELD_EVERY
 from tests.coordinator.harness import config, started, stop
 
 
