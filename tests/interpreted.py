@@ -2,7 +2,6 @@
 their source, interpreted, whatever the install built."""
 
 import importlib.util
-import os
 import shutil
 import sys
 import sysconfig
@@ -28,7 +27,9 @@ def interpreted(module: ModuleType) -> ModuleType:
 
 def skip_unless_the_machine_compiles() -> None:
     """The README's install builds the extensions wherever a C compiler and Python's headers exist."""
-    if os.environ.get("KCOORD_PURE_PYTHON", "") not in ("", "0"):
+    from protocol import compiled
+
+    if compiled.pure_python_forced():
         pytest.skip("KCOORD_PURE_PYTHON is set")
     if shutil.which("cc") is None or not Path(sysconfig.get_paths()["include"], "Python.h").exists():
         pytest.skip("no C compiler or Python headers here")
