@@ -79,6 +79,7 @@ class Connection(asyncio.Protocol):
         self._reserved = 0  # bytes of the server's memory budget this connection holds
         self._bulk: bytes | None = None  # a large frame being decoded on the bulk thread
         self._slow_timer: asyncio.TimerHandle | None = None
+        self._eof = False  # the peer closed its side: serve the complete requests read, then close
         self.last_active = 0.0
 
     # -- asyncio callbacks ---------------------------------------------------------------------
@@ -124,7 +125,14 @@ class Connection(asyncio.Protocol):
         self._update_reading()
 
     def eof_received(self) -> bool | None:
-        return None  # close when the peer half-closes; unsent replies cannot be delivered anyway
+        """The peer closed its side. Requests it sent before are still served, as Kafka does (a client
+        may write a Produce with acks=0 or a commit and close at once), a few per dispatcher pass;
+        then the connection closes (``run``). Nothing is read after the end of the stream."""
+        if self.idle and not self._reader.has_frame():
+            return None  # nothing left to answer: close now
+        self._eof = True
+        self._server.schedule(self)
+        return True
 
     def pause_writing(self) -> None:
         self._send_blocked = True
@@ -225,7 +233,14 @@ class Connection(asyncio.Protocol):
             self._account()
             self._update_reading()
         more = not self.closed and self._can_start() and reader.has_frame()
+        self._close_if_finished()
         return started, more
+
+    def _close_if_finished(self) -> None:
+        """After the peer closed its side: once every request read is answered (the transport sends
+        what was written before it closes)."""
+        if self._eof and self.idle and not self._reader.has_frame():
+            self.close()
 
     def _start(self, frame: bytes) -> None:
         try:
@@ -377,6 +392,7 @@ class Connection(asyncio.Protocol):
         if self._reader.has_frame() or self._reading is False:
             self._server.schedule(self)
         self._update_reading()
+        self._close_if_finished()
 
     def abort(self, why: str, reason: str = "other") -> None:
         """Closes the connection at once; ``reason`` is a fixed word for the refused-connections metric."""

@@ -1,6 +1,7 @@
 """Start-up and shutdown as an operator sees them."""
 
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -146,3 +147,24 @@ def test_sigterm_with_a_large_request_in_flight_stops_promptly(kcoord: KcoordPro
     assert "Traceback" not in kcoord.log()
     assert "some requests were not answered" not in kcoord.log()
     client.close()
+
+
+def test_requests_sent_before_the_client_closes_are_still_served(kcoord: KcoordProcess) -> None:
+    """A client may write its requests and close its side at once (kafka-python's producer does, with
+    acks=0, through the gateway): as Kafka does, every complete request read before the end of the
+    stream is served, even when there are more than the dispatcher starts in one pass (16), and the
+    replies still go out before kcoord closes the connection."""
+    for attempt in range(5):
+        client = RawClient(kcoord.port)
+        group = f"closing-{attempt}"
+        frames = b"".join(client.encode(commit_request(group, {("t", 0): offset}), 8)[1] for offset in range(1, 81))
+        client.sock.sendall(frames)
+        client.sock.shutdown(socket.SHUT_WR)
+        answers = [client.receive(8, 8)[1] for _ in range(80)]
+        assert all(a.topics[0].partitions[0].error_code == 0 for a in answers)
+        assert client.sock.recv(1) == b"", "kcoord closes the connection once every request is answered"
+        client.close()
+        reader = RawClient(kcoord.port)
+        fetched = reader.call(fetch_request(group, {"t": [0]}), 7)
+        reader.close()
+        assert fetched.topics[0].partitions[0].committed_offset == 80, f"attempt {attempt}"
