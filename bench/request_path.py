@@ -4,11 +4,12 @@ The harness measures kcoord end to end, but on a shared 2-core machine its req/s
 rounds, which hides changes of a few microseconds per request. This drives the real ``Server``,
 ``Connection`` and ``Runtime`` (real files, real fsyncs, the real writer thread) in one process and
 replaces only the socket: frames are fed to ``data_received`` as a pipelining client's reads would
-arrive, and replies are collected from ``write``. It reports the process CPU per request (all
-threads) and the event loop's share, for the harness's request shapes (built with kafka-python, as
+arrive, and replies are collected from ``write``. It reports the CPU per request (all threads, and
+the sync helper process's) and the event loop's share, for the harness's request shapes (built with kafka-python, as
 the harness builds them). Every reply is counted and its error codes checked.
 
     python -m bench.request_path [--scenarios fetch-1,commit-1,fetch-100,commit-100] [--requests N] [--runs N]
+                                 [--sync-helper on|off]
 
 Use it to compare two trees (run it in each, alternately); the harness stays the reference for
 throughput and latency against the peers.
@@ -16,6 +17,7 @@ throughput and latency against the peers.
 
 import argparse
 import asyncio
+import os
 import struct
 import sys
 import tempfile
@@ -98,9 +100,22 @@ async def _answers(pair: tuple[Connection, _Transport], data: bytes, count: int)
     return replies
 
 
+def _helper_cpu(runtime: Runtime) -> float:
+    """CPU seconds of the sync helper process so far (storage.synchelper; 0 without one). Its fsyncs'
+    kernel time is charged to it, as it was to the writer thread before."""
+    helper = runtime.flusher.helper
+    if helper is None or helper.pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{helper.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _run(kind: str, frames: list[bytes], connections: int, inflight: int, requests: int,
-               data_dir: Path) -> dict[str, float]:
-    runtime = Runtime(Config(data_dir=data_dir))
+               data_dir: Path, sync_helper: bool) -> dict[str, float]:
+    runtime = Runtime(Config(data_dir=data_dir, sync_helper=sync_helper))
     server = Server(runtime)
     server.loop = asyncio.get_running_loop()
     runtime.start()
@@ -117,7 +132,7 @@ async def _run(kind: str, frames: list[bytes], connections: int, inflight: int, 
     sent = [0] * connections
     answered = [0] * connections
     per_conn = requests // connections
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    cpu0, wall0 = time.process_time() + _helper_cpu(runtime), time.perf_counter()
     for c, (conn, _) in enumerate(conns):  # every connection starts with ``inflight`` requests outstanding
         burst = [framed[(c * 7919 + k) % len(framed)] for k in range(inflight)]
         sent[c] = inflight
@@ -136,7 +151,7 @@ async def _run(kind: str, frames: list[bytes], connections: int, inflight: int, 
                     conn.data_received(b"".join(framed[(sent[c] + k) % len(framed)] for k in range(more)))
                     sent[c] += more
     loop_cpu = time.thread_time() - loop_cpu0
-    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    cpu, wall = time.process_time() + _helper_cpu(runtime) - cpu0, time.perf_counter() - wall0
     done = sum(answered)
     # One last pass through every distinct request, checked.
     errors = sum(_errors(kind, r) for r in await _answers(conns[0], b"".join(framed), len(framed)))
@@ -152,6 +167,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--inflight", type=int, default=16)
     parser.add_argument("--groups", type=int, default=64)
+    parser.add_argument("--sync-helper", choices=("on", "off"), default="on",
+                        help="flush cycles synced by the helper process (kcoord's default) or the writer thread")
     parser.add_argument("--runs", type=int, default=3,
                         help="runs per scenario; the row is the run with the least CPU per request (noise on a "
                              "shared machine only ever adds CPU)")
@@ -174,7 +191,7 @@ def main() -> None:
         for _ in range(args.runs):
             with tempfile.TemporaryDirectory(prefix="kcoord-request-path-") as tmp:
                 results.append(asyncio.run(_run(s.kind, frames, args.connections, args.inflight, requests,
-                                                Path(tmp))))
+                                                Path(tmp), args.sync_helper == "on")))
         r = min(results, key=lambda x: x["us_per_req"])
         r["errors"] = sum(x["errors"] for x in results)
         print(f"{name:<12}{r['requests']:>9,}{r['req_per_s']:>9,.0f}{r['us_per_req']:>8.1f}"

@@ -57,6 +57,7 @@ class Config:
     log_level: str = "INFO"
     log_format: str = "text"
     sync_mode: str = "syncfs"
+    sync_helper: bool = True  # flush cycles' fsync/syncfs made by a helper process (storage.synchelper)
     metrics_listen: tuple[str, int] | None = ("127.0.0.1", 9404)  # None: no metrics listener
     upstream: tuple[tuple[str, int], ...] = ()  # gateway mode when set: the upstream cluster's bootstrap
     broker_port_base: int | None = None  # gateway: node N listens on base + N (None: any free port)
@@ -131,6 +132,13 @@ def sync_mode(value: str) -> str:
     return mode
 
 
+def on_off(value: str) -> bool:
+    word = value.strip().lower()
+    if word not in ("on", "off"):
+        raise ValueError(f"{value!r} is not on or off")
+    return word == "on"
+
+
 def host_port_list(value: str) -> tuple[tuple[str, int], ...]:
     addresses = tuple(parse_host_port(part.strip()) for part in value.split(",") if part.strip())
     if not addresses:
@@ -200,6 +208,9 @@ OPTIONS: list[Option] = [
            "syncfs: make the pending batches of many partitions durable with one syncfs of their file system "
            "(Linux 5.8+; elsewhere per file), or fsync: always one fsync per partition log (default syncfs)",
            "MODE"),
+    Option("--sync-helper", "KCOORD_SYNC_HELPER", on_off, _field("sync_helper"),
+           "on: a helper process makes each flush cycle's fsync or syncfs, so the event loop never waits for "
+           "the GIL a writer thread holds; off: the writer thread makes every sync (default on)", "on|off"),
     Option("--metrics-listen", "KCOORD_METRICS_LISTEN", optional_host_port, _field("metrics_listen"),
            "HOST:PORT of the HTTP listener for /metrics, /healthz and /readyz, or 'off' (default 127.0.0.1:9404)",
            "HOST:PORT"),

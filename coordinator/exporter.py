@@ -183,6 +183,17 @@ class KcoordCollector(Collector):
         ):
             snap = hist.copy()
             yield HistogramMetricFamily(name, text, buckets=_buckets(snap), sum_value=snap.total)
+        syncs = CounterMetricFamily("kcoord_flush_syncs", "Flush cycles made durable, by who made the sync: "
+                                    "the sync helper process, or the writer thread (a cycle needing more than "
+                                    "one fsync or syncfs, or every cycle once the helper is gone).", labels=["by"])
+        by = m.syncs_by.copy()
+        syncs.add_metric(["writer_thread"], by[0])
+        syncs.add_metric(["helper"], by[1])
+        yield syncs
+        helper = self.runtime.flusher.helper
+        yield GaugeMetricFamily("kcoord_sync_helper_up", "1 while the sync helper process makes flush cycles' "
+                                "syncs; 0 when it is off (--sync-helper) or has died (see the log).",
+                                value=1 if helper is not None and helper.alive else 0)
         yield CounterMetricFamily("kcoord_log_appended_bytes", "Bytes appended to offsets logs.",
                                   value=m.bytes_appended)
         yield CounterMetricFamily("kcoord_cleaner_runs", "Log compactions done.", value=m.cleaner_runs)

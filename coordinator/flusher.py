@@ -5,7 +5,10 @@ shard that asked and appends each to its log as Kafka record batches, on the eve
 the page cache: microseconds), then hands the sync to the writer thread (coordinator.writer), which
 makes all of them durable together (storage.sync: one ``syncfs`` per file system where that is safe,
 else an fsync per log) and hands the results back to the event loop in one call, where each shard
-releases its waiting requests. Commits arriving meanwhile gather in the shards' next open batches.
+releases its waiting requests. When that sync is one system call (one log's fsync, or one syncfs:
+nearly every cycle), the sync helper process makes it instead (storage.synchelper), which costs the
+loop a ``sendmsg`` and a readable callback and never waits for the GIL; the writer thread keeps the
+rest, and every cycle once the helper is gone. Commits arriving meanwhile gather in the shards' next open batches.
 Compared with one fsync and two thread hand-offs per shard, this is what lets durable commits spread
 over many partitions share the disk's flushes.
 
@@ -28,7 +31,8 @@ from typing import Any, Protocol
 from coordinator.metrics import Metrics
 from coordinator.writer import WriterThread
 from storage.log import PartitionLog
-from storage.sync import FileSync
+from storage.sync import FileSync, SyncResult
+from storage.synchelper import SyncHelper
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +53,20 @@ class Flushable(Protocol):
 
 
 class Flusher:
-    def __init__(self, writer: WriterThread, sync: FileSync, metrics: Metrics) -> None:
+    def __init__(self, writer: WriterThread, sync: FileSync, metrics: Metrics,
+                 helper: SyncHelper | None = None) -> None:
         self._writer = writer
         self._sync = sync
         self._metrics = metrics
+        self.helper = helper
         self._asked: dict[int, Flushable] = {}  # by id, in the order they asked
         self._running = False
         self._scheduled = False
+
+    def start(self) -> None:
+        """On the loop: starts the sync helper process, if there is one to start."""
+        if self.helper is not None and not self.helper.start(asyncio.get_running_loop()):
+            self.helper = None
 
     def request(self, shard: Flushable) -> None:
         """On the loop: ``shard`` has an open batch. It joins the next cycle (started in the next loop
@@ -90,8 +101,23 @@ class Flusher:
             return
         self._running = True
         try:
-            self._writer.post(self._sync_logs, ([jobs[i][0].log for i in appended],), asyncio.get_running_loop(),
-                              self._written, jobs, outcomes, appended, started)
+            self._hand_off([jobs[i][0].log for i in appended], jobs, outcomes, appended, started)
+        except Exception as exc:  # nothing would ever end this cycle: fail it rather than hold every commit
+            log.exception("handing a flush cycle's sync off failed")
+            self._finish(jobs, started, [exc] * len(jobs))
+
+    def _hand_off(self, logs: list[PartitionLog], jobs: list[tuple[Flushable, Any]], outcomes: list[FlushOutcome],
+                  appended: list[int], started: float) -> None:
+        """The sync to the helper process when it is one system call, else to the writer thread."""
+        helper = self.helper
+        if helper is not None and helper.alive:
+            planned = self._sync.plan(logs)
+            if planned is not None and helper.post(planned[0], planned[1], self._helper_synced, logs, jobs, outcomes,
+                                                   appended, started):
+                return
+        try:
+            self._writer.post(self._sync_logs, (logs,), asyncio.get_running_loop(),
+                              self._written, jobs, outcomes, appended, started, False)
         except RuntimeError as exc:  # the writer has shut down: the process is stopping
             self._finish(jobs, started, [exc] * len(jobs))
 
@@ -102,9 +128,23 @@ class Flusher:
         results = self._sync.sync(logs)
         return results, time.perf_counter() - started
 
+    def _helper_synced(self, logs: list[PartitionLog], jobs: list[tuple[Flushable, Any]], outcomes: list[FlushOutcome],
+                       appended: list[int], started: float, error: BaseException | None, seconds: float) -> None:
+        """On the loop, when the sync helper answered (or ended: ``error`` says the sync may not have
+        happened, and the cycle fails)."""
+        results: SyncResult
+        try:
+            results = self._sync.planned_done(logs, error)
+        except Exception as exc:  # the cycle must end whatever happens, or no commit is answered again
+            log.exception("completing a flush cycle failed")
+            results = [exc] * len(logs)
+        self._written(jobs, outcomes, appended, started, True, (results, seconds))
+
     def _written(self, jobs: list[tuple[Flushable, Any]], outcomes: list[FlushOutcome], appended: list[int],
-                 started: float, synced: "tuple[list[BaseException | None], float] | BaseException") -> None:
-        """On the loop, with what ``_sync_logs`` returned or raised (WriterStopped: it never ran)."""
+                 started: float, by_helper: bool,
+                 synced: "tuple[list[BaseException | None], float] | BaseException") -> None:
+        """On the loop, with what ``_sync_logs`` returned or raised (WriterStopped: it never ran), or
+        the sync helper's results."""
         if isinstance(synced, BaseException):
             outcomes = [synced] * len(jobs)
         else:
@@ -112,7 +152,7 @@ class Flusher:
             for i, error in zip(appended, results, strict=True):
                 if error is not None:
                     outcomes[i] = error
-            self._metrics.synced(seconds, sum(1 for o in outcomes if not isinstance(o, BaseException)))
+            self._metrics.synced(seconds, sum(1 for o in outcomes if not isinstance(o, BaseException)), by_helper)
         self._finish(jobs, started, outcomes)
 
     def _finish(self, jobs: list[tuple[Flushable, Any]], started: float, outcomes: list[FlushOutcome]) -> None:
@@ -124,6 +164,8 @@ class Flusher:
             asyncio.get_running_loop().call_soon(self._cycle)
 
     def close(self) -> None:
+        if self.helper is not None:
+            self.helper.close()
         self._sync.close()
 
 

@@ -65,6 +65,7 @@ class Metrics:
     fsync_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     flush_records: Histogram = field(default_factory=lambda: Histogram(BATCH_RECORD_BUCKETS))
     sync_partitions: Histogram = field(default_factory=lambda: Histogram(BATCH_RECORD_BUCKETS))
+    syncs_by: list[int] = field(default_factory=lambda: [0, 0])  # flush cycles synced by [writer thread, helper]
     bytes_appended: int = 0
     write_failures: Counter[int] = field(default_factory=Counter)  # partition -> n
     loads: dict[int, PartitionLoad] = field(default_factory=dict)  # partition -> its last load
@@ -105,10 +106,12 @@ class Metrics:
         self.flush_records.observe(records)
         self.bytes_appended += nbytes
 
-    def synced(self, seconds: float, partitions: int) -> None:
-        """One flush cycle's sync (an fsync per log, or one syncfs) made ``partitions`` logs durable."""
+    def synced(self, seconds: float, partitions: int, by_helper: bool) -> None:
+        """One flush cycle's sync (an fsync per log, or one syncfs) made ``partitions`` logs durable,
+        from the writer thread or the sync helper process."""
         self.fsync_seconds.observe(seconds)
         self.sync_partitions.observe(partitions)
+        self.syncs_by[1 if by_helper else 0] += 1
 
     def write_failed(self, partition: int) -> None:
         self.write_failures[partition] += 1

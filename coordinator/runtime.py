@@ -22,6 +22,7 @@ from coordinator.writer import WriterThread
 from protocol.partitioning import partition_for
 from storage.log import PartitionLog, fsync_path
 from storage.sync import make_sync
+from storage.synchelper import SyncHelper
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,8 @@ class Runtime:
         self.groups: list[GroupHooks] = []  # the group side of each shard
         self._log_factory = log_factory
         self._writer = WriterThread()
-        self.flusher = Flusher(self._writer, make_sync(config.sync_mode), self.metrics)
+        self.flusher = Flusher(self._writer, make_sync(config.sync_mode), self.metrics,
+                               SyncHelper() if config.sync_helper else None)
         self._loader = ThreadPoolExecutor(max_workers=LOADER_THREADS, thread_name_prefix="kcoord-loader")
         self._cleaner_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-cleaner")
         self.compactors: list[Compactor] = []
@@ -135,6 +137,7 @@ class Runtime:
         # Smallest logs first: many partitions become ACTIVE quickly while a big one is still loading.
         order = sorted(self.shards, key=lambda s: s.log.size_bytes)
         loop = asyncio.get_running_loop()
+        self.flusher.start()
         self._loads = [s.start() for s in order]
         self._cleaner = loop.create_task(self._clean_periodically())
         self._load_report = loop.create_task(self._report_loaded(loop.time()))

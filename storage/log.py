@@ -280,6 +280,15 @@ class PartitionLog:
         if self._dir_dirty:
             fsync_path(self.directory)
 
+    def sync_fd(self) -> int | None:
+        """The one descriptor whose fsync makes everything appended durable (storage.synchelper syncs
+        it from another process), or None when ``sync`` needs more: a segment or a directory entry
+        created since the last sync."""
+        if self._dir_dirty or self._fd is None or not self.segments or \
+                self.segments[-1].base_offset != self._durable_base:
+            return None
+        return self._fd
+
     def synced(self, checkpoint: bool = True) -> None:
         """Everything appended is on disk (fsynced, by ``fsync_files`` or a syncfs of its file system):
         advance the durable end and, with ``checkpoint``, record it at most once a second (storage.sync

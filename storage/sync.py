@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from storage.log import RECOVERY_POINT, PartitionLog
+from storage.synchelper import OP_FSYNC, OP_SYNCFS
 
 SyncResult = list[BaseException | None]  # per log, in order: None when it is durable
 Claims = dict[str, tuple[PartitionLog, tuple[int, int]]]  # log directory -> (log, claim taken)
@@ -87,6 +88,20 @@ class FileSync:
     def sync(self, logs: Sequence[PartitionLog]) -> SyncResult:
         return self._sync_each(logs, checkpoint=True)
 
+    def plan(self, logs: Sequence[PartitionLog]) -> tuple[int, int] | None:
+        """The one system call (storage.synchelper's op and descriptor) that ``sync`` would make for
+        ``logs``, when it is one, so the sync helper process can make it; None when ``sync`` is
+        needed: several files (synced in parallel here), a new segment or directory entry, or a
+        recovery point due (recorded in the cycle, by ``sync``)."""
+        if len(logs) != 1 or logs[0].checkpoint_due():
+            return None
+        fd = logs[0].sync_fd()
+        return None if fd is None else (OP_FSYNC, fd)
+
+    def planned_done(self, logs: Sequence[PartitionLog], error: BaseException | None) -> SyncResult:
+        """On the event loop, after the planned call returned: what ``sync`` would have returned."""
+        return [error if error is not None else _synced(plog) for plog in logs]
+
     def _sync_each(self, logs: Sequence[PartitionLog], checkpoint: bool) -> SyncResult:
         if len(logs) == 1:
             return [_sync_one(logs[0], checkpoint)]
@@ -112,6 +127,27 @@ class FilesystemSync(FileSync):
     def sync(self, logs: Sequence[PartitionLog]) -> SyncResult:
         results = self._sync_logs(logs)
         self._claims_due([plog for plog, error in zip(logs, results, strict=True) if error is None])
+        return results
+
+    def plan(self, logs: Sequence[PartitionLog]) -> tuple[int, int] | None:
+        """One log: its fsync. Several: the syncfs of their file system, once this has a watcher
+        there (the first cycle on a file system syncs file by file, in ``sync``). Recovery points are
+        recorded off the cycle either way."""
+        if len(logs) == 1:
+            fd = logs[0].sync_fd()
+            return None if fd is None else (OP_FSYNC, fd)
+        device = None
+        for plog in logs:
+            dev = self._devices.get(str(plog.directory))
+            if dev is None or (device is not None and dev != device):
+                return None
+            device = dev
+        watcher = self._watchers.get(device) if device is not None else None
+        return None if watcher is None else (OP_SYNCFS, watcher)
+
+    def planned_done(self, logs: Sequence[PartitionLog], error: BaseException | None) -> SyncResult:
+        results = super().planned_done(logs, error)
+        self._claims_due([plog for plog, outcome in zip(logs, results, strict=True) if outcome is None])
         return results
 
     def _sync_logs(self, logs: Sequence[PartitionLog]) -> SyncResult:
@@ -150,7 +186,8 @@ class FilesystemSync(FileSync):
         return results
 
     def _claims_due(self, synced: Sequence[PartitionLog]) -> None:
-        """Writer thread, after a sync: takes the due claims of ``synced`` (one per directory: a
+        """After a sync (on the writer thread, or on the loop after the sync helper's; never both at
+        once: cycles do not overlap): takes the due claims of ``synced`` (one per directory: a
         reloaded log replaces its predecessor) and starts a recording of every claim waiting, unless
         one is running or the last started under RECORD_SPACING_S ago. Claims left waiting go with
         the recording a later sync starts, or are superseded by the claim a closing log records."""
@@ -229,6 +266,14 @@ class FilesystemSync(FileSync):
         for fd in self._watchers.values():
             os.close(fd)
         self._watchers.clear()
+
+
+def _synced(plog: PartitionLog) -> BaseException | None:
+    try:
+        plog.synced(checkpoint=False)
+    except Exception as exc:
+        return exc
+    return None
 
 
 def _sync_one(plog: PartitionLog, checkpoint: bool) -> BaseException | None:

@@ -87,7 +87,8 @@ class Faults:
         self.fail_next_append = False
         self.disk_full = False
         self.read_only = False  # EROFS on every write: truncation and the probe included
-        # While set, a sync stops (after its fsyncs) until the event is set: holds the writer thread.
+        # While set, a sync stops (after its fsyncs) until the event is set: holds the writer thread
+        # (run with sync_helper=False: after the sync helper's fsyncs it would hold the event loop).
         self.hold_sync: threading.Event | None = None
         self.sync_held = threading.Event()  # a sync is being held
 

@@ -71,6 +71,8 @@ def test_flags_and_environment() -> None:
     assert (cfg.offsets_partitions, cfg.host, cfg.port) == (7, "0.0.0.0", 19000)
     assert cfg.advertised == ("kcoord.example", 9093)
     assert cfg.node_id == 3  # a flag beats its variable
+    assert cfg.sync_helper and not parse(["--sync-helper", "OFF"]).sync_helper
+    assert not parse([], {"KCOORD_SYNC_HELPER": "off"}).sync_helper
 
 
 @pytest.mark.parametrize(
@@ -85,6 +87,7 @@ def test_flags_and_environment() -> None:
         (["--max-frame-bytes", "64"], "64 is outside [8192,"),
         (["--max-frame-bytes", "100000", "--max-buffered-bytes", "90000"], "must be at least --max-frame-bytes"),
         (["--shutdown-timeout-ms", "-1"], "outside [0, 3600000]"),
+        (["--sync-helper", "yes"], "--sync-helper='yes': 'yes' is not on or off"),
     ],
 )
 def test_bad_values_are_clear_errors(argv: list[str], message: str) -> None:

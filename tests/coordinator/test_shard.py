@@ -337,7 +337,7 @@ async def test_a_huge_write_waits_for_the_writer_instead_of_piling_up(tmp_path: 
     """A huge operation replays a slice at a time only as fast as the writer makes them durable, so no
     flush cycle (which every other partition's commits share) takes on the whole of it."""
     faults = Faults()
-    runtime = await started(config(tmp_path), faults.factory)
+    runtime = await started(config(tmp_path, sync_helper=False), faults.factory)  # hold_sync holds the writer
     shard = runtime.shards[0]
     faults.hold_sync = threading.Event()
     first = append(shard, [commit("g", 0, 1)])
@@ -389,7 +389,7 @@ async def test_appended_records_wait_for_their_sync(tmp_path: Path) -> None:
     """The flusher appends on the event loop and syncs on the writer thread: records already in the
     file are not acknowledged, and the next cycle does not start, until that sync is back."""
     faults = Faults()
-    runtime = await started(config(tmp_path, partitions=2), faults.factory)
+    runtime = await started(config(tmp_path, partitions=2, sync_helper=False), faults.factory)
     first, second = runtime.shards[0], runtime.shards[1]
     faults.hold_sync = threading.Event()
     held = append(first, [commit("a", 0, 1)])

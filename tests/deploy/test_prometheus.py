@@ -4,7 +4,7 @@ deploy/ configuration, alert rules and dashboard:
 - ``healthy``: a kcoord that stock clients committed to (kafka-python) plus one connection it had to
   abort (a negative frame size);
 - ``broken``: a kcoord with a failed offsets partition (damage in its log) whose commits therefore get
-  NOT_COORDINATOR;
+  NOT_COORDINATOR, and whose sync helper process was killed;
 - ``dead``: a target where nothing listens;
 - the Kubernetes scrape job (deploy/k8s/prometheus-scrape.yml) with its pod discovery replaced by the
   labels discovery would give the healthy pod, so its relabelling finds the annotated port for real.
@@ -14,7 +14,9 @@ evaluate and return series, and every alert expression must evaluate and select 
 instances (and partitions) it is meant for. `promtool check metrics` checks the exposition itself."""
 
 import json
+import os
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -35,6 +37,7 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from protocol.partitioning import partition_for
 from storage.log import list_segments
 from tests.deploy.conftest import DEPLOY, load_yaml
+from tests.integration.test_sync_helper import children
 from tests.kcoord_process import KcoordProcess, free_port
 from tests.rawclient import RawClient, commit_request
 
@@ -101,6 +104,17 @@ def break_a_partition(server: KcoordProcess, data: Path) -> int:
     return partition
 
 
+def kill_the_sync_helper(server: KcoordProcess) -> None:
+    """Commits on a partition that serves, until the sync helper has made a sync; then SIGKILL it."""
+    assert server.proc is not None
+    client = RawClient(server.port)
+    for offset in range(3):  # the first cycle makes the log's segment: the writer thread's; then the helper's
+        assert client.call(commit_request("helped", {("t", 0): offset}), 8).topics[0].partitions[0].error_code == 0
+    client.close()
+    (helper,) = children(server.proc.pid)
+    os.kill(helper, signal.SIGKILL)
+
+
 def prometheus_config(healthy: KcoordProcess, broken: KcoordProcess, dead: str) -> dict[str, Any]:
     """deploy/prometheus/prometheus.yml with 1 s intervals and these targets, plus the Kubernetes job
     whose discovery is replaced by the labels a kcoord pod would be discovered with."""
@@ -162,6 +176,7 @@ def stack(prometheus: str, promtool: str, tmp_path_factory: pytest.TempPathFacto
     proc: subprocess.Popen[bytes] | None = None
     try:
         partition = break_a_partition(broken, tmp / "broken" / "data")
+        kill_the_sync_helper(broken)
         dead = f"127.0.0.1:{free_port()}"
         config = tmp / "prometheus.yml"
         config.write_text(yaml.safe_dump(prometheus_config(healthy, broken, dead)))
@@ -284,6 +299,7 @@ def test_every_alert_expression_selects_what_it_is_meant_for(stack: Stack) -> No
         "KcoordCommitsRefused": {broken},
         "KcoordLogWriteErrors": set(),
         "KcoordConnectionServerErrors": set(),
+        "KcoordSyncHelperDown": {broken},  # killed by the fixture
     }
     timing = {"KcoordFsyncSlow", "KcoordEventLoopLag"}  # depend on this machine's load: evaluated only
     rules = alert_rules()

@@ -3,6 +3,7 @@ for a lone log or a file system seen for the first time, and an error that fails
 cycle on that file system without moving any durable end."""
 
 import errno
+import os
 import threading
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import storage.sync
 from storage.batch import build_batch
 from storage.log import RECOVERY_POINT, PartitionLog
 from storage.sync import SYNCFS, FileSync, FilesystemSync, make_sync
+from storage.synchelper import OP_FSYNC, OP_SYNCFS
 
 T = 1700000000000
 pytestmark = pytest.mark.skipif(SYNCFS is None, reason="syncfs needs Linux 5.8+ (errors reported through it)")
@@ -222,4 +224,66 @@ def test_a_late_recording_never_replaces_a_newer_claim(tmp_path: Path, monkeypat
     assert newest[0].split()[1] == str(group[0].segments[-1].size)
     for plog in group:
         assert sorted(p.name for p in plog.directory.iterdir()) == ["00000000000000000000.log", RECOVERY_POINT]
+    sync.close()
+
+
+def test_a_cycle_is_planned_as_one_system_call_once_its_files_are_known(tmp_path: Path) -> None:
+    """What the sync helper process is asked to do (storage.synchelper): one syncfs for several logs of a
+    watched file system, one fsync for a lone log, and nothing (the writer thread's ``sync``) while a
+    log has a new segment or the file system is new. Done here as the helper does it."""
+    syncfs = CountingSyncfs()
+    sync = FilesystemSync(syncfs)
+    group = logs(tmp_path, 3)
+    for plog in group:
+        append(plog)  # each log's first segment: a directory entry to make durable too
+    assert [plog.sync_fd() for plog in group] == [None] * 3
+    assert sync.plan(group) is None and sync.plan(group[:1]) is None  # a file system not seen yet
+    assert sync.sync(group) == [None] * 3
+    for plog in group:
+        append(plog)
+    planned = sync.plan(group)
+    assert planned is not None and planned[0] == OP_SYNCFS and planned[1] in sync._watchers.values()
+    assert SYNCFS is not None
+    SYNCFS(planned[1])
+    assert sync.planned_done(group, None) == [None] * 3
+    assert [p.durable_offset for p in group] == [2] * 3
+    append(group[0])
+    planned = sync.plan(group[:1])
+    assert planned == (OP_FSYNC, group[0].sync_fd()) and planned[1] is not None
+    os.fsync(planned[1])
+    assert sync.planned_done(group[:1], None) == [None] and group[0].durable_offset == 3
+    for plog in group:
+        append(plog)
+    failed = sync.planned_done(group, OSError(errno.EIO, "the helper's syncfs failed"))
+    assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in failed)
+    assert [p.durable_offset for p in group] == [3, 2, 2]  # no durable end moved
+    sync.close()
+
+
+def test_a_new_segment_needs_the_writer_threads_sync(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path / "__consumer_offsets-0", segment_bytes=200)
+    list(plog.recover())
+    append(plog)
+    plog.sync()
+    assert plog.sync_fd() is not None
+    append(plog)  # past 200 bytes: a new segment, and an older one not yet durable
+    assert len(plog.segments) == 2 and plog.sync_fd() is None
+    assert FileSync().plan([plog]) is None
+    plog.sync()
+    assert plog.sync_fd() is not None
+
+
+def test_fsync_mode_plans_only_a_lone_log_without_a_recovery_point_due(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    sync = make_sync("fsync")
+    group = logs(tmp_path, 2)
+    for plog in group:
+        append(plog)
+    sync.sync(group)
+    for plog in group:
+        append(plog)
+    assert sync.plan(group) is None  # several files: fsynced in parallel by ``sync``
+    assert sync.plan(group[:1]) == (OP_FSYNC, group[0].sync_fd())
+    monkeypatch.setattr(storage.log, "CHECKPOINT_INTERVAL_S", 0.0)
+    assert sync.plan(group[:1]) is None  # its recovery point is recorded in the cycle, by ``sync``
     sync.close()
