@@ -3,11 +3,11 @@
 Why a process: a writer thread that fsyncs needs the GIL twice per cycle (to take the job, and after
 the fsync to hand the result back), and while the event loop is busy each of those waits for the
 switch interval or for the loop's next pass; then the loop waits to get the GIL back. Measured
-(bench/sync_handoff.py: one durable append per cycle, a loop kept busy with 20 us callbacks): with a
-thread ~100-150 cycles/s and a p99 of 50-140 ms, with this helper ~4,300-4,700 cycles/s and a p99 of
-~0.4-0.5 ms; with the loop idle both reach the disk's ~4.5-5k cycles/s, the thread costing the
-process ~120 us of CPU per cycle, the helper ~22. The loop's side of a cycle is one ``sendmsg`` and
-one readable callback.
+(bench/sync_handoff.py: one durable append per cycle, the loop kept busy with 20 us callbacks, three
+runs): with a thread 31-393 cycles/s and a p99 of 21-114 ms, with this helper 3,300-4,900 cycles/s
+and a p99 of 0.33-0.53 ms, and the loop kept 3-15% more of its time for its callbacks. With the loop
+idle both reach the disk's ~4.4-4.8k cycles/s at ~125-140 us of CPU per cycle, most of it the
+fsync's own kernel time. The loop's side of a cycle is one ``sendmsg`` and one readable callback.
 
 The helper runs one system call per request: ``fsync`` or ``syncfs`` of a descriptor the loop sends
 with it (``SCM_RIGHTS``), then closes its copy and answers with the errno and the call's seconds.
