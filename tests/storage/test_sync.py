@@ -62,6 +62,15 @@ def append(plog: PartitionLog) -> None:
     plog.append(build_batch(base, [(b"\x00\x01k%d" % base, b"v" * 40)], T), base)
 
 
+def durable_then_pending(sync: FileSync, group: list[PartitionLog]) -> None:
+    """Each log gets a record made durable by ``sync``, then one more appended and not yet synced."""
+    for plog in group:
+        append(plog)
+    assert sync.sync(group) == [None] * len(group)
+    for plog in group:
+        append(plog)
+
+
 def test_a_cycle_of_many_logs_takes_one_syncfs_once_the_file_system_is_watched(tmp_path: Path) -> None:
     syncfs = CountingSyncfs()
     sync = FilesystemSync(syncfs)
@@ -89,11 +98,7 @@ def test_a_syncfs_error_fails_every_log_of_the_cycle_and_moves_no_durable_end(tm
     syncfs = CountingSyncfs()
     sync = FilesystemSync(syncfs)
     group = logs(tmp_path, 3)
-    for plog in group:
-        append(plog)
-    sync.sync(group)
-    for plog in group:
-        append(plog)
+    durable_then_pending(sync, group)
     syncfs.fail = True
     results = sync.sync(group)
     assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in results)
@@ -277,11 +282,7 @@ def test_fsync_mode_plans_only_a_lone_log_without_a_recovery_point_due(tmp_path:
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     sync = make_sync("fsync")
     group = logs(tmp_path, 2)
-    for plog in group:
-        append(plog)
-    sync.sync(group)
-    for plog in group:
-        append(plog)
+    durable_then_pending(sync, group)
     assert sync.plan(group) is None  # several files: fsynced in parallel by ``sync``
     assert sync.plan(group[:1]) == (OP_FSYNC, group[0].sync_fd())
     monkeypatch.setattr(storage.log, "CHECKPOINT_INTERVAL_S", 0.0)
