@@ -192,8 +192,13 @@ class KcoordCollector(Collector):
         yield syncs
         helper = self.runtime.flusher.helper
         yield GaugeMetricFamily("kcoord_sync_helper_up", "1 while the sync helper process makes flush cycles' "
-                                "syncs; 0 when it is off (--sync-helper) or has died (see the log).",
-                                value=1 if helper is not None and helper.alive else 0)
+                                "syncs; 0 when it is off (--sync-helper), could not start or has died (see the "
+                                "log).", value=1 if helper is not None and helper.alive else 0)
+        yield GaugeMetricFamily("kcoord_sync_helper_configured", "1 when --sync-helper is on.",
+                                value=1 if self.runtime.config.sync_helper else 0)
+        yield GaugeMetricFamily("kcoord_sync_pending_seconds", "How long the flush cycle in progress has waited "
+                                "for its sync (0 when none waits): a stuck disk, or a stopped sync helper.",
+                                value=self.runtime.flusher.sync_pending_s())
         yield CounterMetricFamily("kcoord_log_appended_bytes", "Bytes appended to offsets logs.",
                                   value=m.bytes_appended)
         yield CounterMetricFamily("kcoord_cleaner_runs", "Log compactions done.", value=m.cleaner_runs)

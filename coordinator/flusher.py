@@ -32,7 +32,7 @@ from coordinator.metrics import Metrics
 from coordinator.writer import WriterThread
 from storage.log import PartitionLog
 from storage.sync import FileSync, SyncResult
-from storage.synchelper import SyncHelper
+from storage.synchelper import SyncHelper, SyncHelperGone
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,12 @@ class Flusher:
         self._asked: dict[int, Flushable] = {}  # by id, in the order they asked
         self._running = False
         self._scheduled = False
+        self._cycle_started = 0.0
+
+    def sync_pending_s(self) -> float:
+        """Seconds the cycle in progress has been under way (appends and sync), 0 without one. Read
+        by the exporter's thread: two plain attributes, a torn read only gives a stale figure."""
+        return time.perf_counter() - self._cycle_started if self._running else 0.0
 
     def start(self) -> None:
         """On the loop: starts the sync helper process, if there is one to start."""
@@ -100,6 +106,7 @@ class Flusher:
             self._finish(jobs, started, outcomes)
             return
         self._running = True
+        self._cycle_started = started
         try:
             self._hand_off([jobs[i][0].log for i in appended], jobs, outcomes, appended, started)
         except Exception as exc:  # nothing would ever end this cycle: fail it rather than hold every commit
@@ -132,6 +139,9 @@ class Flusher:
                        appended: list[int], started: float, error: BaseException | None, seconds: float) -> None:
         """On the loop, when the sync helper answered (or ended: ``error`` says the sync may not have
         happened, and the cycle fails)."""
+        if isinstance(error, SyncHelperGone):  # not a sync that failed: no sync, as far as anyone knows
+            self._written(jobs, outcomes, appended, started, True, error)
+            return
         results: SyncResult
         try:
             results = self._sync.planned_done(logs, error)

@@ -407,6 +407,11 @@ class Shard:
         """Cuts what never became durable (retrying with backoff: the disk may be full or gone), then
         reloads. Only one recovery at a time: a second failure never truncates under a running one."""
         loop = asyncio.get_running_loop()
+        # A failure from outside the flush cycle (a compaction swap) can come while a cycle still syncs
+        # this log. The sync helper's answer is handled on the loop and marks the log durable up to
+        # its size then: cutting the tail before that answer could let it claim bytes since cut.
+        while self._inflight is not None and not self._closing:
+            await asyncio.sleep(0.005)
         delay = RETRY_BACKOFF_S
         trouble = _Repeated()
         while not self._closing:

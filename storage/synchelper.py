@@ -47,6 +47,10 @@ _REPLY = struct.Struct("=id")  # errno (0: done), seconds the call took
 EXIT_WAIT_S = 0.5  # how long close() waits for the helper to exit before killing it
 
 
+class SyncHelperGone(OSError):
+    """The helper ended before answering: the sync may or may not have happened."""
+
+
 class SyncHelper:
     """The event loop's side: at most one request in flight (the flusher runs one cycle at a time)."""
 
@@ -76,7 +80,7 @@ class SyncHelper:
         try:
             self._proc = subprocess.Popen([sys.executable, "-I", "-S", __file__, str(theirs.fileno())],
                                           pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, TypeError) as exc:  # TypeError: no sys.executable (embedded)
             ours.close()
             log.warning("cannot start the sync helper process (%s); syncing from the writer thread", exc)
             return False
@@ -130,8 +134,8 @@ class SyncHelper:
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
             callback, args = waiting
-            callback(*args, OSError(errno.EIO, "the sync helper process ended before answering: the batch may "
-                                                "not be durable"), 0.0)
+            callback(*args, SyncHelperGone(errno.EIO, "the sync helper process ended before answering: the "
+                                                      "batch may not be durable"), 0.0)
 
     def _drop_socket(self) -> None:
         sock, self._sock = self._sock, None
@@ -153,6 +157,10 @@ class SyncHelper:
                 proc.wait(EXIT_WAIT_S)
             except subprocess.TimeoutExpired:  # stuck in a sync: do not hold the shutdown for it
                 proc.kill()
+                try:
+                    proc.wait(0.1)  # reaped, unless the kernel holds it in the sync (then the exit reaps it)
+                except subprocess.TimeoutExpired:
+                    pass
 
 
 def _syncfs() -> Callable[[int], int]:

@@ -3,6 +3,9 @@ recovery from a full disk, the guarded lifecycle, and the property that live sta
 reloaded from the log."""
 
 import asyncio
+import errno
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -406,3 +409,40 @@ async def test_appended_records_wait_for_their_sync(tmp_path: Path) -> None:
     assert await later == OK
     assert on_disk(first.log.directory) == [0] and on_disk(second.log.directory) == [0]
     await stop(runtime)
+
+
+async def test_a_failure_while_the_sync_helper_holds_a_cycle_cuts_the_tail_only_after_its_answer(
+        tmp_path: Path) -> None:
+    """A compaction swap can fail a shard while a cycle still syncs its log through the sync helper,
+    whose answer (handled on the loop) marks the log durable up to its size then. The tail is cut,
+    and the log reopened, only after that answer: else a claim could name bytes already cut."""
+    runtime = await started(config(tmp_path))
+    shard = runtime.shards[0]
+    helper = runtime.flusher.helper
+    assert helper is not None and helper.pid is not None
+    assert await append(shard, [commit("g", 0, 1)]) == OK  # the first segment: the writer thread's cycle
+    assert await append(shard, [commit("g", 0, 2)]) == OK  # the helper's
+    os.kill(helper.pid, signal.SIGSTOP)
+    try:
+        pending = append(shard, [commit("g", 0, 3)])
+        await until(lambda: runtime.flusher.sync_pending_s() > 0)
+        old_log = shard.log
+        shard.fail_write(OSError(errno.EIO, "a compaction swap failed (injected)"))
+        assert await pending == ErrorCode.NOT_COORDINATOR
+        await asyncio.sleep(0.2)
+        assert shard.log is old_log and shard.state is ShardState.FAILED  # waiting for the helper's answer
+    finally:
+        os.kill(helper.pid, signal.SIGCONT)
+    await wait_state(shard, ShardState.ACTIVE)
+    assert shard.log is not old_log
+    # Its sync succeeded before the tail was cut, so the refused commit is durable and kept (a client's
+    # retry of it is harmless, as with Kafka); nothing past the durable end was.
+    assert shard.data.committed("g", "t", 0).offset == 3
+    assert await append(shard, [commit("g", 0, 4)]) == OK
+    await asyncio.sleep(0.3)  # any recording of a claim taken meanwhile lands
+    directory = shard.log.directory
+    await stop(runtime)
+    base, position = PartitionLog(directory).recorded_claim()
+    sizes = {seg.base_offset: seg.size for seg in list_segments(directory)}
+    assert position <= sizes[base]  # the recovery point names only bytes that are there
+    assert on_disk(directory) == [0, 1, 2, 3]

@@ -65,6 +65,7 @@ def test_a_stopped_then_killed_helper_acknowledges_nothing_early_and_loses_nothi
         client.sock.settimeout(0.5)
         with pytest.raises(socket.timeout):  # appended, not durable: not answered
             client.sock.recv(1, socket.MSG_PEEK)
+        assert value(scrape(server), "kcoord_sync_pending_seconds") >= 0.4  # what KcoordSyncStuck watches
         client.sock.settimeout(10)
         os.kill(pid, signal.SIGKILL)
         _, reply = client.receive(8, 8)
@@ -78,7 +79,8 @@ def test_a_stopped_then_killed_helper_acknowledges_nothing_early_and_loses_nothi
         for offset in range(8, 11):
             assert commit(client, offset) == 0
         samples = scrape(server)
-        assert value(samples, "kcoord_sync_helper_up") == 0
+        assert value(samples, "kcoord_sync_helper_up") == 0 and value(samples, "kcoord_sync_helper_configured") == 1
+        assert value(samples, "kcoord_sync_pending_seconds") == 0
         assert value(samples, "kcoord_flush_syncs_total", by="writer_thread") >= writer_syncs + 3
         assert committed(client) == 10
         client.close()
@@ -108,7 +110,7 @@ def test_with_the_helper_off_the_writer_thread_makes_every_sync(tmp_path: Path) 
         samples = scrape(server)
         assert value(samples, "kcoord_flush_syncs_total", by="writer_thread") >= 5
         assert value(samples, "kcoord_flush_syncs_total", by="helper") == 0
-        assert value(samples, "kcoord_sync_helper_up") == 0
+        assert value(samples, "kcoord_sync_helper_up") == 0 and value(samples, "kcoord_sync_helper_configured") == 0
         assert server.proc is not None
         assert children(server.proc.pid) == []
         client.close()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from storage.sync import SYNCFS
-from storage.synchelper import OP_FSYNC, OP_SYNCFS, SyncHelper
+from storage.synchelper import OP_FSYNC, OP_SYNCFS, SyncHelper, SyncHelperGone
 
 
 class Answers:
@@ -127,7 +127,7 @@ async def test_a_helper_killed_with_a_sync_in_flight_fails_that_sync_and_is_not_
         with caplog.at_level(logging.ERROR, logger="storage.synchelper"):
             os.kill(helper.pid, signal.SIGKILL)
             label, error, _ = await answers.next()
-        assert label == "in flight" and isinstance(error, OSError) and error.errno == errno.EIO
+        assert label == "in flight" and isinstance(error, SyncHelperGone) and error.errno == errno.EIO
         assert "may not be durable" in str(error)
         assert not helper.alive
         assert not helper.post(OP_FSYNC, fd, answers)  # refused: the caller syncs another way
