@@ -95,8 +95,7 @@ class FileSync:
         recovery point due (recorded in the cycle, by ``sync``)."""
         if len(logs) != 1 or logs[0].checkpoint_due():
             return None
-        fd = logs[0].sync_fd()
-        return None if fd is None else (OP_FSYNC, fd)
+        return _fsync_plan(logs[0])
 
     def planned_done(self, logs: Sequence[PartitionLog], error: BaseException | None) -> SyncResult:
         """On the event loop, after the planned call returned: what ``sync`` would have returned."""
@@ -134,8 +133,7 @@ class FilesystemSync(FileSync):
         there (the first cycle on a file system syncs file by file, in ``sync``). Recovery points are
         recorded off the cycle either way."""
         if len(logs) == 1:
-            fd = logs[0].sync_fd()
-            return None if fd is None else (OP_FSYNC, fd)
+            return _fsync_plan(logs[0])
         device = None
         for plog in logs:
             dev = self._devices.get(str(plog.directory))
@@ -266,6 +264,11 @@ class FilesystemSync(FileSync):
         for fd in self._watchers.values():
             os.close(fd)
         self._watchers.clear()
+
+
+def _fsync_plan(plog: PartitionLog) -> tuple[int, int] | None:
+    fd = plog.sync_fd()
+    return None if fd is None else (OP_FSYNC, fd)
 
 
 def _synced(plog: PartitionLog) -> BaseException | None:
