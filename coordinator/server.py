@@ -281,7 +281,7 @@ class Connection(asyncio.Protocol):
             on_loop(self._server.loop, done, self._bulk_done, req)
             return
         try:
-            req.client_id, body = api.decode_request(frame, version)
+            req.client_id, body = (api.decode or api.decode_request)(frame, version)  # no interpreted frame
         except DecodeError as exc:
             self.abort(f"malformed request: {exc}", "malformed")
             return

@@ -135,12 +135,16 @@ class _Batch:
         self.callbacks.clear()
 
 
-class _Flush(NamedTuple):
-    """A batch handed to the flusher, with the offset of its first record and its timestamp."""
+class _Flush:
+    """A batch handed to the flusher, with the offset of its first record and its timestamp. A plain
+    class: compiled, a NamedTuple's constructor is an interpreted frame."""
 
-    batch: _Batch
-    base: int
-    timestamp: int
+    __slots__ = ("base", "batch", "timestamp")
+
+    def __init__(self, batch: _Batch, base: int, timestamp: int) -> None:
+        self.batch = batch
+        self.base = base
+        self.timestamp = timestamp
 
 
 class LoadCancelled(Exception):

@@ -74,13 +74,14 @@ class Api:
     render: Render | None = None
     outcome: Outcome = outcome
     encode: Encode | None = None
+    # ``(client id, body)`` as the handler takes it: the API's own decoder, else the spec's. Always set,
+    # so the compiled server calls it without an interpreted method in between.
     decode: Decode | None = None
 
     def decode_request(self, frame: bytes, version: int) -> tuple[str, Any]:
         """``(client id, body)`` as the handler takes it."""
-        if self.decode is not None:
-            return self.decode(frame, version)
-        return self.spec.decode_request(frame, version)
+        decode = self.decode or self.spec.decode_request
+        return decode(frame, version)
 
 
 APIS: dict[int, Api] = {}
@@ -90,7 +91,7 @@ def handles(spec: ApiSpec, *, error_response: ErrorResponse, prepare: Prepare | 
             render: Render | None = None, outcome: Outcome = outcome,
             encode: Encode | None = None, decode: Decode | None = None) -> Callable[[Handler], Handler]:
     def register_handler(fn: Handler) -> Handler:
-        APIS[spec.key] = Api(spec, fn, error_response, prepare, render, outcome, encode, decode)
+        APIS[spec.key] = Api(spec, fn, error_response, prepare, render, outcome, encode, decode or spec.decode_request)
         return fn
 
     return register_handler

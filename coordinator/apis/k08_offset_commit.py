@@ -7,7 +7,7 @@ group with a generation answers GROUP_ID_NOT_FOUND instead of ILLEGAL_GENERATION
 No version has a top-level error: a group-level error is repeated on every partition.
 """
 
-from typing import Any
+from typing import Any, Final
 
 from coordinator.apis import handles
 from coordinator.groups.membership import Membership
@@ -31,6 +31,7 @@ SPEC = register(8, "OffsetCommit", 0, 9)
 Response = SPEC.response.cls
 Topic = Response.OffsetCommitResponseTopic
 Partition = Topic.OffsetCommitResponsePartition
+_new: Final = tuple.__new__
 
 
 def decode(frame: bytes, version: int) -> tuple[str, CommitRequest]:
@@ -53,6 +54,12 @@ class CommitAnswer:
 
     def __init__(self, results: TopicErrors) -> None:
         self.results = results
+
+    def written_failed(self, error: ErrorCode) -> None:
+        """The fix-up when the write fails: only the partitions that were written get its error;
+        refused ones keep their own."""
+        self.results = [(name, [(p, error if e == ErrorCode.NONE else e) for p, e in parts])
+                        for name, parts in self.results]
 
 
 def message(answer: CommitAnswer) -> Any:
@@ -101,14 +108,10 @@ def _commit(data: ShardData, prepared: _Prepared, membership: Membership) -> OpR
     group = data.groups.get(commit.request.group_id)
     if group is not None and commit.request.member_id:
         membership.touch(group, commit.request.member_id)  # a member's valid commit is also a heartbeat
-    response = prepared.response
-
-    def written_failed(error: ErrorCode) -> None:
-        # Only the partitions that were written get the write's error; refused ones keep their own.
-        response.results = [(name, [(p, error if e == ErrorCode.NONE else e) for p, e in parts])
-                            for name, parts in response.results]
-
-    return OpResult(records, response, written_failed, None, commit.encoded)
+    response: CommitAnswer = prepared.response
+    # tuple.__new__: compiled, the NamedTuple's own constructor is an interpreted frame
+    result: OpResult = _new(OpResult, (records, response, response.written_failed, None, commit.encoded, True))
+    return result
 
 
 def outcome(answer: CommitAnswer) -> tuple[int, int]:
