@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from coordinator import startup  # noqa: F401  (first: kafka-python's and aiokafka's clients stay unimported)
 from coordinator.config import Config, ConfigError, add_serve_arguments, config_from_args
 from coordinator.exporter import Exporter
 from coordinator.groups_cli import add_groups_parser

@@ -1,0 +1,46 @@
+"""The server's start-up skips kafka-python's and aiokafka's client imports (coordinator.startup), and
+code that wants those clients still gets them. Run in fresh interpreters: this test process has long
+imported both packages whole."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT_MODULES = ("kafka.admin", "kafka.consumer", "kafka.producer", "aiokafka.client", "aiokafka.consumer",
+                  "aiokafka.producer")
+
+
+def run(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_server_path_imports_no_client() -> None:
+    loaded = run(
+        "import sys\n"
+        "import coordinator.cli, coordinator.server, coordinator.exporter, coordinator.gateway.relay\n"
+        "from coordinator.apis import load_all\n"
+        "assert len(load_all()) > 10\n"
+        "from storage.batch import build_batch, decode_batch\n"
+        "batch = build_batch(0, [(b'k', b'v')], 1)\n"
+        "assert [r.key for r in decode_batch(batch).records] == [b'k']\n"
+        f"print(sorted(m for m in {CLIENT_MODULES!r} if m in sys.modules))\n")
+    assert loaded.strip() == "[]"
+
+
+def test_the_clients_and_package_attributes_are_still_there_when_asked_for() -> None:
+    out = run(
+        "import coordinator.cli\n"
+        "import kafka, aiokafka\n"
+        "from kafka import KafkaAdminClient, KafkaConsumer\n"
+        "from aiokafka import AIOKafkaConsumer\n"
+        "assert kafka.__version__ and aiokafka.__version__\n"
+        "assert KafkaConsumer.__module__.startswith('kafka.consumer')\n"
+        "assert kafka.record.default_records is not None  # submodules imported before the init ran\n"
+        "try:\n"
+        "    kafka.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    print(exc)\n")
+    assert out.strip() == "module 'kafka' has no attribute 'no_such_name'"
