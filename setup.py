@@ -1,9 +1,9 @@
-"""The optional compile step: the modules in COMPILED (the loader's batch decoder and ``replay``, and
-every request's way from its frame to its reply, with OffsetCommit's and OffsetFetch's codecs and
-handlers) are built with mypyc when mypy and a working C compiler are present, and shipped as plain
-source otherwise (one line on stderr says which). ``KCOORD_PURE_PYTHON=1`` forces pure Python (and, at
-run time, imports every module from its source: protocol/compiled.py). Everything else is in
-pyproject.toml.
+"""The optional compile step: the modules in COMPILED (the loader's batch decoder and ``replay``, the
+flush's batch builder, and every request's way from its frame to its reply, with OffsetCommit's and
+OffsetFetch's codecs and handlers) are built with mypyc when mypy and a working C compiler are
+present, and shipped as plain source otherwise (one line on stderr says which).
+``KCOORD_PURE_PYTHON=1`` forces pure Python (and, at run time, imports every module from its source:
+protocol/compiled.py). Everything else is in pyproject.toml.
 
 The .py file is always installed too: without the extension, Python simply imports the source.
 """
@@ -20,8 +20,8 @@ from setuptools.command.build_ext import build_ext
 # Built together into one shared library (GROUP, a top-level module) so calls between them are C calls;
 # each also gets a small shim module of its own name.
 COMPILED = [
-    # the loader
-    "storage/loadcodec.py", "coordinator/state.py",
+    # the loader, and the flush's batch builder
+    "storage/loadcodec.py", "coordinator/state.py", "storage/batchwriter.py",
     # every request's way: framing, header, registry, server, request, runtime, shard, flusher, metrics
     "protocol/framing.py", "protocol/header.py", "protocol/registry.py", "coordinator/server.py",
     "coordinator/request.py", "coordinator/runtime.py", "coordinator/shard.py", "coordinator/flusher.py",

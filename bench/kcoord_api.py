@@ -15,7 +15,8 @@ from pathlib import Path
 from protocol.compiled import PACKAGES
 from protocol.partitioning import partition_for
 from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, encode_record
-from storage.batch import BATCH_HEADER_BYTES, build_batch, read_head
+from storage.batch import BATCH_HEADER_BYTES, read_head
+from storage.batchwriter import build_batch
 from storage.log import PartitionLog
 from tests.kcoord_process import REPO, KcoordProcess, wait_port
 from tests.tansu_process import tansu_binary as tansu_in_venv

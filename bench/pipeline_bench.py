@@ -37,7 +37,7 @@ from typing import Any
 
 from protocol.partitioning import partition_for
 from protocol.records import OffsetAndMetadata, OffsetKey, encode_offset_key, encode_offset_value
-from storage.batch import build_batch
+from storage.batchwriter import build_batch
 from storage.log import PartitionLog
 
 T0 = 1_700_000_000_000

@@ -35,7 +35,8 @@ from coordinator.state import NO_PRODUCER, ShardData
 from coordinator.timers import Clock, Timers
 from protocol.errors import ErrorCode
 from protocol.records import Record, RecordError, encode_record
-from storage.batch import COMMIT, BatchError, build_batch, decode_runs
+from storage.batch import COMMIT, BatchError, decode_runs
+from storage.batchwriter import build_batches
 from storage.log import LogCorruptError, PartitionLog, TailNotCut
 
 log = logging.getLogger(__name__)
@@ -349,24 +350,12 @@ class Shard:
     def append_batch(self, work: "_Flush") -> int:
         """Flusher, on the loop: the batch as record batches of at most ~1 MiB; returns the bytes
         appended. Not durable until the flusher's sync of the log (on the writer thread) is back."""
-        base, timestamp = work.base, work.timestamp
-        nbytes = 0
-        chunk: list[Entry] = []
-        chunk_bytes = 0
-        for entry in work.batch.entries:
-            size = len(entry[0]) + (len(entry[1]) if entry[1] is not None else 0) + 24
-            if chunk and chunk_bytes + size > MAX_BATCH_BYTES:
-                nbytes += self._append_batch(base, chunk, timestamp)
-                base += len(chunk)
-                chunk, chunk_bytes = [], 0
-            chunk.append(entry)
-            chunk_bytes += size
-        return nbytes + self._append_batch(base, chunk, timestamp)
-
-    def _append_batch(self, base: int, entries: list[Entry], timestamp: int) -> int:
-        batch = build_batch(base, entries, timestamp)
-        self.log.append(batch, base + len(entries) - 1)
-        return len(batch)
+        base, nbytes = work.base, 0
+        for batch, count in build_batches(base, work.batch.entries, work.timestamp, MAX_BATCH_BYTES):
+            base += count
+            self.log.append(batch, base - 1)
+            nbytes += len(batch)
+        return nbytes
 
     def flushed(self, work: "_Flush", started: float, outcome: FlushOutcome) -> None:
         """Flusher, on the loop: the batch is durable (release its requests) or failed (fail them, reload)."""

@@ -7,7 +7,7 @@ Every offset-commit and group-metadata record (tombstones included) moves to ``p
 with its key and value bytes unchanged. Rows are shuffled by target partition and sorted by their source
 (log partition, offset): all of a group's records come from one source partition, so each group keeps its
 order. Each target partition is written by one task through ``storage.log.PartitionLog`` as uncompressed
-v2 batches (``storage.batch.build_batch``, records sharing a timestamp share a batch), fsynced, with its
+v2 batches (``storage.batchwriter.build_batch``, records sharing a timestamp share a batch), fsynced, with its
 recovery point. Committed transactional offsets are written as plain commits at their place; aborted and
 still open ones, control markers and record types kcoord does not model (it skips them on load) are left
 out and counted. The output is assembled in a staging directory next to ``--out`` with
@@ -35,7 +35,7 @@ from pipeline.output import OutputError, say, settle, skipped
 from pipeline.reader import read_offsets_log, report_damages
 from pipeline.semantics import TRANSACTION_COLUMNS, with_counts
 from protocol.partitioning import partition_for
-from storage.batch import build_batch
+from storage.batchwriter import build_batch
 from storage.log import PartitionLog, fsync_path
 
 READ_COLUMNS = tuple(dict.fromkeys(("group", "timestamp", "key", "value", *TRANSACTION_COLUMNS)))

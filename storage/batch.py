@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import crc32c
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import encode_varint
 
 from protocol import compiled
 from protocol.records import LoadedRecord, UnknownRecord, decode_record
 from storage import loadcodec
+from storage.batchwriter import LOG_OVERHEAD as LOG_OVERHEAD
+from storage.batchwriter import MAGIC as MAGIC
 from storage.loadcodec import RecordsError, Run
 
 try:
@@ -41,11 +42,8 @@ def codec_stale() -> bool:
 FAST_REPLAY = (loadcodec.COMPILED and not codec_stale()
                and not compiled.pure_python_forced())
 
-LOG_OVERHEAD = 12  # baseOffset + batchLength
 BATCH_HEADER_BYTES = 61
-MAGIC = 2
 _HEAD = struct.Struct(">qi")
-_BASE_OFFSET_AND_EPOCH = struct.Struct(">qii")
 _MAGIC_OFFSET = 16
 
 ControlType = int
@@ -92,32 +90,6 @@ class Batch:
     # offsets, and how many records of types kcoord does not model were left out
     runs: list[Run] | None = None
     unknown: int = 0
-
-
-def build_batch(
-    base_offset: int,
-    entries: list[tuple[bytes, bytes | None]],
-    timestamp: int,
-    leader_epoch: int = 0,
-) -> bytes:
-    """One uncompressed, non-transactional batch with CREATE_TIME ``timestamp`` for every record. Built
-    in C: a writer thread building a large batch in Python held the GIL for the event loop's time."""
-    if not entries:
-        raise ValueError("a batch needs at least one record")
-    builder = DefaultRecordBatchBuilder(
-        magic=MAGIC,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 62,
-    )
-    for delta, (key, value) in enumerate(entries):
-        builder.append(delta, timestamp, key, value, [])
-    buf = builder.build()
-    _BASE_OFFSET_AND_EPOCH.pack_into(buf, 0, base_offset, len(buf) - LOG_OVERHEAD, leader_epoch)
-    return bytes(buf)
 
 
 def read_head(buf: bytes | memoryview, pos: int) -> tuple[int, int]:

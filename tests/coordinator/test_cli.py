@@ -18,7 +18,7 @@ from protocol.records import (
     OffsetKey,
     encode_record,
 )
-from storage.batch import build_batch
+from storage.batchwriter import build_batch
 from storage.log import PartitionLog, list_segments
 from tests.kcoord_process import REPO
 

@@ -23,7 +23,8 @@ def test_the_server_path_imports_no_client() -> None:
         "import coordinator.cli, coordinator.server, coordinator.exporter, coordinator.gateway.relay\n"
         "from coordinator.apis import load_all\n"
         "assert len(load_all()) > 10\n"
-        "from storage.batch import build_batch, decode_batch\n"
+        "from storage.batch import decode_batch\n"
+        "from storage.batchwriter import build_batch\n"
         "batch = build_batch(0, [(b'k', b'v')], 1)\n"
         "assert [r.key for r in decode_batch(batch).records] == [b'k']\n"
         f"print(sorted(m for m in {CLIENT_MODULES!r} if m in sys.modules))\n")

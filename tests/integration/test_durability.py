@@ -10,7 +10,7 @@ import pytest
 from protocol.errors import ErrorCode
 from protocol.partitioning import partition_for
 from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, encode_record
-from storage.batch import build_batch
+from storage.batchwriter import build_batch
 from storage.log import PartitionLog
 from tests.kcoord_process import KcoordProcess
 from tests.rawclient import RawClient, commit_request, fetch_request

@@ -12,7 +12,7 @@ from protocol.records import (
     OffsetKey,
     encode_record,
 )
-from storage.batch import build_batch
+from storage.batchwriter import build_batch
 from storage.log import RECOVERY_POINT, PartitionLog
 
 T = 1_700_000_000_000

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from storage.batch import DELETE_HORIZON_FLAG, BatchError, build_batch, decode_batch, rebuild_batch
+from storage.batch import DELETE_HORIZON_FLAG, BatchError, decode_batch, rebuild_batch
+from storage.batchwriter import build_batch, build_batches
 
 T = 1700000000000
 KEY = bytes.fromhex("000100097465737447726f75700003666f6f00000000")
@@ -107,6 +108,28 @@ def test_batches_are_byte_identical_to_kafka_pythons_builder(entries: list[tuple
     expected = ref.build()
     struct.pack_into(">qii", expected, 0, base, len(expected) - 12, 0)
     assert build_batch(base, entries, timestamp) == bytes(expected)
+
+
+@settings(max_examples=200)
+@given(entries=st.lists(st.tuples(st.binary(max_size=40), st.one_of(st.none(), st.binary(max_size=200))),
+                        min_size=1, max_size=60),
+       base=st.integers(0, 2**40), max_bytes=st.integers(1, 2000))
+def test_a_flush_splits_into_build_batchs_batches_of_at_most_max_bytes(
+        entries: list[tuple[bytes, bytes | None]], base: int, max_bytes: int) -> None:
+    """What a flush cycle appends (storage.batchwriter.build_batches): in order, consecutive offsets,
+    each batch exactly ``build_batch``'s bytes for its entries and within ``max_bytes`` unless it holds
+    a single record that alone exceeds it."""
+    batches = build_batches(base, entries, T, max_bytes)
+    assert sum(count for _, count in batches) == len(entries) and all(count > 0 for _, count in batches)
+    first = base
+    for data, count in batches:
+        assert data == build_batch(first, entries[first - base : first - base + count], T)
+        assert len(data) <= max_bytes or count == 1
+        decoded = decode_batch(data)
+        assert [(r.offset, r.key, r.value) for r in decoded.records] == [
+            (first + i, k, v) for i, (k, v) in enumerate(entries[first - base : first - base + count])]
+        first += count
+    assert build_batches(base, entries, T, 1 << 30) == [(build_batch(base, entries, T), len(entries))]
 
 
 @settings(max_examples=300)

@@ -21,7 +21,8 @@ from protocol.records import (
     encode_record,
 )
 from storage import cleaner
-from storage.batch import DELETE_HORIZON_FLAG, LOG_OVERHEAD, LogRecord, build_batch, decode_batch, read_head
+from storage.batch import DELETE_HORIZON_FLAG, LOG_OVERHEAD, LogRecord, decode_batch, read_head
+from storage.batchwriter import build_batch
 from storage.cleaner import clean, cleanable_count, dirty_ratio
 from storage.log import LogCorruptError, PartitionLog, Segment, list_segments, swap_name
 

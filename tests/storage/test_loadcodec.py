@@ -27,7 +27,8 @@ from protocol.records import (
     encode_offset_value,
     encode_record,
 )
-from storage.batch import BatchError, build_batch, decode_batch, decode_runs, rebuild_batch
+from storage.batch import BatchError, decode_batch, decode_runs, rebuild_batch
+from storage.batchwriter import build_batch
 from tests.interpreted import interpreted, skip_unless_the_machine_compiles
 
 T = 1_700_000_000_000

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.batch import build_batch
+from storage.batchwriter import build_batch
 from storage.log import RECOVERY_POINT, LogCorruptError, PartitionLog, list_segments, segment_name
 
 T = 1700000000000

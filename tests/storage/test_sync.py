@@ -11,7 +11,7 @@ import pytest
 
 import storage.log
 import storage.sync
-from storage.batch import build_batch
+from storage.batchwriter import build_batch
 from storage.log import RECOVERY_POINT, PartitionLog
 from storage.sync import SYNCFS, FileSync, FilesystemSync, make_sync
 from storage.synchelper import OP_FSYNC, OP_SYNCFS
