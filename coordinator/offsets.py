@@ -18,10 +18,9 @@ from protocol.hotcodec import offer_gil
 from protocol.records import (
     OFFSET_VALUE_VERSION,
     OFFSET_VALUE_VERSION_WITH_EXPIRY,
+    LiveRecord,
     OffsetAndMetadata,
-    OffsetCommitRecord,
     OffsetKey,
-    Record,
     RecordError,
     offset_key_prefix,
 )
@@ -34,7 +33,6 @@ MAX_KEY_STRING_BYTES: Final = 32767  # record keys carry int16-length strings
 # Final: compiled, these are C statics rather than lookups in the module's dict on every use.
 _new: Final = tuple.__new__
 _OffsetAndMetadata: Final = OffsetAndMetadata
-_OffsetCommitRecord: Final = OffsetCommitRecord
 _OffsetKey: Final = OffsetKey
 KEY_PREFIXES_KEPT: Final = 1 << 14  # (group, topic) key prefixes remembered; all are forgotten beyond
 _key_prefixes: dict[tuple[str, str], bytes] = {}
@@ -115,7 +113,7 @@ class PreparedCommit:
 
     __slots__ = ("encoded", "records", "request", "results")
 
-    def __init__(self, request: CommitRequest, records: list[Record], encoded: list[tuple[bytes, bytes | None]],
+    def __init__(self, request: CommitRequest, records: list[LiveRecord], encoded: list[tuple[bytes, bytes | None]],
                  results: TopicErrors) -> None:
         self.request = request
         self.records = records
@@ -179,7 +177,7 @@ def _key_bytes(prefix: bytes, partition: int) -> bytes:
 
 def prepare_commit(req: CommitRequest, now_ms: int, max_metadata: int) -> PreparedCommit:
     expire = min(max(now_ms + req.retention_ms, INT64_MIN), INT64_MAX) if req.retention_ms != -1 else -1
-    records: list[Record] = []
+    records: list[LiveRecord] = []
     encoded: list[tuple[bytes, bytes | None]] = []
     results: TopicErrors = []
     group_id = req.group_id
@@ -213,14 +211,14 @@ def prepare_commit(req: CommitRequest, now_ms: int, max_metadata: int) -> Prepar
             # tuple.__new__ skips the NamedTuple constructors' Python frames (a 100-partition commit
             # makes 300 of these tuples)
             value = _new(_OffsetAndMetadata, (offset, leader_epoch, meta, commit_ts, expire))
-            records.append(_new(_OffsetCommitRecord, (_new(_OffsetKey, (group_id, name, partition)), value)))
+            records.append(((group_id, name, partition), value))  # a CommitPair: no NamedTuple constructors
             encoded.append((_key_bytes(prefix, partition), _value_bytes(offset, leader_epoch, meta, commit_ts, expire)))
             errors.append((partition, ok))
         results.append((name, errors))
     return PreparedCommit(req, records, encoded, results)
 
 
-def check_group(data: ShardData, prepared: PreparedCommit) -> tuple[list[Record], TopicErrors]:
+def check_group(data: ShardData, prepared: PreparedCommit) -> tuple[list[LiveRecord], TopicErrors]:
     """The group-level checks against current state: the prepared records, or none and the group's
     error on every partition (partitions that cannot exist keep their own error)."""
     error = validate_commit(data.groups.get(prepared.request.group_id), prepared.request)
@@ -231,7 +229,7 @@ def check_group(data: ShardData, prepared: PreparedCommit) -> tuple[list[Record]
 
 def commit_offsets(
     data: ShardData, req: CommitRequest, now_ms: int, max_metadata: int
-) -> tuple[list[Record], TopicErrors]:
+) -> tuple[list[LiveRecord], TopicErrors]:
     """One OffsetCommit record per accepted partition, and every partition's error in request order."""
     return check_group(data, prepare_commit(req, now_ms, max_metadata))
 

@@ -34,7 +34,7 @@ from coordinator.request import Fixup, Request, ShardUnavailable
 from coordinator.state import NO_PRODUCER, ShardData
 from coordinator.timers import Clock, Timers
 from protocol.errors import ErrorCode
-from protocol.records import Record, RecordError, encode_record
+from protocol.records import LiveRecord, RecordError, encode_record
 from storage.batch import COMMIT, BatchError, decode_runs
 from storage.batchwriter import build_batches
 from storage.log import LogCorruptError, PartitionLog, TailNotCut
@@ -101,7 +101,7 @@ class OpResult(NamedTuple):
     event loop) the records already encoded, and whether the records are replayed (Kafka's
     ``replayRecords``: classic-group metadata written at a generation boundary is not; loading does)."""
 
-    records: list[Record]
+    records: list[LiveRecord]
     response: Any
     fixup: Fixup | None = None
     on_durable: Callable[[], None] | None = None
@@ -321,7 +321,7 @@ class Shard:
         for resume in parked:
             loop.call_soon(resume)
 
-    def _append(self, records: list[Record], encoded: list[Entry] | None, replay: bool = True) -> _Batch:
+    def _append(self, records: list[LiveRecord], encoded: list[Entry] | None, replay: bool = True) -> _Batch:
         """Encodes first (a record that cannot be encoded fails only its own request), then replays at
         the next offsets and adds to the open batch, scheduling a flush if none is running."""
         if encoded is None:

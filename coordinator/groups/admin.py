@@ -9,7 +9,7 @@ from coordinator.offsets import partition_error
 from coordinator.shard import OpResult
 from coordinator.state import ShardData
 from protocol.errors import ErrorCode
-from protocol.records import GroupMetadataRecord, OffsetCommitRecord, OffsetKey, Record
+from protocol.records import GroupMetadataRecord, LiveRecord, OffsetCommitRecord, OffsetKey
 
 CLASSIC = "classic"  # KIP-848 group type of every group kcoord hosts
 
@@ -63,7 +63,7 @@ def list_groups(data: ShardData, states: set[str], types: set[str]) -> list[tupl
     ]
 
 
-def _offset_tombstones(data: ShardData, group_id: str) -> list[Record]:
+def _offset_tombstones(data: ShardData, group_id: str) -> list[LiveRecord]:
     """Tombstones for every committed offset of the group and every pending transactional one."""
     keys = {OffsetKey(group_id, t, p) for (t, p) in data.offsets.get(group_id, {})}
     keys.update(k for offsets in data.pending.values() for k in offsets if k.group == group_id)
@@ -73,7 +73,7 @@ def _offset_tombstones(data: ShardData, group_id: str) -> list[Record]:
 def delete_groups(data: ShardData, group_ids: list[str]) -> OpResult:
     """Empty groups go: their offsets' tombstones, then the group's. A group with members is
     NON_EMPTY_GROUP; an unknown or Dead one GROUP_ID_NOT_FOUND."""
-    records: list[Record] = []
+    records: list[LiveRecord] = []
     results: list[tuple[str, ErrorCode]] = []
     for group_id in dict.fromkeys(group_ids):  # duplicates collapse, order kept
         group = data.groups.get(group_id)
@@ -102,7 +102,7 @@ def delete_offsets(data: ShardData, group_id: str, topics: list[tuple[str, list[
         return OpResult([], (ErrorCode.NON_EMPTY_GROUP, []))
     subscribed = _subscribed(group)
     committed = data.offsets.get(group_id, {})
-    records: list[Record] = []
+    records: list[LiveRecord] = []
     results: TopicPartitionErrors = []
     for topic, partitions in topics:
         if topic in subscribed:

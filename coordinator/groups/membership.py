@@ -30,7 +30,7 @@ from coordinator.request import PARKED, Request
 from coordinator.shard import OpResult
 from coordinator.state import ShardData
 from protocol.errors import ErrorCode
-from protocol.records import GroupMetadataRecord, Record
+from protocol.records import GroupMetadataRecord, LiveRecord
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class Membership:
     # -- JoinGroup ---------------------------------------------------------------------------------
 
     def _join(self, data: ShardData, req: Request, j: JoinRequest) -> OpResult:
-        records: list[Record] = []
+        records: list[LiveRecord] = []
         group = data.groups.get(j.group_id)
         if group is None:
             if j.member_id:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from coordinator.groups.model import CONSUMER_PROTOCOL, ClassicGroup, GroupState
 from coordinator.shard import OpResult
 from coordinator.state import ShardData, offset_value
-from protocol.records import GroupMetadataRecord, OffsetAndMetadata, OffsetCommitRecord, OffsetKey, Record
+from protocol.records import GroupMetadataRecord, LiveRecord, OffsetAndMetadata, OffsetCommitRecord, OffsetKey
 
 RETENTION_KEY = "retention"
 
@@ -41,7 +41,7 @@ def _base(group: ClassicGroup | None) -> Base | None:
 def expire_offsets(data: ShardData, now_ms: int, retention_ms: int) -> OpResult:
     """Tombstones for the expired offsets of every group of the shard, and for the groups that are then
     Empty with no offsets left. The response is the number of offsets expired."""
-    records: list[Record] = []
+    records: list[LiveRecord] = []
     expired = 0
     for group_id in list(data.groups.keys() | data.offsets.keys()):
         group = data.groups.get(group_id)

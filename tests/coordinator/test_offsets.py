@@ -120,7 +120,7 @@ def test_metadata_limit_counts_utf16_units_per_partition() -> None:
         PartitionCommit(-1, 1, -1, -1, ""),
     ]
     records, result = commit_offsets(ShardData(), request(parts=parts), NOW, 4096)
-    assert [r.key.partition for r in records] == [1]
+    assert [key[2] for key, _ in records] == [1]
     assert result == [("t", [(0, E.OFFSET_METADATA_TOO_LARGE), (1, E.NONE), (2, E.OFFSET_METADATA_TOO_LARGE),
                              (-1, E.UNKNOWN_TOPIC_OR_PARTITION)])]
 
@@ -170,7 +170,8 @@ def test_group_ids_too_long_for_a_record_key() -> None:
 
 def test_retention_overflow_is_clamped_to_int64() -> None:
     records, _ = commit_offsets(ShardData(), request(version=2, retention=2**63 - 1), NOW, 4096)
-    assert records[0].value is not None and records[0].value.expire_timestamp == 2**63 - 1
+    value = records[0][1]
+    assert isinstance(value, OffsetAndMetadata) and value.expire_timestamp == 2**63 - 1
 
 
 # -- compiled and interpreted --------------------------------------------------------------------------
@@ -195,7 +196,9 @@ def test_prepare_commit_compiled_and_interpreted_agree(topics: list[tuple[str, l
     compiled_one, pure_one = prepared
     assert compiled_one.records == pure_one.records and compiled_one.results == pure_one.results
     assert compiled_one.encoded == pure_one.encoded == [encode_record(r) for r in pure_one.records]
-    assert all(type(r.key) is OffsetKey and type(r.value) is OffsetAndMetadata for r in compiled_one.records)
+    # plain (key, value) pairs with a plain key tuple (protocol.records.CommitPair), as replay takes them
+    assert all(type(r) is tuple and type(r[0]) is tuple and type(r[1]) is OffsetAndMetadata
+               for r in compiled_one.records)
 
 
 def test_a_huge_commit_lets_other_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:

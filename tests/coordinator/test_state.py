@@ -167,12 +167,22 @@ def loaded(record: Record) -> LoadedRecord:
     return record
 
 
+def paired(record: Record) -> LoadedRecord:
+    """An offset commit as the commit path prepares it (coordinator.offsets): a plain key tuple and
+    the value object (protocol.records.CommitPair)."""
+    if isinstance(record, OffsetCommitRecord) and record.value is not None:
+        return (tuple(record.key), record.value)  # type: ignore[return-value]
+    return record
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(batches, max_size=12))
 def test_installed_and_interpreted_replay_agree(log: list[tuple[int, Any]]) -> None:
-    """The compiled replay is the interpreted one, and a loaded commit in plain tuples is applied as its
-    record is: same offsets, groups, pending transactions."""
-    states = [installed.ShardData(), PURE.ShardData(), installed.ShardData(), PURE.ShardData()]
+    """The compiled replay is the interpreted one, and a commit in plain tuples (loaded, with the
+    value's bytes; or prepared by a commit, with its value object) is applied as its record is: same
+    offsets, groups, pending transactions."""
+    states = [installed.ShardData(), PURE.ShardData(), installed.ShardData(), PURE.ShardData(),
+              installed.ShardData(), PURE.ShardData()]
     for i, data in enumerate(states):
         offset = 0
         for producer, item in log:
@@ -180,12 +190,13 @@ def test_installed_and_interpreted_replay_agree(log: list[tuple[int, Any]]) -> N
                 data.replay_end_transaction(producer, commit=item)
                 offset += 1
                 continue
-            records: list[LoadedRecord] = [loaded(r) for r in item] if i >= 2 else item
+            shape = loaded if i in (2, 3) else paired if i >= 4 else None
+            records: list[LoadedRecord] = [shape(r) for r in item] if shape is not None else item
             data.replay_records(offset, records, producer)
             offset += len(records)
     assert all(snapshot(data) == snapshot(states[0]) for data in states[1:])
     for i, data in enumerate(states):  # the classes survive too (compiled code could rebuild a named tuple)
-        kept = bytes if i >= 2 else OffsetAndMetadata  # loaded commits are cached as the bytes read
+        kept = bytes if i in (2, 3) else OffsetAndMetadata  # loaded commits are cached as the bytes read
         assert all(type(k) is tuple and type(v) is kept for group in data.offsets.values() for k, v in group.items())
         assert all(type(k) is OffsetKey and type(v[1]) is kept
                    for offs in data.pending.values() for k, v in offs.items())
