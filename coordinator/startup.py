@@ -1,16 +1,27 @@
 """What a starting server need not import: the client halves of kafka-python and aiokafka.
 
-kcoord uses their protocol schemas and record-batch classes only, but importing any submodule of a
-package runs the package's ``__init__``, and theirs import the whole client (admin, consumer,
+kcoord uses their protocol schemas, errors and record-batch modules only, but importing any submodule
+of a package runs the package's ``__init__``, and theirs import the whole client (admin, consumer,
 producer, networking): ``python -X importtime`` put kafka's at ~90 ms and aiokafka's at ~37 ms, ~100
 ms more than kcoord's own imports of them, out of a restart target of 1 s counted from the process
 start. The CLI therefore imports this module before anything else of kcoord's, and it registers each
 package without running its ``__init__``. The first attribute asked of such a package that it does not
-have yet (``from kafka import KafkaAdminClient``, ``kafka.__version__``) runs the ``__init__`` then, so
-code that wants the client gets it unchanged; submodule imports never need it.
+have yet (``from kafka import KafkaAdminClient``, ``kafka.__version__``) runs the ``__init__`` then
+(PEP 562), so code that wants a client by its package's names gets it unchanged. Other threads asking
+meanwhile wait for that run; a run that raises removes the package from ``sys.modules``, as a failed
+import does, so the next import starts afresh.
+
+The limit: a client *submodule* imported by its own name before the ``__init__`` has run
+(``import aiokafka.producer``) loads before its package's ``__init__``, which it imports names from, and
+fails with a circular-import error. A finder that ran the ``__init__`` first was tried: the import
+system calls finders under its global lock and re-executes a module a finder's side effects loaded,
+so it deadlocked threads and loaded modules twice. No kcoord process imports a client submodule by
+name (tests/coordinator/test_startup.py checks the server's whole path); ask the package for the
+client, as ``kcoord groups`` does, or import the package's names first.
 """
 
 import importlib.util
+import logging
 import sys
 import threading
 from importlib.machinery import ModuleSpec
@@ -18,6 +29,33 @@ from types import ModuleType
 from typing import Any
 
 DEFERRED = ("kafka", "aiokafka")
+
+
+class _Deferred:
+    """One package whose ``__init__`` has not run yet: its module's ``__getattr__`` until it has."""
+
+    def __init__(self, name: str, spec: ModuleSpec, module: ModuleType) -> None:
+        self.name, self.spec, self.module = name, spec, module
+        self._pending = True
+        self._lock = threading.RLock()  # reentrant: the __init__'s own lookups come back here
+
+    def __call__(self, attr: str) -> Any:
+        with self._lock:
+            if self._pending:
+                self._pending = False
+                try:
+                    assert self.spec.loader is not None
+                    self.spec.loader.exec_module(self.module)
+                except BaseException:
+                    if sys.modules.get(self.name) is self.module:
+                        del sys.modules[self.name]
+                    raise
+                finally:
+                    self.module.__dict__.pop("__getattr__", None)
+        try:
+            return self.module.__dict__[attr]
+        except KeyError:
+            raise AttributeError(f"module {self.name!r} has no attribute {attr!r}") from None
 
 
 def defer_package_inits(names: tuple[str, ...] = DEFERRED) -> list[str]:
@@ -30,29 +68,12 @@ def defer_package_inits(names: tuple[str, ...] = DEFERRED) -> list[str]:
         if spec is None or spec.loader is None or spec.submodule_search_locations is None:
             continue
         module = importlib.util.module_from_spec(spec)
-        module.__getattr__ = _init_on_miss(module, spec)  # type: ignore[method-assign]
+        module.__getattr__ = _Deferred(name, spec, module)  # type: ignore[method-assign]
         sys.modules[name] = module
         done.append(name)
+    if "kafka" in done:  # what kafka-python's __init__ does first: its loggers stay quiet without a handler
+        logging.getLogger("kafka").addHandler(logging.NullHandler())
     return done
-
-
-def _init_on_miss(module: ModuleType, spec: ModuleSpec) -> Any:
-    lock = threading.Lock()
-
-    def __getattr__(attr: str) -> Any:
-        """PEP 562: called only for a name the module lacks. Runs the package's ``__init__`` once (its
-        own lookups then fail normally: this hook is gone), then answers from what it defined."""
-        with lock:
-            if module.__dict__.get("__getattr__") is __getattr__:
-                del module.__dict__["__getattr__"]
-                assert spec.loader is not None
-                spec.loader.exec_module(module)
-        try:
-            return module.__dict__[attr]
-        except KeyError:
-            raise AttributeError(f"module {module.__name__!r} has no attribute {attr!r}") from None
-
-    return __getattr__
 
 
 defer_package_inits()

@@ -45,3 +45,41 @@ def test_the_clients_and_package_attributes_are_still_there_when_asked_for() -> 
         "except AttributeError as exc:\n"
         "    print(exc)\n")
     assert out.strip() == "module 'kafka' has no attribute 'no_such_name'"
+
+
+def test_threads_asking_at_once_all_wait_for_the_one_init() -> None:
+    out = run(
+        "import coordinator.startup, importlib, threading\n"
+        "errors = []\n"
+        "def ask(package, name):\n"
+        "    try:\n"
+        "        getattr(importlib.import_module(package), name)\n"
+        "    except BaseException as exc:\n"
+        "        errors.append(repr(exc))\n"
+        "threads = [threading.Thread(target=ask, args=asked) for asked in\n"
+        "           [('kafka', 'KafkaConsumer'), ('aiokafka', 'AIOKafkaProducer'), ('kafka', '__version__')] * 4]\n"
+        "for t in threads: t.start()\n"
+        "for t in threads: t.join()\n"
+        "print(errors)\n")
+    assert out.strip() == "[]"
+
+
+def test_an_init_that_raises_leaves_the_package_to_be_imported_afresh(tmp_path: Path) -> None:
+    """As a failed import does: the package leaves ``sys.modules``, and the next import runs it again."""
+    package = tmp_path / "brokenpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("import sys\nsys.stdout.write('init ran\\n')\nraise RuntimeError('boom')\n")
+    (package / "part.py").write_text("VALUE = 1\n")
+    out = run(
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from coordinator.startup import defer_package_inits\n"
+        "assert defer_package_inits(('brokenpkg',)) == ['brokenpkg']\n"
+        "import brokenpkg.part\n"
+        "assert brokenpkg.part.VALUE == 1  # a submodule needs no init\n"
+        "for _ in range(2):\n"
+        "    try:\n"
+        "        import brokenpkg\n"
+        "        brokenpkg.missing\n"
+        "    except RuntimeError as exc:\n"
+        "        print(exc, 'brokenpkg' in sys.modules)\n")
+    assert out.splitlines() == ["init ran", "boom False", "init ran", "boom False"]
