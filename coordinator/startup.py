@@ -11,15 +11,19 @@ have yet (``from kafka import KafkaAdminClient``, ``kafka.__version__``) runs th
 meanwhile wait for that run; a run that raises removes the package from ``sys.modules``, as a failed
 import does, so the next import starts afresh.
 
-The limit: a client *submodule* imported by its own name before the ``__init__`` has run
-(``import aiokafka.producer``) loads before its package's ``__init__``, which it imports names from, and
-fails with a circular-import error. A finder that ran the ``__init__`` first was tried: the import
-system calls finders under its global lock and re-executes a module a finder's side effects loaded,
-so it deadlocked threads and loaded modules twice. No kcoord process imports a client submodule by
-name (tests/coordinator/test_startup.py checks the server's whole path); ask the package for the
-client, as ``kcoord groups`` does, or import the package's names first.
+A client *submodule* imported by its own name before the ``__init__`` has run (``import
+aiokafka.producer``) loads before that ``__init__``, as it would not normally. What such modules take
+from their package is served without it: a submodule (``from kafka import errors``) is imported, and
+``__version__`` is set from the installed distribution up front (the ``__init__`` sets its own when it
+runs). A sweep importing each of the 303 submodules of both packages first, in a fresh interpreter,
+finds every one behaving as without this module but ``kafka.cluster``: it and ``kafka.net`` import each
+other, which works only when ``kafka.net`` comes first, as kafka-python's ``__init__`` has it (import
+``kafka.net`` or ask the package first). A finder that ran the ``__init__`` first was tried:
+the import system calls finders under its global lock and re-executes a module a finder's side effects
+loaded, so it deadlocked threads and loaded modules twice.
 """
 
+import importlib.metadata
 import importlib.util
 import logging
 import sys
@@ -40,6 +44,10 @@ class _Deferred:
         self._lock = threading.RLock()  # reentrant: the __init__'s own lookups come back here
 
     def __call__(self, attr: str) -> Any:
+        if self._pending and not attr.startswith("__") and importlib.util.find_spec(f"{self.name}.{attr}"):
+            # ``from kafka import errors``: the submodule, as the package would give it (client modules
+            # ask for theirs this way while the package's __init__ may be what is importing them)
+            return importlib.import_module(f"{self.name}.{attr}")
         with self._lock:
             if self._pending:
                 self._pending = False
@@ -69,6 +77,10 @@ def defer_package_inits(names: tuple[str, ...] = DEFERRED) -> list[str]:
             continue
         module = importlib.util.module_from_spec(spec)
         module.__getattr__ = _Deferred(name, spec, module)  # type: ignore[method-assign]
+        try:  # the one name client modules import from their package (aiokafka: ``__version__``)
+            module.__dict__["__version__"] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
         sys.modules[name] = module
         done.append(name)
     if "kafka" in done:  # what kafka-python's __init__ does first: its loggers stay quiet without a handler

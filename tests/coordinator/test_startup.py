@@ -2,6 +2,7 @@
 code that wants those clients still gets them. Run in fresh interpreters: this test process has long
 imported both packages whole."""
 
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,17 @@ def test_an_init_that_raises_leaves_the_package_to_be_imported_afresh(tmp_path: 
         "    except RuntimeError as exc:\n"
         "        print(exc, 'brokenpkg' in sys.modules)\n")
     assert out.splitlines() == ["init ran", "boom False", "init ran", "boom False"]
+
+
+def test_client_submodules_imported_first_still_import() -> None:
+    """They load before their package's ``__init__`` here; what they take from the package (a
+    submodule, ``__version__``) is served without it."""
+    out = run(
+        "import coordinator.startup, sys\n"
+        "import aiokafka.producer, aiokafka.consumer, kafka.admin\n"
+        "assert 'aiokafka.client' in sys.modules\n"
+        "import aiokafka, kafka\n"
+        "assert aiokafka.AIOKafkaProducer is aiokafka.producer.AIOKafkaProducer\n"
+        "assert kafka.KafkaAdminClient is kafka.admin.KafkaAdminClient\n"
+        "print(aiokafka.__version__)\n")
+    assert out.strip() == importlib.metadata.version("aiokafka")
