@@ -33,7 +33,6 @@ MAX_KEY_STRING_BYTES: Final = 32767  # record keys carry int16-length strings
 # Final: compiled, these are C statics rather than lookups in the module's dict on every use.
 _new: Final = tuple.__new__
 _OffsetAndMetadata: Final = OffsetAndMetadata
-_OffsetKey: Final = OffsetKey
 KEY_PREFIXES_KEPT: Final = 1 << 14  # (group, topic) key prefixes remembered; all are forgotten beyond
 _key_prefixes: dict[tuple[str, str], bytes] = {}
 
@@ -208,8 +207,7 @@ def prepare_commit(req: CommitRequest, now_ms: int, max_metadata: int) -> Prepar
             if big:
                 errors.append((partition, too_large))
                 continue
-            # tuple.__new__ skips the NamedTuple constructors' Python frames (a 100-partition commit
-            # makes 300 of these tuples)
+            # tuple.__new__ skips the NamedTuple constructor's Python frame (one per partition)
             value = _new(_OffsetAndMetadata, (offset, leader_epoch, meta, commit_ts, expire))
             records.append(((group_id, name, partition), value))  # a CommitPair: no NamedTuple constructors
             encoded.append((_key_bytes(prefix, partition), _value_bytes(offset, leader_epoch, meta, commit_ts, expire)))

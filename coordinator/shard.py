@@ -36,7 +36,7 @@ from coordinator.timers import Clock, Timers
 from protocol.errors import ErrorCode
 from protocol.records import LiveRecord, RecordError, encode_record
 from storage.batch import COMMIT, BatchError, decode_runs
-from storage.batchwriter import build_batches
+from storage.batchwriter import Entry, build_batches
 from storage.log import LogCorruptError, PartitionLog, TailNotCut
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,6 @@ RETRY_BACKOFF_MAX_S = 30.0
 PROBE_INTERVAL_S = 1.0  # how soon a READ_ONLY partition notices the disk is writable again
 REPEAT_LOG_S = 60.0  # a failure that persists is logged again at most this often
 
-Entry = tuple[bytes, bytes | None]
 
 
 class ShardState(Enum):

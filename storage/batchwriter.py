@@ -37,15 +37,11 @@ def build_batch(base_offset: int, entries: list[Entry], timestamp: int, leader_e
     in C: a writer thread building a large batch in Python held the GIL for the event loop's time."""
     if not entries:
         raise ValueError("a batch needs at least one record")
-    builder = _builder(UNLIMITED)
-    append = builder.append
-    ts: object = timestamp
-    for delta, (key, value) in enumerate(entries):
-        append(delta, ts, key, value, _NO_HEADERS)
-    return _finish(builder, base_offset, leader_epoch)
+    return build_batches(base_offset, entries, timestamp, UNLIMITED, leader_epoch)[0][0]  # never refused: one
 
 
-def build_batches(base_offset: int, entries: list[Entry], timestamp: int, max_bytes: int) -> list[tuple[bytes, int]]:
+def build_batches(base_offset: int, entries: list[Entry], timestamp: int, max_bytes: int,
+                  leader_epoch: int = 0) -> list[tuple[bytes, int]]:
     """``entries`` at consecutive offsets from ``base_offset`` as batches of at most ~``max_bytes`` each
     (a record that alone exceeds it gets a batch of its own), in order, each with its record count:
     ``build_batch``'s bytes for each run of entries."""
@@ -57,7 +53,7 @@ def build_batches(base_offset: int, entries: list[Entry], timestamp: int, max_by
     delta = 0
     for key, value in entries:
         if append(delta, ts, key, value, _NO_HEADERS) is None:  # full: it refuses the record
-            batches.append((_finish(builder, first, 0), delta))
+            batches.append((_finish(builder, first, leader_epoch), delta))
             first += delta
             builder = _builder(max_bytes)
             append = builder.append
@@ -65,5 +61,5 @@ def build_batches(base_offset: int, entries: list[Entry], timestamp: int, max_by
             append(0, ts, key, value, _NO_HEADERS)
         delta += 1
     if delta:
-        batches.append((_finish(builder, first, 0), delta))
+        batches.append((_finish(builder, first, leader_epoch), delta))
     return batches
