@@ -17,9 +17,17 @@ and then waits for the busy event loop to hand it back (up to the switch interva
 appending to 15 logs spent ~2 of its ~3.3 ms waiting for the GIL, and commits waited with it. On the
 loop the same writes cost ~0.1 ms in all and the writer crosses the GIL once per cycle. The writer
 thread keeps what can block for long: syncs, probes, reopening and compaction swaps (which touch only
-closed segments; an append touches only the active one). Appends and syncs never overlap: the next
-cycle appends only after the previous sync is back, so a sync covers exactly what was appended
-before it.
+closed segments; an append touches only the active one).
+
+Appending ahead: while the sync helper syncs a cycle, the shards waiting for the next one append
+their records as they come (``write_ahead``, once per loop pass), so when the sync is back the next
+cycle is posted at once, and only then are the finished cycle's requests released (their replies are
+encoded and written while the disk syncs). Each log's end is taken when its sync is posted and only
+that much is marked durable when it is back (storage.log ``end``/``synced``). Never while the writer
+thread syncs (it reads the logs' state), never into a new segment (the sync in flight would not cover
+its directory entry), and a failed sync also fails every shard that appended ahead during it. Measured
+(bench.harness commit-1, alternated with the tree before): 67-69k against 46-55k commits/s, the loop's
+share of each ~0.6 ms cycle (the appends, ~0.1 ms; the release, ~0.05 ms) no longer between two syncs.
 """
 
 import asyncio
@@ -30,7 +38,7 @@ from typing import Any, Protocol
 
 from coordinator.metrics import Metrics
 from coordinator.writer import WriterThread
-from storage.log import PartitionLog
+from storage.log import LogEnd, PartitionLog
 from storage.sync import FileSync, SyncResult
 from storage.synchelper import SyncHelper, SyncHelperGone
 
@@ -47,9 +55,18 @@ class Flushable(Protocol):
 
     def take_batch(self) -> Any | None: ...
 
+    @property
+    def written_ahead(self) -> bool: ...
+
     def append_batch(self, work: Any) -> int: ...
 
+    def write_ahead(self) -> None: ...
+
+    def synced(self, work: Any) -> None: ...
+
     def flushed(self, work: Any, started: float, outcome: FlushOutcome) -> None: ...
+
+    def fail_write(self, exc: BaseException) -> None: ...
 
 
 class Flusher:
@@ -63,6 +80,8 @@ class Flusher:
         self._running = False
         self._scheduled = False
         self._cycle_started = 0.0
+        self._helper_syncing = False  # the cycle in flight is the sync helper's: appends may go on
+        self._ahead_scheduled = False
 
     def sync_pending_s(self) -> float:
         """Seconds the cycle in progress has been under way (appends and sync), 0 without one. Read
@@ -78,9 +97,23 @@ class Flusher:
         """On the loop: ``shard`` has an open batch. It joins the next cycle (started in the next loop
         pass, so requests arriving in the same pass share it)."""
         self._asked[id(shard)] = shard
-        if not self._running and not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._cycle)
+        if not self._running:
+            if not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._cycle)
+        elif self._helper_syncing and not self._ahead_scheduled:
+            self._ahead_scheduled = True
+            asyncio.get_running_loop().call_soon(self._write_ahead)
+
+    def _write_ahead(self) -> None:
+        """While the sync helper syncs a cycle, the shards waiting for the next one append what they
+        have (once per loop pass), so when the sync is back the next cycle only posts its sync. The
+        logs' ends are taken when a sync is posted, and only what was appended before counts as
+        durable when it is back. Not while the writer thread syncs: it reads the logs' state there."""
+        self._ahead_scheduled = False
+        if self._running and self._helper_syncing:
+            for shard in self._asked.values():
+                shard.write_ahead()
 
     def _cycle(self) -> None:
         self._scheduled = False
@@ -119,8 +152,9 @@ class Flusher:
         helper = self.helper
         if helper is not None and helper.alive:
             planned = self._sync.plan(logs)
-            if planned is not None and helper.post(planned[0], planned[1], self._helper_synced, logs, jobs, outcomes,
-                                                   appended, started):
+            if planned is not None and helper.post(planned[0], planned[1], self._helper_synced, logs,
+                                                   [plog.end() for plog in logs], jobs, outcomes, appended, started):
+                self._helper_syncing = True
                 return
         try:
             self._writer.post(self._sync_logs, (logs,), asyncio.get_running_loop(),
@@ -135,16 +169,18 @@ class Flusher:
         results = self._sync.sync(logs)
         return results, time.perf_counter() - started
 
-    def _helper_synced(self, logs: list[PartitionLog], jobs: list[tuple[Flushable, Any]], outcomes: list[FlushOutcome],
-                       appended: list[int], started: float, error: BaseException | None, seconds: float) -> None:
+    def _helper_synced(self, logs: list[PartitionLog], ends: list[LogEnd], jobs: list[tuple[Flushable, Any]],
+                       outcomes: list[FlushOutcome], appended: list[int], started: float, error: BaseException | None,
+                       seconds: float) -> None:
         """On the loop, when the sync helper answered (or ended: ``error`` says the sync may not have
         happened, and the cycle fails)."""
+        self._helper_syncing = False
         if isinstance(error, SyncHelperGone):  # not a sync that failed: no sync, as far as anyone knows
             self._written(jobs, outcomes, appended, started, True, error)
             return
         results: SyncResult
         try:
-            results = self._sync.planned_done(logs, error)
+            results = self._sync.planned_done(logs, error, ends)
         except Exception as exc:  # the cycle must end whatever happens, or no commit is answered again
             log.exception("completing a flush cycle failed")
             results = [exc] * len(logs)
@@ -166,12 +202,28 @@ class Flusher:
         self._finish(jobs, started, outcomes)
 
     def _finish(self, jobs: list[tuple[Flushable, Any]], started: float, outcomes: list[FlushOutcome]) -> None:
+        """The cycle's outcome, per shard. Failed shards are failed first, and so is every shard that
+        appended ahead during the failed sync (a syncfs's error cannot be told apart by file, and is
+        reported once: a later syncfs would call their lost pages durable). The next cycle then starts
+        at once, before this one's requests are released, so the disk syncs what gathered meanwhile
+        while the replies are encoded and written."""
         self._running = False
+        failure = None
         for (shard, work), outcome in zip(jobs, outcomes, strict=True):
-            _guarded(shard.flushed, work, started, outcome)
-        if self._asked and not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._cycle)
+            if isinstance(outcome, BaseException):
+                failure = outcome
+                _guarded(shard.flushed, work, started, outcome)
+            else:
+                _guarded(shard.synced, work)
+        if failure is not None:
+            for shard in list(self._asked.values()):
+                if shard.written_ahead:
+                    _guarded(shard.fail_write, failure)
+        if self._asked:
+            self._cycle()
+        for (shard, work), outcome in zip(jobs, outcomes, strict=True):
+            if not isinstance(outcome, BaseException):
+                _guarded(shard.flushed, work, started, outcome)
 
     def close(self) -> None:
         if self.helper is not None:

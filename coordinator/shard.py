@@ -121,12 +121,15 @@ class ShardHooks:
 
 
 class _Batch:
-    __slots__ = ("callbacks", "entries", "waiters")
+    __slots__ = ("callbacks", "entries", "error", "nbytes", "waiters", "written")
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
         self.waiters: list[tuple[Request, Fixup | None]] = []
         self.callbacks: list[Callable[[], None]] = []
+        self.written = 0  # entries already appended to the log ahead of the batch's cycle (write_ahead)
+        self.nbytes = 0  # their bytes
+        self.error: BaseException | None = None  # an append ahead failed: the batch's cycle fails it
 
     def fail(self, error: ErrorCode) -> None:
         for req, fixup in self.waiters:
@@ -332,8 +335,7 @@ class Shard:
         if batch is None:
             batch = _Batch()
             self._open = batch
-            if self._inflight is None:
-                self.flusher.request(self)
+            self.flusher.request(self)
         batch.entries.extend(encoded)
         return batch
 
@@ -347,20 +349,58 @@ class Shard:
         return _Flush(batch, self._next_offset - len(batch.entries), self.clock.now_ms())
 
     def append_batch(self, work: "_Flush") -> int:
-        """Flusher, on the loop: the batch as record batches of at most ~1 MiB; returns the bytes
-        appended. Not durable until the flusher's sync of the log (on the writer thread) is back."""
-        base, nbytes = work.base, 0
-        for batch, count in build_batches(base, work.batch.entries, work.timestamp, MAX_BATCH_BYTES):
+        """Flusher, on the loop: what the batch has not appended ahead, as record batches of at most
+        ~1 MiB; returns the batch's bytes. Not durable until the flusher's sync of the log is back."""
+        batch = work.batch
+        if batch.error is not None:
+            raise batch.error
+        self._write(batch, work.base, work.timestamp, ahead=False)
+        return batch.nbytes
+
+    def write_ahead(self) -> None:
+        """Flusher, on the loop, while the sync helper syncs an earlier cycle: appends the open batch's
+        new records to the page cache now, so its own cycle only has to sync them. Never a new
+        segment (the sync in flight would not cover its directory entry): that is left to the cycle.
+        A failure is kept for the cycle, which fails the batch as if its append had failed there."""
+        batch = self._open
+        if batch is None or batch.error is not None or self.state is not ShardState.ACTIVE \
+                or batch.written == len(batch.entries):
+            return
+        try:
+            self._write(batch, self._next_offset - len(batch.entries), self.clock.now_ms(), ahead=True)
+        except Exception as exc:
+            batch.error = exc
+
+    @property
+    def written_ahead(self) -> bool:
+        """The open batch has bytes in the log that no sync has covered yet."""
+        return self._open is not None and self._open.written > 0
+
+    def _write(self, batch: _Batch, base: int, timestamp: int, ahead: bool) -> None:
+        """Appends ``batch``'s entries from ``batch.written`` on (the first at offset ``base``)."""
+        base += batch.written
+        entries = batch.entries[batch.written:] if batch.written else batch.entries
+        for data, count in build_batches(base, entries, timestamp, MAX_BATCH_BYTES):
+            if ahead and not self.log.fits(len(data)):
+                return
+            self.log.append(data, base + count - 1)
             base += count
-            self.log.append(batch, base - 1)
-            nbytes += len(batch)
-        return nbytes
+            batch.written += count
+            batch.nbytes += len(data)
+
+    def synced(self, work: "_Flush") -> None:
+        """Flusher, on the loop: the batch in flight is durable. The open one may join the next cycle,
+        which starts before ``flushed`` releases this batch's requests."""
+        self._inflight = None
+        if self._open is not None:
+            self.flusher.request(self)
 
     def flushed(self, work: "_Flush", started: float, outcome: FlushOutcome) -> None:
-        """Flusher, on the loop: the batch is durable (release its requests) or failed (fail them, reload)."""
+        """Flusher, on the loop, after ``synced``: the batch is durable (release its requests); or, on
+        its own, failed (fail them, reload)."""
         batch = work.batch
-        self._inflight = None
         if isinstance(outcome, BaseException):
+            self._inflight = None
             batch.fail(ErrorCode.NOT_COORDINATOR)
             self.fail_write(outcome)
             return
@@ -374,8 +414,6 @@ class Shard:
         self._metrics.batch_flushed(self.partition, len(batch.entries), outcome, time.perf_counter() - started)
         if self._parked and self._pending_records() < SLICES_AHEAD:
             self._resume_parked()
-        if self._open is not None:
-            self.flusher.request(self)
 
     def _fail_pending(self, error: ErrorCode) -> None:
         for batch in (self._inflight, self._open):

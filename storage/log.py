@@ -48,6 +48,7 @@ RECOVERY_POINT = "recovery-point"
 PROBE_FILE = ".write-probe"
 PROBE_BYTES = 64 * 1024
 CHECKPOINT_INTERVAL_S = 1.0
+LogEnd = tuple[int, int, int]  # next offset, active segment's base offset, its size: PartitionLog.end()
 
 
 class LogCorruptError(Exception):
@@ -289,12 +290,24 @@ class PartitionLog:
             return None
         return self._fd
 
-    def synced(self, checkpoint: bool = True) -> None:
-        """Everything appended is on disk (fsynced, by ``fsync_files`` or a syncfs of its file system):
-        advance the durable end and, with ``checkpoint``, record it at most once a second (storage.sync
-        records many logs' at once instead)."""
+    def end(self) -> LogEnd:
+        """Where the appends end now: what a sync started now makes durable (``synced``'s ``upto``)."""
+        return (self.next_offset, self.segments[-1].base_offset, self.segments[-1].size) if self.segments \
+            else (self.next_offset, -1, 0)
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more go into the active segment without a new one (whose directory entry
+        a sync of the active segment's descriptor would not cover)."""
+        return bool(self.segments) and self.segments[-1].size + nbytes <= self.segment_bytes
+
+    def synced(self, checkpoint: bool = True, upto: LogEnd | None = None) -> None:
+        """Everything appended (or, with ``upto``, everything up to that ``end()``, taken before the
+        sync started: appends may go on while the sync helper syncs) is on disk (fsynced, by
+        ``fsync_files`` or a syncfs of its file system): advance the durable end and, with
+        ``checkpoint``, record it at most once a second (storage.sync records many logs' at once
+        instead)."""
         self._dir_dirty = False
-        self._mark_durable()
+        self._mark_durable(upto)
         if checkpoint and self.checkpoint_due():
             try:
                 self.checkpoint()
@@ -431,10 +444,8 @@ class PartitionLog:
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         return self._fd
 
-    def _mark_durable(self) -> None:
-        self.durable_offset = self.next_offset
-        self._durable_base = self.segments[-1].base_offset if self.segments else -1
-        self._durable_size = self.segments[-1].size if self.segments else 0
+    def _mark_durable(self, upto: LogEnd | None = None) -> None:
+        self.durable_offset, self._durable_base, self._durable_size = upto if upto is not None else self.end()
 
     def _set_aside(self, seg: Segment, why: str) -> None:
         """Moves a whole segment to ``<segment>.0.tr`` by renaming it: no copy, so it works on a full

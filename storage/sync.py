@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from storage.log import RECOVERY_POINT, PartitionLog
+from storage.log import RECOVERY_POINT, LogEnd, PartitionLog
 from storage.synchelper import OP_FSYNC, OP_SYNCFS
 
 SyncResult = list[BaseException | None]  # per log, in order: None when it is durable
@@ -97,9 +97,12 @@ class FileSync:
             return None
         return _fsync_plan(logs[0])
 
-    def planned_done(self, logs: Sequence[PartitionLog], error: BaseException | None) -> SyncResult:
-        """On the event loop, after the planned call returned: what ``sync`` would have returned."""
-        return [error if error is not None else _synced(plog) for plog in logs]
+    def planned_done(self, logs: Sequence[PartitionLog], error: BaseException | None,
+                     ends: Sequence[LogEnd]) -> SyncResult:
+        """On the event loop, after the planned call returned: what ``sync`` would have returned, each
+        log durable up to its ``end()`` taken before the call was made (appends made since are not
+        covered by it)."""
+        return [error if error is not None else _synced(plog, end) for plog, end in zip(logs, ends, strict=True)]
 
     def _sync_each(self, logs: Sequence[PartitionLog], checkpoint: bool) -> SyncResult:
         if len(logs) == 1:
@@ -143,8 +146,9 @@ class FilesystemSync(FileSync):
         watcher = self._watchers.get(device) if device is not None else None
         return None if watcher is None else (OP_SYNCFS, watcher)
 
-    def planned_done(self, logs: Sequence[PartitionLog], error: BaseException | None) -> SyncResult:
-        results = super().planned_done(logs, error)
+    def planned_done(self, logs: Sequence[PartitionLog], error: BaseException | None,
+                     ends: Sequence[LogEnd]) -> SyncResult:
+        results = super().planned_done(logs, error, ends)
         self._claims_due([plog for plog, outcome in zip(logs, results, strict=True) if outcome is None])
         return results
 
@@ -271,9 +275,9 @@ def _fsync_plan(plog: PartitionLog) -> tuple[int, int] | None:
     return None if fd is None else (OP_FSYNC, fd)
 
 
-def _synced(plog: PartitionLog) -> BaseException | None:
+def _synced(plog: PartitionLog, end: LogEnd) -> BaseException | None:
     try:
-        plog.synced(checkpoint=False)
+        plog.synced(checkpoint=False, upto=end)
     except Exception as exc:
         return exc
     return None

@@ -15,7 +15,7 @@ from coordinator.shard import OpResult, Shard, ShardState
 from coordinator.state import ShardData, offset_value
 from protocol.errors import ErrorCode
 from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, Record
-from storage.log import PartitionLog
+from storage.log import LogEnd, PartitionLog
 
 OK = "ok"
 
@@ -116,7 +116,7 @@ class FaultyLog(PartitionLog):
             raise OSError(errno.EROFS, "Read-only file system (injected)", str(self.directory))
         super().truncate_to_durable()
 
-    def synced(self, checkpoint: bool = True) -> None:
+    def synced(self, checkpoint: bool = True, upto: LogEnd | None = None) -> None:
         # Called once the log's fsyncs (or its file system's syncfs) returned: failing here is an
         # fsync failure in either sync mode, before the durable end moves.
         hold = self.faults.hold_sync
@@ -126,7 +126,7 @@ class FaultyLog(PartitionLog):
         if self.faults.fail_next_sync:
             self.faults.fail_next_sync = False
             raise OSError(errno.EIO, "injected EIO in fsync")
-        super().synced(checkpoint)
+        super().synced(checkpoint, upto)
 
     def probe(self) -> None:
         if self.faults.read_only:

@@ -68,6 +68,56 @@ async def test_concurrent_commits_share_batches(tmp_path: Path) -> None:
     await stop(runtime)
 
 
+async def test_records_appended_ahead_are_made_durable_by_their_own_cycle(tmp_path: Path) -> None:
+    """What the flusher does while the sync helper syncs an earlier cycle (write_ahead), done here
+    before the batch's own cycle starts: the cycle appends only what came after, and syncs both."""
+    runtime = await started(config(tmp_path))
+    shard = runtime.shards[0]
+    assert await append(shard, [commit("g", 0, 1)]) == OK
+    first = append(shard, [commit("g", 0, 2), commit("g", 1, 2)])
+    shard.write_ahead()
+    assert shard.written_ahead and on_disk(shard.log.directory) == [0, 1, 2]  # in the file, not yet synced
+    assert not first.done()
+    second = append(shard, [commit("g", 2, 2)])
+    assert await first == OK and await second == OK
+    assert on_disk(shard.log.directory) == [0, 1, 2, 3] and shard.log.durable_offset == 4
+    assert not shard.written_ahead
+    await stop(runtime)
+    reloaded = await started(config(tmp_path))
+    assert [reloaded.shards[0].data.committed("g", "t", p) for p in range(3)] == [OffsetAndMetadata(2, -1, "m", 1)] * 3
+    await stop(reloaded)
+
+
+async def test_an_append_ahead_that_fails_fails_its_batch_in_its_cycle(tmp_path: Path) -> None:
+    faults = Faults()
+    runtime = await started(config(tmp_path), faults.factory)
+    shard = runtime.shards[0]
+    assert await append(shard, [commit("g", 0, 1)]) == OK
+    waiting = append(shard, [commit("g", 0, 2)])
+    faults.fail_next_append = True
+    shard.write_ahead()
+    assert not shard.written_ahead  # nothing went into the file
+    assert await waiting == ErrorCode.NOT_COORDINATOR
+    await wait_state(shard, ShardState.ACTIVE)
+    assert shard.data.committed("g", "t", 0) == OffsetAndMetadata(1, -1, "m", 1)
+    assert await append(shard, [commit("g", 0, 3)]) == OK
+    await stop(runtime)
+
+
+async def test_appending_ahead_never_starts_a_segment(tmp_path: Path) -> None:
+    """A new segment's directory entry is not covered by the sync of the one in flight: the batch's
+    own cycle starts it (and syncs it through the writer thread)."""
+    runtime = await started(config(tmp_path, segment_bytes=300))
+    shard = runtime.shards[0]
+    assert await append(shard, [commit("g", 0, 1), commit("g", 1, 1)]) == OK
+    waiting = append(shard, [commit("g", p, 2) for p in range(3)])
+    shard.write_ahead()
+    assert not shard.written_ahead and len(shard.log.segments) == 1
+    assert await waiting == OK
+    assert len(shard.log.segments) == 2 and on_disk(shard.log.directory) == [0, 1, 2, 3, 4]
+    await stop(runtime)
+
+
 async def test_fsync_failure_fails_waiting_requests_drops_the_tail_and_reloads(tmp_path: Path) -> None:
     faults = Faults()
     runtime = await started(config(tmp_path), faults.factory)

@@ -9,8 +9,7 @@ import socket
 import time
 from pathlib import Path
 
-import pytest
-
+from protocol.partitioning import partition_for
 from tests.integration.test_metrics import scrape, value
 from tests.kcoord_process import KcoordProcess
 from tests.rawclient import RawClient, commit_request, fetch_request
@@ -39,14 +38,26 @@ def helper_pid(server: KcoordProcess) -> int:
     return pid
 
 
-def commit(client: RawClient, offset: int) -> int:
-    reply = client.call(commit_request("sync-helper", {("t", 0): offset}), 8)
+def commit(client: RawClient, offset: int, group: str = "sync-helper") -> int:
+    reply = client.call(commit_request(group, {("t", 0): offset}), 8)
     return int(reply.topics[0].partitions[0].error_code)
 
 
-def committed(client: RawClient) -> int:
-    reply = client.call(fetch_request("sync-helper", {"t": [0]}), 7)
+def committed(client: RawClient, group: str = "sync-helper") -> int:
+    reply = client.call(fetch_request(group, {"t": [0]}), 7)
     return int(reply.topics[0].partitions[0].committed_offset)
+
+
+def unanswered(client: RawClient, wait: float = 0.5) -> bool:
+    """Nothing came back on ``client`` within ``wait`` seconds."""
+    client.sock.settimeout(wait)
+    try:
+        client.sock.recv(1, socket.MSG_PEEK)
+    except TimeoutError:
+        return True
+    finally:
+        client.sock.settimeout(10)
+    return False
 
 
 def test_a_stopped_then_killed_helper_acknowledges_nothing_early_and_loses_nothing(tmp_path: Path) -> None:
@@ -62,11 +73,8 @@ def test_a_stopped_then_killed_helper_acknowledges_nothing_early_and_loses_nothi
 
         os.kill(pid, signal.SIGSTOP)
         client.send(commit_request("sync-helper", {("t", 0): 6}), 8)
-        client.sock.settimeout(0.5)
-        with pytest.raises(socket.timeout):  # appended, not durable: not answered
-            client.sock.recv(1, socket.MSG_PEEK)
+        assert unanswered(client)  # appended, not durable: not answered
         assert value(scrape(server), "kcoord_sync_pending_seconds") >= 0.4  # what KcoordSyncStuck watches
-        client.sock.settimeout(10)
         os.kill(pid, signal.SIGKILL)
         _, reply = client.receive(8, 8)
         assert reply.topics[0].partitions[0].error_code == NOT_COORDINATOR  # its sync may not have happened
@@ -119,3 +127,71 @@ def test_with_the_helper_off_the_writer_thread_makes_every_sync(tmp_path: Path) 
         if server.proc is not None and server.proc.poll() is None:
             server.kill()
 
+
+
+def segment_size(data: Path, group: str) -> int:
+    (segment,) = (data / f"__consumer_offsets-{partition_for(group, 50)}").glob("*.log")
+    return segment.stat().st_size
+
+
+def test_commits_made_while_the_helper_syncs_are_appended_ahead_and_acknowledged_only_by_their_own_sync(
+        tmp_path: Path) -> None:
+    """While the helper syncs one cycle, the next cycle's records are already appended (storage is
+    written ahead); they are acknowledged only once a sync posted after them is back, and a failed sync
+    fails them too: it may have been their pages that could not be written."""
+    first, second = "ahead-1", "ahead-2"
+    assert partition_for(first, 50) != partition_for(second, 50)
+    server = KcoordProcess(tmp_path / "data").start()
+    try:
+        one, two = RawClient(server.port), RawClient(server.port)
+        for offset in range(1, 4):  # each log's first cycle creates its segment: the writer thread's
+            assert commit(one, offset, first) == 0 and commit(two, offset, second) == 0
+        pid = helper_pid(server)
+
+        os.kill(pid, signal.SIGSTOP)
+        one.send(commit_request(first, {("t", 0): 4}), 8)
+        assert unanswered(one)  # its cycle's sync is held in the helper
+        size = segment_size(tmp_path / "data", second)
+        two.send(commit_request(second, {("t", 0): 4}), 8)
+        deadline = time.monotonic() + 10
+        while segment_size(tmp_path / "data", second) == size:  # written ahead of its cycle...
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert unanswered(two)  # ...and not acknowledged: no sync has covered it
+        os.kill(pid, signal.SIGCONT)
+        for client in (one, two):
+            _, reply = client.receive(8, 8)
+            assert reply.topics[0].partitions[0].error_code == 0
+
+        os.kill(pid, signal.SIGSTOP)
+        one.send(commit_request(first, {("t", 0): 5}), 8)
+        assert unanswered(one)
+        size = segment_size(tmp_path / "data", second)
+        two.send(commit_request(second, {("t", 0): 5}), 8)
+        while segment_size(tmp_path / "data", second) == size:
+            assert time.monotonic() < deadline + 10
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)  # the held sync fails: so do the records appended while it was held
+        for client in (one, two):
+            _, reply = client.receive(8, 8)
+            assert reply.topics[0].partitions[0].error_code == NOT_COORDINATOR
+        deadline = time.monotonic() + 20
+        while segment_size(tmp_path / "data", second) != size:  # cut back: never acknowledged
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for client, group in ((one, first), (two, second)):
+            while (error := commit(client, 6, group)) != 0:
+                assert error == NOT_COORDINATOR and time.monotonic() < deadline
+                time.sleep(0.05)
+        assert "dropped" in server.log_since_start()
+        one.close()
+        two.close()
+
+        assert server.stop() == 0
+        server.start()
+        client = RawClient(server.port)
+        assert committed(client, first) == 6 and committed(client, second) == 6
+        client.close()
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()

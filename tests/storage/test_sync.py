@@ -249,17 +249,22 @@ def test_a_cycle_is_planned_as_one_system_call_once_its_files_are_known(tmp_path
     planned = sync.plan(group)
     assert planned is not None and planned[0] == OP_SYNCFS and planned[1] in sync._watchers.values()
     assert SYNCFS is not None
+    ends = [plog.end() for plog in group]
     SYNCFS(planned[1])
-    assert sync.planned_done(group, None) == [None] * 3
+    assert sync.planned_done(group, None, ends) == [None] * 3
     assert [p.durable_offset for p in group] == [2] * 3
     append(group[0])
     planned = sync.plan(group[:1])
     assert planned == (OP_FSYNC, group[0].sync_fd()) and planned[1] is not None
+    end = group[0].end()
     os.fsync(planned[1])
-    assert sync.planned_done(group[:1], None) == [None] and group[0].durable_offset == 3
+    append(group[0])  # appended while the sync was under way: not covered by it
+    assert sync.planned_done(group[:1], None, [end]) == [None] and group[0].durable_offset == 3
+    assert group[0].claim() == end[1:] and group[0].end() != end
     for plog in group:
         append(plog)
-    failed = sync.planned_done(group, OSError(errno.EIO, "the helper's syncfs failed"))
+    failed = sync.planned_done(group, OSError(errno.EIO, "the helper's syncfs failed"),
+                               [plog.end() for plog in group])
     assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in failed)
     assert [p.durable_offset for p in group] == [3, 2, 2]  # no durable end moved
     sync.close()
