@@ -24,7 +24,8 @@ COMPILED = [
     "storage/loadcodec.py", "coordinator/state.py", "storage/batchwriter.py",
     # every request's way: framing, header, registry, server, request, runtime, shard, flusher, metrics
     "protocol/framing.py", "protocol/header.py", "protocol/registry.py", "coordinator/server.py",
-    "coordinator/request.py", "coordinator/runtime.py", "coordinator/shard.py", "coordinator/flusher.py",
+    "coordinator/request.py", "coordinator/runtime.py", "coordinator/shard.py", "coordinator/pending.py",
+    "coordinator/flusher.py",
     "coordinator/metrics.py", "coordinator/timers.py",
     # OffsetCommit and OffsetFetch
     "protocol/hotcodec.py", "protocol/commit.py", "coordinator/offsets.py", "coordinator/apis/k08_offset_commit.py",

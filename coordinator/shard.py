@@ -3,10 +3,11 @@
 Operations (Kafka's ``CoordinatorRuntime`` shape): ``write(req, op, *args)`` runs a pure op against the
 state; the op returns records and a response; the records get the next log offsets and are replayed at
 once (the next op sees them) and join the *open* batch; the request waits on that batch. The flusher
-(coordinator/flusher.py) takes the open batches of every shard with one, appends each as Kafka v2
-record batches and makes them durable together on the writer thread; then every request waiting on
-them is released. ``read(req, fixup, op, *args)`` runs an op that writes nothing; it
-still waits for the newest pending batch, so no client sees state a failed fsync could take back.
+(coordinator/flusher.py) takes the open batches of every shard with one (coordinator/pending.py),
+appends each as Kafka v2 record batches (or what the batch has not appended ahead while an earlier
+cycle synced) and makes them durable together; then every request waiting on them is released.
+``read(req, fixup, op, *args)`` runs an op that writes nothing; it still waits for the newest pending
+batch, so no client sees state a failed fsync could take back.
 Timers are keyed per shard and their expiry runs an op through ``write``.
 
 Fail-stop: if an append or fsync fails, every waiting request fails (NOT_COORDINATOR), the bytes this
@@ -30,18 +31,18 @@ from mypy_extensions import mypyc_attr
 from coordinator.flusher import Flusher, FlushOutcome
 from coordinator.gcpause import freeze_loaded, gc_paused
 from coordinator.metrics import Metrics
+from coordinator.pending import Batch, Flush
 from coordinator.request import Fixup, Request, ShardUnavailable
 from coordinator.state import NO_PRODUCER, ShardData
 from coordinator.timers import Clock, Timers
 from protocol.errors import ErrorCode
 from protocol.records import LiveRecord, RecordError, encode_record
 from storage.batch import COMMIT, BatchError, decode_runs
-from storage.batchwriter import Entry, build_batches
+from storage.batchwriter import Entry
 from storage.log import LogCorruptError, PartitionLog, TailNotCut
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH_BYTES = 1024 * 1024  # Kafka's max.message.bytes for the offsets topic, about 1 MiB
 APPEND_SLICE = 1024  # records replayed per loop pass for a huge operation (~1 ms)
 # A huge operation's next slice waits while this many of the shard's records are not yet durable: the
 # loop replays faster than the writer appends, and unbounded, one flush cycle would take on tens of
@@ -120,36 +121,6 @@ class ShardHooks:
         pass
 
 
-class _Batch:
-    __slots__ = ("callbacks", "entries", "error", "nbytes", "waiters", "written")
-
-    def __init__(self) -> None:
-        self.entries: list[Entry] = []
-        self.waiters: list[tuple[Request, Fixup | None]] = []
-        self.callbacks: list[Callable[[], None]] = []
-        self.written = 0  # entries already appended to the log ahead of the batch's cycle (write_ahead)
-        self.nbytes = 0  # their bytes
-        self.error: BaseException | None = None  # an append ahead failed: the batch's cycle fails it
-
-    def fail(self, error: ErrorCode) -> None:
-        for req, fixup in self.waiters:
-            req.done(fixup, error)
-        self.waiters.clear()
-        self.callbacks.clear()
-
-
-class _Flush:
-    """A batch handed to the flusher, with the offset of its first record and its timestamp. A plain
-    class: compiled, a NamedTuple's constructor is an interpreted frame."""
-
-    __slots__ = ("base", "batch", "timestamp")
-
-    def __init__(self, batch: _Batch, base: int, timestamp: int) -> None:
-        self.batch = batch
-        self.base = base
-        self.timestamp = timestamp
-
-
 class LoadCancelled(Exception):
     pass
 
@@ -199,8 +170,8 @@ class Shard:
         self._loader = loader
         self._metrics = metrics
         self._next_offset = 0
-        self._open: _Batch | None = None
-        self._inflight: _Batch | None = None
+        self._open: Batch | None = None
+        self._inflight: Batch | None = None
         self._parked: list[Callable[[], None]] = []  # huge operations' next slices, waiting for the writer
         self._closing = False
         self._task: asyncio.Task[None] | None = None  # the running reload or probe, kept referenced
@@ -240,7 +211,7 @@ class Shard:
         if self.state is not ShardState.ACTIVE:
             raise ShardUnavailable(_WRITE_ERRORS[self.state])
         result = op(self.data, *args)
-        batch: _Batch | None
+        batch: Batch | None
         if len(result.records) > APPEND_SLICE:
             self._append_sliced(req, result, 0)
             return result.response
@@ -323,7 +294,7 @@ class Shard:
         for resume in parked:
             loop.call_soon(resume)
 
-    def _append(self, records: list[LiveRecord], encoded: list[Entry] | None, replay: bool = True) -> _Batch:
+    def _append(self, records: list[LiveRecord], encoded: list[Entry] | None, replay: bool = True) -> Batch:
         """Encodes first (a record that cannot be encoded fails only its own request), then replays at
         the next offsets and adds to the open batch, scheduling a flush if none is running."""
         if encoded is None:
@@ -333,28 +304,28 @@ class Shard:
         self._next_offset += len(records)
         batch = self._open
         if batch is None:
-            batch = _Batch()
+            batch = Batch()
             self._open = batch
             self.flusher.request(self)
         batch.entries.extend(encoded)
         return batch
 
-    def take_batch(self) -> "_Flush | None":
+    def take_batch(self) -> "Flush | None":
         """Flusher, on the loop: the open batch becomes the one in flight, unless one already is (its
         completion asks again) or the shard stopped serving writes."""
         batch = self._open
         if self._inflight is not None or batch is None or self.state is not ShardState.ACTIVE:
             return None
         self._open, self._inflight = None, batch
-        return _Flush(batch, self._next_offset - len(batch.entries), self.clock.now_ms())
+        return Flush(batch, self._next_offset - len(batch.entries), self.clock.now_ms())
 
-    def append_batch(self, work: "_Flush") -> int:
+    def append_batch(self, work: "Flush") -> int:
         """Flusher, on the loop: what the batch has not appended ahead, as record batches of at most
         ~1 MiB; returns the batch's bytes. Not durable until the flusher's sync of the log is back."""
         batch = work.batch
         if batch.error is not None:
             raise batch.error
-        self._write(batch, work.base, work.timestamp, ahead=False)
+        batch.append_to(self.log, work.base, work.timestamp, ahead=False)
         return batch.nbytes
 
     def write_ahead(self) -> None:
@@ -367,7 +338,7 @@ class Shard:
                 or batch.written == len(batch.entries):
             return
         try:
-            self._write(batch, self._next_offset - len(batch.entries), self.clock.now_ms(), ahead=True)
+            batch.append_to(self.log, self._next_offset - len(batch.entries), self.clock.now_ms(), ahead=True)
         except Exception as exc:
             batch.error = exc
 
@@ -376,26 +347,14 @@ class Shard:
         """The open batch has bytes in the log that no sync has covered yet."""
         return self._open is not None and self._open.written > 0
 
-    def _write(self, batch: _Batch, base: int, timestamp: int, ahead: bool) -> None:
-        """Appends ``batch``'s entries from ``batch.written`` on (the first at offset ``base``)."""
-        base += batch.written
-        entries = batch.entries[batch.written:] if batch.written else batch.entries
-        for data, count in build_batches(base, entries, timestamp, MAX_BATCH_BYTES):
-            if ahead and not self.log.fits(len(data)):
-                return
-            self.log.append(data, base + count - 1)
-            base += count
-            batch.written += count
-            batch.nbytes += len(data)
-
-    def synced(self, work: "_Flush") -> None:
+    def synced(self, work: "Flush") -> None:
         """Flusher, on the loop: the batch in flight is durable. The open one may join the next cycle,
         which starts before ``flushed`` releases this batch's requests."""
         self._inflight = None
         if self._open is not None:
             self.flusher.request(self)
 
-    def flushed(self, work: "_Flush", started: float, outcome: FlushOutcome) -> None:
+    def flushed(self, work: "Flush", started: float, outcome: FlushOutcome) -> None:
         """Flusher, on the loop, after ``synced``: the batch is durable (release its requests); or, on
         its own, failed (fail them, reload)."""
         batch = work.batch

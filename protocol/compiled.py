@@ -20,8 +20,8 @@ PACKAGES = ("coordinator", "protocol", "storage")
 MODULES = ("storage.loadcodec", "coordinator.state", "storage.batchwriter", "protocol.framing", "protocol.header",
            "protocol.registry",
            "coordinator.server", "coordinator.request", "coordinator.runtime", "coordinator.shard",
-           "coordinator.flusher", "coordinator.metrics", "coordinator.timers", "protocol.hotcodec",
-           "protocol.commit", "coordinator.offsets", "coordinator.apis.k08_offset_commit",
+           "coordinator.pending", "coordinator.flusher", "coordinator.metrics", "coordinator.timers",
+           "protocol.hotcodec", "protocol.commit", "coordinator.offsets", "coordinator.apis.k08_offset_commit",
            "coordinator.apis.k09_offset_fetch")
 
 
