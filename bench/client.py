@@ -91,6 +91,7 @@ class Sample:
     client_cpu_s: float = 0.0
     server_cpu_s: float | None = None
     late: int = 0  # paced runs: requests sent after they were due because D were already outstanding
+    client: str = "asyncio"  # the load generator: this module's, or bench/cpacer.py's C program
 
 
 class Run:

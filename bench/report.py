@@ -47,6 +47,7 @@ def figures(m: Measurement) -> dict[str, Any]:
         "error_kinds": dict(s.errors),
         "unanswered": s.unanswered,
         "late": s.late if m.rate_target else None,
+        "client": s.client,
         "records_per_fsync": m.records_per_fsync,
         "loadavg_1m": m.loadavg[0],
     }
@@ -154,9 +155,9 @@ def render(rows: list[dict[str, Any]], ratio: dict[str, dict[str, float]], goals
             out(line)
         for r in rows:
             if r["rate_target"]:
-                out(f"{r['scenario']} {r['server']}: paced at {r['rate_target']:,.0f} req/s (open loop, latency from "
-                    f"when each request was due); {r['late']} requests waited because {r['inflight']} were "
-                    f"already outstanding on their connection")
+                out(f"{r['scenario']} {r['server']}: paced at {r['rate_target']:,.0f} req/s by the {r['client']} (open "
+                    f"loop, latency from when each request was due); {r['late']} requests went out over two pacing "
+                    f"ticks late, most because {r['inflight']} were already outstanding on their connection")
         out("")
     if ratio:
         out("ratios (req/s; the same for partition-offsets/s):")

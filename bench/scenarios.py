@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import cpacer
 from bench.client import Checker, Load, Sample, Slot, measure, prime
 from bench.kcoord_api import log_totals
 from bench.peers import Peer
@@ -101,8 +102,14 @@ async def run_scenario(peer: Peer, versions: Versions, s: Scenario, *, groups: i
     commit_checker = Checker([Slot("commit", t) for t in load.templates], versions, peer.tolerance)
     await prime(peer.host, peer.port, commit_checker, range(len(load.templates)))
     logged = log_totals(peer.data_dir) if peer.data_dir else (0, 0)
-    sample = await measure(peer.host, peer.port, load, checker, connections=connections, inflight=inflight,
-                           warmup=warmup, duration=duration, server_cpu=peer.cpu_seconds, rate=rate)
+    program = cpacer.binary() if rate is not None else None
+    if program is not None and rate is not None:
+        sample = await cpacer.measure(program, peer.host, peer.port, load, checker, connections=connections,
+                                      inflight=inflight, warmup=warmup, duration=duration,
+                                      server_cpu=peer.cpu_seconds, rate=rate)
+    else:
+        sample = await measure(peer.host, peer.port, load, checker, connections=connections, inflight=inflight,
+                               warmup=warmup, duration=duration, server_cpu=peer.cpu_seconds, rate=rate)
     m = Measurement(s, peer.name, versions, connections, inflight, load.partitions_per_request, sample, rate)
     if peer.data_dir and s.kind != "fetch":
         batches, records = log_totals(peer.data_dir)
