@@ -95,7 +95,8 @@ async def measure(program: Path, host: str, port: int, load: Load, checker: Chec
         firsts = _records(Path(tmp, "bodies.bin").read_bytes())
         odd = _records(Path(tmp, "odd.bin").read_bytes())
     sample.latencies = latencies.tolist()
-    sample.requests = sample.responses = result["responses"]
+    sample.requests = result["responses"]  # in the measured window
+    sample.responses = result["answered"]  # in all phases
     sample.unanswered = result["unanswered"]
     sample.late = result["late"]
     if server0 is not None and server1 is not None:

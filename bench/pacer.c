@@ -242,8 +242,11 @@ int main(int argc, char **argv) {
             if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) readable(c, now);
         }
         if (stopping) {
-            uint64_t outstanding = 0;
-            for (int j = 0; j < nconn; j++) if (conns[j].fd >= 0) outstanding += conns[j].sent - conns[j].received;
+            uint64_t outstanding = 0, answered = 0;
+            for (int j = 0; j < nconn; j++) {
+                answered += conns[j].received;
+                if (conns[j].fd >= 0) outstanding += conns[j].sent - conns[j].received;
+            }
             if (outstanding == 0 || now >= drain_end || lost) {
                 fclose(odd_file);
                 write_file(outdir, "latencies.f64", lat, lat_len * sizeof(double));
@@ -255,9 +258,9 @@ int main(int argc, char **argv) {
                     fwrite(&s, 4, 1, f); fwrite(&first_len[s], 4, 1, f); fwrite(first_body[s], 1, first_len[s], f);
                 }
                 fclose(f);
-                printf("{\"responses\": %llu, \"late\": %llu, \"unanswered\": %llu, \"out_of_order\": %llu, "
-                       "\"odd\": %llu, \"lost_connections\": %llu}\n",
-                       (unsigned long long)window_responses, (unsigned long long)late,
+                printf("{\"responses\": %llu, \"answered\": %llu, \"late\": %llu, \"unanswered\": %llu, "
+                       "\"out_of_order\": %llu, \"odd\": %llu, \"lost_connections\": %llu}\n",
+                       (unsigned long long)window_responses, (unsigned long long)answered, (unsigned long long)late,
                        (unsigned long long)outstanding, (unsigned long long)out_of_order,
                        (unsigned long long)odd_count, (unsigned long long)lost);
                 return 0;

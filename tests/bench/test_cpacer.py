@@ -32,8 +32,9 @@ def test_paced_commits_and_fetches_are_timed_and_checked(kcoord: KcoordProcess) 
     sample = paced(kcoord, load, Checker(slots, VERSIONS, Tolerance()))
     assert sample.client == cpacer.NAME
     assert not sample.errors and sample.unanswered == 0
-    assert 500 <= sample.requests <= 1500  # 0.5 s at 2000/s
-    assert len(sample.latencies) == sample.requests and min(sample.latencies) > 0
+    assert sample.responses > 0  # answered (all phases) and checked
+    assert sample.requests <= 2000 * 0.7 + 1  # paced: never more than due by the window's end
+    assert len(sample.latencies) == sample.requests and all(t > 0 for t in sample.latencies)
 
 
 def test_a_wrong_answer_is_counted_as_an_error(kcoord: KcoordProcess) -> None:
