@@ -191,34 +191,35 @@ class Flusher:
                  synced: "tuple[list[BaseException | None], float] | BaseException") -> None:
         """On the loop, with what ``_sync_logs`` returned or raised (WriterStopped: it never ran), or
         the sync helper's results."""
+        sync_failure: BaseException | None = None
         if isinstance(synced, BaseException):
             outcomes = [synced] * len(jobs)
+            sync_failure = synced
         else:
             results, seconds = synced
             for i, error in zip(appended, results, strict=True):
                 if error is not None:
-                    outcomes[i] = error
+                    outcomes[i] = sync_failure = error
             self._metrics.synced(seconds, sum(1 for o in outcomes if not isinstance(o, BaseException)), by_helper)
-        self._finish(jobs, started, outcomes)
+        self._finish(jobs, started, outcomes, sync_failure)
 
-    def _finish(self, jobs: list[tuple[Flushable, Any]], started: float, outcomes: list[FlushOutcome]) -> None:
-        """The cycle's outcome, per shard. Failed shards are failed first, and so is every shard that
-        appended ahead during the failed sync (a syncfs's error cannot be told apart by file, and is
-        reported once: a later syncfs would call their lost pages durable). The next cycle then starts
-        at once, before this one's requests are released, so the disk syncs what gathered meanwhile
-        while the replies are encoded and written."""
+    def _finish(self, jobs: list[tuple[Flushable, Any]], started: float, outcomes: list[FlushOutcome],
+                sync_failure: BaseException | None = None) -> None:
+        """The cycle's outcome, per shard. Failed shards are failed first; after a failed sync (not a
+        failed append: that touched one log), so is every shard that appended ahead during it (a
+        syncfs's error cannot be told apart by file, and is reported once: a later syncfs would call
+        their lost pages durable). The next cycle then starts at once, before this one's requests are
+        released, so the disk syncs what gathered meanwhile while the replies are encoded and written."""
         self._running = False
-        failure = None
         for (shard, work), outcome in zip(jobs, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                failure = outcome
                 _guarded(shard.flushed, work, started, outcome)
             else:
                 _guarded(shard.synced, work)
-        if failure is not None:
+        if sync_failure is not None:
             for shard in list(self._asked.values()):
                 if shard.written_ahead:
-                    _guarded(shard.fail_write, failure)
+                    _guarded(shard.fail_write, sync_failure)
         if self._asked:
             self._cycle()
         for (shard, work), outcome in zip(jobs, outcomes, strict=True):
