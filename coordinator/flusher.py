@@ -20,7 +20,9 @@ thread keeps what can block for long: syncs, probes, reopening and compaction sw
 closed segments; an append touches only the active one).
 
 Appending ahead: while the sync helper syncs a cycle, the shards waiting for the next one append
-their records as they come (``write_ahead``, once per loop pass), so when the sync is back the next
+their records (``write_ahead``: a pass in the loop pass after any shard opens a new batch, appending
+what every waiting shard has so far; records joining a batch already open wait for the next such
+pass or for their cycle, which appends the rest), so when the sync is back the next
 cycle is posted at once, and only then are the finished cycle's requests released (their replies are
 encoded and written while the disk syncs). Each log's end is taken when its sync is posted and only
 that much is marked durable when it is back (storage.log ``end``/``synced``). Never while the writer
@@ -107,7 +109,7 @@ class Flusher:
 
     def _write_ahead(self) -> None:
         """While the sync helper syncs a cycle, the shards waiting for the next one append what they
-        have (once per loop pass), so when the sync is back the next cycle only posts its sync. The
+        have (a pass after any shard opens a new batch), so the next cycle mostly only posts its sync. The
         logs' ends are taken when a sync is posted, and only what was appended before counts as
         durable when it is back. Not while the writer thread syncs: it reads the logs' state there."""
         self._ahead_scheduled = False
