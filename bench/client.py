@@ -10,6 +10,7 @@ its request and anything else is decoded and checked (errors, partitions, offset
 
 import asyncio
 import collections
+import functools
 import os
 import threading
 import time
@@ -287,7 +288,7 @@ async def measure(host: str, port: int, load: Load, checker: Checker, *, connect
         # connections walked the same groups in step for a while, and how long depended on the run: a
         # durable server syncing a few partition logs per cycle instead of 20-25 measured up to 1.5x
         # faster in one run than in the next.
-        _, conn = await loop.create_connection(lambda k=k: Connection(run, k * inflight), host, port)
+        _, conn = await loop.create_connection(functools.partial(Connection, run, k * inflight), host, port)
         run.connections.append(conn)
     pacer = Pacer(run, rate) if rate is not None else None
     if pacer:

@@ -105,7 +105,8 @@ def start_kcoord(upstream: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str
 def create_topic(kind: str, bootstrap: str, topic: str) -> None:
     if kind == "tansu":  # the mock cluster auto-creates topics with 4 partitions on first produce
         admin = ck.admin.AdminClient({"bootstrap.servers": bootstrap})
-        for future in admin.create_topics([ck.admin.NewTopic(topic, PARTITIONS, 1)]).values():
+        new_topic = ck.admin.NewTopic(topic, PARTITIONS, 1)  # type: ignore[attr-defined]  # not in its __all__
+        for future in admin.create_topics([new_topic]).values():
             future.result(30)
 
 
@@ -142,7 +143,7 @@ def consume(bootstrap: str, topic: str) -> tuple[int, float]:
                             "enable.partition.eof": True, "fetch.max.bytes": 52_428_800,
                             "max.partition.fetch.bytes": 10_485_760})
     consumer.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    got, ended = 0, set()
+    got, ended = 0, set[int]()
     start = time.perf_counter()
     deadline = start + 300
     while len(ended) < PARTITIONS and time.perf_counter() < deadline:
@@ -151,7 +152,9 @@ def consume(bootstrap: str, topic: str) -> tuple[int, float]:
             if error is None:
                 got += 1
             elif error.code() == ck.KafkaError._PARTITION_EOF:
-                ended.add(msg.partition())
+                partition = msg.partition()
+                if partition is not None:  # always set on a partition-EOF event
+                    ended.add(partition)
             else:
                 raise RuntimeError(f"consume failed: {error}")
     elapsed = time.perf_counter() - start

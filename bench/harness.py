@@ -3,10 +3,11 @@
 Starts every server, runs the same request scenarios against each (OffsetCommit and OffsetFetch of 1
 and 100 partitions, a mixed 80/20 load over 10,000 groups), then kcoord and the mock at half kcoord's
 peak commit rate (the mock's latency there is the load generator's floor), an fsync probe on kcoord's
-disk and restarts of a 1M-record (and with --with-10m a 10M-record) partition. Reports req/s,
-partition-offsets/s, p50/p99/p999 latency, server CPU per request, client CPU, ratios and the issue's
-targets as tables and, with --json, as a JSON document. Every response is checked; any error, lost
-answer or wrong offset makes the exit status 1.
+disk, the floor of a serial group commit there at that rate (bench/commit_floor.py) and restarts of a
+1M-record (and with --with-10m a 10M-record) partition. Reports req/s, partition-offsets/s,
+p50/p99/p999 latency, server CPU per request, client CPU, ratios and the issue's targets as tables
+and, with --json, as a JSON document. Every response is checked; any error, lost answer or wrong
+offset makes the exit status 1.
 
 Run from the repository root: ``python -m bench.harness --help``.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
+from bench.commit_floor import FloorProbe, group_commit_floor
 from bench.peers import AttachedKcoord, Echo, Kcoord, MissingPeer, Mock, Peer, Tansu, git_commit, tansu_binary
 from bench.restart import RestartResult, restart
 from bench.scenarios import SCENARIOS, FsyncProbe, Measurement, fsync_probe, run_scenario
@@ -137,10 +139,11 @@ def machine(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
 
 
 async def bench(args: argparse.Namespace, tmp: Path, meta: dict[str, Any]) -> tuple[
-        list[Measurement], FsyncProbe | None, list[RestartResult], list[str]]:
+        list[Measurement], FsyncProbe | None, FloorProbe | None, list[RestartResult], list[str]]:
     measurements: list[Measurement] = []
     failures: list[str] = []
     fsync: FsyncProbe | None = None
+    floor: FloorProbe | None = None
     request_scenarios = [SCENARIOS[s] for s in args.scenarios if s in SCENARIOS]
     peers = start_peers(args.only, tmp, args) if request_scenarios else []
     meta["servers"] = {}
@@ -174,6 +177,10 @@ async def bench(args: argparse.Namespace, tmp: Path, meta: dict[str, Any]) -> tu
         probe_dir = kcoord.data_dir.parent if kcoord and kcoord.data_dir else tmp
         if kcoord or any(s in RESTARTS for s in args.scenarios):
             fsync = fsync_probe(probe_dir, seconds=0.5 if args.quick else 1.0)
+        half = next((m for m in measurements if m.server == "kcoord" and m.rate_target), None)
+        if half and half.rate_target:
+            say(f"group-commit floor at {half.rate_target:,.0f} commits/s")
+            floor = group_commit_floor(probe_dir, half.rate_target, args.groups, seconds=args.duration)
     finally:
         for peer in peers:
             failures += peer.close()
@@ -184,7 +191,7 @@ async def bench(args: argparse.Namespace, tmp: Path, meta: dict[str, Any]) -> tu
             say(f"{name}: writing {records:,} records with kcoord's own code, then starting kcoord on them")
             restarts += restart(tmp, records, runs=args.restart_runs, progress=say)
             say(f"  {name}: first answer after {restarts[-1].served_s:.2f} s")
-    return measurements, fsync, restarts, failures
+    return measurements, fsync, floor, restarts, failures
 
 
 def run_loop(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -205,14 +212,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.duration:g} s measured per scenario and server", flush=True)
     with tempfile.TemporaryDirectory(prefix="kcoord-harness-") as tmp_name:
         try:
-            measurements, fsync, restarts, failures = run_loop(lambda: bench(args, Path(tmp_name), meta))
+            measurements, fsync, floor, restarts, failures = run_loop(lambda: bench(args, Path(tmp_name), meta))
         except MissingPeer as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     meta["loadavg_after"] = list(os.getloadavg())
     rows = [report.figures(m) for m in measurements]
     ratio = report.ratios(rows)
-    goals = report.targets(rows, ratio, fsync, restarts)
+    goals = report.targets(rows, ratio, fsync, restarts, floor)
     for r in rows:
         if r["errors"] or r["unanswered"]:
             failures.append(f"{r['scenario']} {r['server']}: {r['errors']} errors {r['error_kinds']}, "
@@ -224,10 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<6} {info['version']}: OffsetCommit v{info['offset_commit_version']}, OffsetFetch "
               f"v{info['offset_fetch_version']}, fetch check {info['fetch_check']}; {info['how']}")
     print()
-    report.render(rows, ratio, goals, fsync, restarts)
+    report.render(rows, ratio, goals, fsync, restarts, floor)
     print(f"\nload average after the run: {' '.join(f'{x:.2f}' for x in meta['loadavg_after'])}")
     if args.json:
-        doc = report.document(meta, rows, ratio, goals, fsync, restarts, failures)
+        doc = report.document(meta, rows, ratio, goals, fsync, restarts, failures, floor)
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
         print(f"JSON written to {args.json}")
     if failures:
