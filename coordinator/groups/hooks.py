@@ -1,10 +1,11 @@
 """The group side of one shard: its membership operations, and the timers armed while it serves writes
-(members' sessions, offset retention). Registered as the shard's hooks, so a shard that fails or closes
-answers its parked JoinGroup/SyncGroup requests NOT_COORDINATOR and forgets its timers."""
+(members' sessions, offset retention: a pass runs a step per loop pass). Registered as the shard's
+hooks, so a shard that fails or closes answers its parked JoinGroup/SyncGroup requests NOT_COORDINATOR
+and forgets its timers."""
 
 from coordinator.groups.membership import Membership
 from coordinator.groups.messages import GroupConfig
-from coordinator.groups.retention import RETENTION_KEY, expire_offsets
+from coordinator.groups.retention import RETENTION_KEY, RetentionPass
 from coordinator.metrics import Metrics
 from coordinator.shard import OpResult, Shard, ShardHooks
 from coordinator.state import ShardData
@@ -16,17 +17,22 @@ class GroupHooks(ShardHooks):
         self.config = config
         self.metrics = metrics
         self.membership = Membership(shard, config, metrics)
+        self.retention = RetentionPass()
 
     def on_loaded(self, shard: Shard) -> None:
         self.membership.arm(shard.data)
+        self.retention.reset()
         shard.schedule(RETENTION_KEY, self.config.offsets_retention_check_interval_ms, self._expire)
 
     def on_unloaded(self, shard: Shard) -> None:
         self.membership.disarm(shard.data)
 
     def _expire(self, data: ShardData) -> OpResult:
-        result = expire_offsets(data, self.shard.clock.now_ms(), self.config.offsets_retention_ms)
+        """One step of a retention pass; the next step in the next loop pass, or the next pass after
+        the check interval."""
+        result = self.retention.step(data, self.shard.clock.now_ms(), self.config.offsets_retention_ms)
         if result.response:
             self.metrics.expired(self.shard.partition, result.response)
-        self.shard.schedule(RETENTION_KEY, self.config.offsets_retention_check_interval_ms, self._expire)
+        delay = 0 if self.retention.under_way else self.config.offsets_retention_check_interval_ms
+        self.shard.schedule(RETENTION_KEY, delay, self._expire)
         return result

@@ -1,0 +1,76 @@
+"""Offset retention on a real server: offsets committed with an explicit retention (OffsetCommit v2)
+expire through the shard's retention timer, in steps when a shard holds more offsets than one step
+looks at, and offsets without one stay. The steps themselves are checked in
+tests/coordinator/groups/test_retention_steps.py."""
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from coordinator.groups.retention import STEP_OFFSETS
+from protocol.partitioning import partition_for
+from tests.integration.test_metrics import scrape, value
+from tests.kcoord_process import KcoordProcess
+from tests.rawclient import CommitPartition, CommitTopic, OffsetCommitRequest, RawClient, commit_request, fetch_request
+
+SHARD = 7
+PARTITIONS = 1000
+GROUPS = STEP_OFFSETS * 5 // 2 // PARTITIONS  # 2.5 steps' worth of offsets on one shard
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[KcoordProcess]:
+    proc = KcoordProcess(tmp_path / "data", "--offsets-retention-check-interval-ms", "200").start()
+    yield proc
+    if proc.proc is not None and proc.proc.poll() is None:
+        proc.kill()
+
+
+def groups_on_shard(count: int, prefix: str) -> list[str]:
+    found: list[str] = []
+    n = 0
+    while len(found) < count:
+        name = f"{prefix}-{n}"
+        if partition_for(name, 50) == SHARD:
+            found.append(name)
+        n += 1
+    return found
+
+
+def committed(client: RawClient, group: str) -> set[int]:
+    resp = client.call(fetch_request(group, {"t": list(range(PARTITIONS))}), 5)
+    assert resp.error_code == 0
+    return {p.committed_offset for t in resp.topics for p in t.partitions}
+
+
+def test_offsets_with_a_retention_expire_in_steps_and_others_stay(server: KcoordProcess) -> None:
+    client = RawClient(server.port)
+    expiring = groups_on_shard(GROUPS, "expiring")
+    for group in expiring:
+        parts = [CommitPartition(partition_index=p, committed_offset=100 + p, committed_metadata="")
+                 for p in range(PARTITIONS)]
+        request = OffsetCommitRequest(group_id=group, generation_id_or_member_epoch=-1, member_id="",
+                                      retention_time_ms=1500, topics=[CommitTopic(name="t", partitions=parts)])
+        resp = client.call(request, 2)
+        assert {p.error_code for t in resp.topics for p in t.partitions} == {0}
+    [keeper] = groups_on_shard(1, "keeper")
+    resp = client.call(commit_request(keeper, {("t", p): 7 for p in range(PARTITIONS)}), 8)
+    assert {p.error_code for t in resp.topics for p in t.partitions} == {0}
+    assert committed(client, expiring[0]) == {100 + p for p in range(PARTITIONS)}
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(committed(client, g) != {-1} for g in expiring):
+        time.sleep(0.2)
+    assert all(committed(client, g) == {-1} for g in expiring)
+    assert committed(client, keeper) == {7}
+    assert value(scrape(server), "kcoord_offsets_expired_total") == GROUPS * PARTITIONS
+    client.close()
+
+    # The tombstones are durable: after a restart the expired offsets stay gone, the kept ones stay.
+    server.stop()
+    server.start()
+    client = RawClient(server.port)
+    assert committed(client, expiring[-1]) == {-1} and committed(client, keeper) == {7}
+    client.close()
