@@ -30,9 +30,10 @@ INTERNED_PARTITIONS_MAX = 1 << 20
 
 
 TopicPartition = tuple[str, int]
-# A cached offset: as a live commit made it, or as the compiled loader read it (the value's bytes from the
-# log, storage.loadcodec.loaded_value): a large log loads in less time and memory, and a value is only
-# decoded when something reads it. Read every cached offset through ``offset_value``.
+# A cached offset: the value's bytes as the commit path wrote them or the compiled loader read them from
+# the log (storage.loadcodec.loaded_value decodes them), or an OffsetAndMetadata (the interpreted loader,
+# transactional offsets): a large log loads in less time and memory, a commit builds no value object, and
+# a value is only decoded when something reads it. Read every cached offset through ``offset_value``.
 StoredOffset = OffsetAndMetadata | bytes
 _new = tuple.__new__
 

@@ -7,17 +7,13 @@ then these cost ~0.7 us per partition: a third of a 100-partition commit's event
 """
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-
-class PartitionCommit(NamedTuple):
-    """One partition of a commit request (a tuple: a commit may carry 150,000 of them)."""
-
-    partition: int
-    offset: int
-    leader_epoch: int
-    commit_timestamp: int  # -1 unless the request (v1) set one
-    metadata: str | None
+# One partition of a commit request: (partition, offset, leader epoch, commit timestamp (-1 unless a v1
+# request set one), metadata). A plain tuple, not a NamedTuple: a commit may carry 150,000 of them, and
+# compiled, building a NamedTuple (``tuple.__new__`` of the class) cost ~0.2 us more per partition than a
+# tuple display, half of decoding a 100-partition request.
+PartitionCommit = tuple[int, int, int, int, str | None]
 
 
 @dataclass(slots=True, init=False)
@@ -50,15 +46,13 @@ class CommitRequest:
 def from_message(version: int, req: Any) -> CommitRequest:
     """The request from its generated message object (the fields ``version`` does not have read as
     Kafka defaults them: no generation, member, instance, retention, epoch or timestamp)."""
-    new = tuple.__new__
     topics: list[tuple[str, list[PartitionCommit]]] = []
     for t in req.topics:
         parts: list[PartitionCommit] = []
         for p in t.partitions:
             epoch = p.committed_leader_epoch if version >= 6 else -1
             timestamp = p.commit_timestamp if version == 1 else -1
-            parts.append(new(PartitionCommit, (p.partition_index, p.committed_offset, epoch, timestamp,
-                                               p.committed_metadata)))
+            parts.append((p.partition_index, p.committed_offset, epoch, timestamp, p.committed_metadata))
         topics.append((t.name, parts))
     return CommitRequest(
         version=version,

@@ -30,8 +30,6 @@ OFFSET_FETCH: Final = 9
 MAX_VERSION: Final = 9  # both APIs add topic ids in v10
 _HEADER_FIXED: Final = 8  # api key, api version, correlation id
 _ZERO_UUID: Final = ZERO_UUID
-_new: Final = tuple.__new__
-_PartitionCommit: Final = PartitionCommit
 # A large request is decoded, and its response encoded, on the bulk thread; compiled code never lets
 # the GIL go by itself (the interpreter's switch checks are in its bytecode loop), so loops over a
 # large request's entries offer it every this many (``offer_gil``): encoding a 150k-partition fetch
@@ -239,7 +237,10 @@ class _Writer:
             else:
                 write_i16_be(self.out, -1)
             return
-        raw = s.encode()
+        self.raw_string(s.encode())
+
+    def raw_string(self, raw: bytes) -> None:
+        """A string already encoded as UTF-8."""
         n: i64 = len(raw)
         if self.flexible:
             self.uvarint(n + 1)
@@ -306,7 +307,7 @@ class OffsetCommitCodec:
                 metadata = r.string(flexible, True, "committed_metadata")
                 if flexible:
                     r.skip_tags()
-                partitions.append(_new(_PartitionCommit, (index, offset, epoch, timestamp, metadata)))
+                partitions.append((index, offset, epoch, timestamp, metadata))
                 seen += 1
                 offer_gil(seen)
             if flexible:
@@ -430,8 +431,10 @@ class OffsetFetchCodec:
 
 
 def _answer_topics(w: _Writer, offsets: list[tuple[str, list[tuple[int, Any, int]]]], epochs: bool) -> None:
-    """``(topic, [(partition, committed value or None, error code)])``; a committed value is read by
-    position (protocol.records.OffsetAndMetadata: offset, leader epoch, metadata, ...)."""
+    """``(topic, [(partition, committed value or None, error code)])``. A committed value is the bytes
+    of an offset-commit record value (v0-v3, as the commit path writes them and the loader keeps them:
+    checked, sizes that add up, UTF-8 metadata), written here without decoding them, or an
+    OffsetAndMetadata read by position (offset, leader epoch, metadata, ...)."""
     w.count(offsets, "topics")
     for name, partitions in offsets:
         w.string(name, False, "name")
@@ -443,6 +446,8 @@ def _answer_topics(w: _Writer, offsets: list[tuple[str, list[tuple[int, Any, int
                 if epochs:
                     w.int32(-1)
                 w.string("", True, "metadata")
+            elif type(value) is bytes:
+                _stored_value(w, value, epochs)
             else:
                 w.int64(value[0])
                 if epochs:
@@ -452,6 +457,18 @@ def _answer_topics(w: _Writer, offsets: list[tuple[str, list[tuple[int, Any, int
             w.tags()
             w.entry()
         w.tags()
+
+
+def _stored_value(w: _Writer, raw: bytes, epochs: bool) -> None:
+    """Offset, leader epoch (v3 only; -1 before) and metadata of an offset-commit value's bytes: what
+    storage.loadcodec.loaded_value would decode, copied across instead."""
+    version = int16_at(raw, 0)
+    w.int64(int64_at(raw, 2))
+    if epochs:
+        w.int32(int32_at(raw, 10) if version == 3 else -1)
+    mpos: i64 = 16 if version == 3 else 12
+    mlen = int16_at(raw, mpos - 2)
+    w.raw_string(raw[mpos : mpos + mlen])
 
 
 def codec_for(key: int, request_class: Any) -> OffsetCommitCodec | OffsetFetchCodec | None:

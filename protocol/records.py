@@ -112,10 +112,12 @@ Record = OffsetCommitRecord | GroupMetadataRecord
 # (storage.loadcodec.loaded_value reads them back). No NamedTuple constructors and no value object: less
 # memory and time per loaded record. ``replay`` applies both alike.
 LoadedCommit = tuple[tuple[str, str, int], bytes | None]
-# An offset commit as the commit path prepares it (coordinator/offsets.py): the same plain key tuple, with
-# the value as an object. Constructing the NamedTuples instead cost two ``tuple.__new__`` calls per
-# partition, ~30% of preparing a 100-partition commit. ``replay`` and ``encode_record`` take either.
-CommitPair = tuple[tuple[str, str, int], OffsetAndMetadata]
+# An offset commit as the commit path prepares it (coordinator/offsets.py): the same plain key tuple and
+# the value's bytes as they are written (``encode_offset_value``), which the cache keeps as it keeps a
+# loaded value. Constructing an OffsetKey and an OffsetAndMetadata instead cost two ``tuple.__new__``
+# calls per partition, over half of preparing a 100-partition commit. ``replay`` and ``encode_record``
+# take every form.
+CommitPair = tuple[tuple[str, str, int], bytes]
 LiveRecord = Record | CommitPair  # what an operation returns to be written
 LoadedRecord = Record | LoadedCommit | CommitPair
 
@@ -248,7 +250,9 @@ def encode_record(record: LiveRecord) -> tuple[bytes, bytes | None]:
     """``(key bytes, value bytes or None for a tombstone)`` exactly as Kafka's serde writes them."""
     if not isinstance(record, GroupMetadataRecord):  # an OffsetCommitRecord or a CommitPair
         key, commit = record
-        return encode_offset_key(key), None if commit is None else encode_offset_value(commit)
+        if commit is None or isinstance(commit, bytes):
+            return encode_offset_key(key), commit
+        return encode_offset_key(key), encode_offset_value(commit)
     group_key = _encode(_GROUP_KEY_ENCODER, GROUP_METADATA_TYPE, record)
     return group_key, None if record.value is None else encode_group_value(record.value)
 

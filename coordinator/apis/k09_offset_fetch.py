@@ -14,6 +14,7 @@ from coordinator.apis import handles
 from coordinator.offsets import TopicOffsets, fetch_offsets
 from coordinator.request import Lazy, Request, ShardUnavailable
 from coordinator.runtime import Runtime
+from coordinator.state import offset_value
 from protocol.errors import ErrorCode
 from protocol.hotcodec import offer_gil
 from protocol.registry import register
@@ -50,8 +51,9 @@ def _topics(topic_cls: Any, part_cls: Any, offsets: TopicOffsets) -> list[Any]:
     out = []
     for name, parts in offsets:
         entries = []
-        for partition, v, error in parts:
-            if v is not None:
+        for partition, stored, error in parts:
+            if stored is not None:
+                v = offset_value(stored)
                 entries.append(part_cls(partition, v.offset, v.leader_epoch, v.metadata, error))
             else:
                 entries.append(part_cls(partition, -1, -1, "", error))

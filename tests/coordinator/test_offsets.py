@@ -19,7 +19,16 @@ from coordinator.state import ClassicGroup, GroupState, ShardData
 from protocol import compiled, hotcodec
 from protocol.commit import CommitRequest, PartitionCommit
 from protocol.errors import ErrorCode
-from protocol.records import MemberMetadata, OffsetAndMetadata, OffsetCommitRecord, OffsetKey, encode_record
+from protocol.records import (
+    LiveRecord,
+    MemberMetadata,
+    OffsetAndMetadata,
+    OffsetCommitRecord,
+    OffsetKey,
+    encode_offset_key,
+    encode_offset_value,
+)
+from storage.loadcodec import loaded_value
 from tests.interpreted import interpreted, skip_unless_the_machine_compiles
 
 NOW = 1_700_000_000_000
@@ -29,7 +38,7 @@ PURE = interpreted(offsets)
 
 def request(version: int = 8, generation: int = -1, member: str = "", instance: str | None = None,
             retention: int = -1, parts: list[PartitionCommit] | None = None, group: str = "g") -> CommitRequest:
-    parts = parts if parts is not None else [PartitionCommit(0, 10, -1, -1, "m")]
+    parts = parts if parts is not None else [(0, 10, -1, -1, "m")]
     return CommitRequest(version, group, generation, member, instance, retention, [("t", parts)])
 
 
@@ -49,10 +58,24 @@ def stable_group(state: GroupState = GroupState.STABLE) -> ShardData:
     return data
 
 
+def named(records: list[LiveRecord]) -> list[OffsetCommitRecord]:
+    """A commit's records, (key, value bytes) pairs, as the named records they stand for."""
+    out = []
+    for key, value in records:
+        assert type(value) is bytes
+        out.append(OffsetCommitRecord(OffsetKey(*key), loaded_value(value)))
+    return out
+
+
+def reference_bytes(records: list[LiveRecord]) -> list[tuple[bytes, bytes]]:
+    """What protocol.records' encoders write for those records."""
+    return [(encode_offset_key(r.key), encode_offset_value(r.value)) for r in named(records) if r.value]
+
+
 def test_simple_commit_writes_one_v3_record_per_partition() -> None:
-    parts = [PartitionCommit(0, 10, 4, -1, "a"), PartitionCommit(1, 11, -1, -1, None)]
+    parts = [(0, 10, 4, -1, "a"), (1, 11, -1, -1, None)]
     records, result = commit_offsets(ShardData(), request(parts=parts), NOW, 4096)
-    assert records == [
+    assert named(records) == [
         OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(10, 4, "a", NOW, -1)),
         OffsetCommitRecord(OffsetKey("g", "t", 1), OffsetAndMetadata(11, -1, "", NOW, -1)),
     ]
@@ -61,20 +84,22 @@ def test_simple_commit_writes_one_v3_record_per_partition() -> None:
 
 def test_prepared_record_bytes_are_what_the_record_encoder_writes() -> None:
     """prepare_commit builds keys from a per-topic prefix and values directly: the same bytes."""
-    parts = [PartitionCommit(p, 10 + p, p % 3 - 1, -1, "é" * p) for p in range(5)]
-    parts.append(PartitionCommit(-1, 1, -1, -1, ""))
+    parts = [(p, 10 + p, p % 3 - 1, -1, "é" * p) for p in range(5)]
+    parts.append((-1, 1, -1, -1, ""))
     topics = [("t", parts), ("other.topic", parts[:2]), ("b@d", parts)]
     for retention in (-1, 1000):
         req = CommitRequest(8, "grüppe", -1, "", None, retention, topics)
         prepared = prepare_commit(req, NOW, 4096)
         assert len(prepared.records) == 7
-        assert prepared.encoded == [encode_record(r) for r in prepared.records]
+        assert prepared.encoded == reference_bytes(prepared.records)
+        assert [value for _, value in prepared.encoded] == [value for _, value in prepared.records]
 
 
 def test_retention_and_explicit_commit_timestamp() -> None:
-    parts = [PartitionCommit(0, 10, -1, 12345, "")]
+    parts = [(0, 10, -1, 12345, "")]
     records, _ = commit_offsets(ShardData(), request(version=2, retention=1000, parts=parts), NOW, 4096)
-    assert records == [OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(10, -1, "", 12345, NOW + 1000))]
+    expected = OffsetAndMetadata(10, -1, "", 12345, NOW + 1000)
+    assert named(records) == [OffsetCommitRecord(OffsetKey("g", "t", 0), expected)]
 
 
 def test_unknown_group_with_generation() -> None:
@@ -106,7 +131,7 @@ def test_static_members() -> None:
 
 
 def test_group_errors_apply_to_every_partition_and_write_nothing() -> None:
-    parts = [PartitionCommit(p, 1, -1, -1, "") for p in range(3)]
+    parts = [(p, 1, -1, -1, "") for p in range(3)]
     records, result = commit_offsets(stable_group(), request(generation=1, member="m", parts=parts), NOW, 4096)
     assert records == []
     assert result == [("t", [(0, E.ILLEGAL_GENERATION), (1, E.ILLEGAL_GENERATION), (2, E.ILLEGAL_GENERATION)])]
@@ -114,10 +139,10 @@ def test_group_errors_apply_to_every_partition_and_write_nothing() -> None:
 
 def test_metadata_limit_counts_utf16_units_per_partition() -> None:
     parts = [
-        PartitionCommit(0, 1, -1, -1, "x" * 4097),
-        PartitionCommit(1, 1, -1, -1, "x" * 4096),
-        PartitionCommit(2, 1, -1, -1, "\U0001F600" * 2049),  # 4098 UTF-16 units, 2049 code points
-        PartitionCommit(-1, 1, -1, -1, ""),
+        (0, 1, -1, -1, "x" * 4097),
+        (1, 1, -1, -1, "x" * 4096),
+        (2, 1, -1, -1, "\U0001F600" * 2049),  # 4098 UTF-16 units, 2049 code points
+        (-1, 1, -1, -1, ""),
     ]
     records, result = commit_offsets(ShardData(), request(parts=parts), NOW, 4096)
     assert [key[2] for key, _ in records] == [1]
@@ -145,18 +170,18 @@ def test_require_stable_reports_pending_transactional_offsets() -> None:
 
 
 def test_partitions_that_cannot_exist_are_refused_before_group_checks() -> None:
-    parts = [PartitionCommit(-1, 1, -1, -1, ""), PartitionCommit(0, 1, -1, -1, "")]
+    parts = [(-1, 1, -1, -1, ""), (0, 1, -1, -1, "")]
     _, result = commit_offsets(ShardData(), request(generation=5, member="m", parts=parts), NOW, 4096)
     assert result == [("t", [(-1, E.UNKNOWN_TOPIC_OR_PARTITION), (0, E.ILLEGAL_GENERATION)])]
-    bad_topics = CommitRequest(8, "g", -1, "", None, -1, [("no spaces!", [PartitionCommit(0, 1, -1, -1, "")]),
-                                                         ("x" * 250, [PartitionCommit(0, 1, -1, -1, "")]),
-                                                         ("", [PartitionCommit(0, 1, -1, -1, "")])])
+    bad_topics = CommitRequest(8, "g", -1, "", None, -1, [("no spaces!", [(0, 1, -1, -1, "")]),
+                                                         ("x" * 250, [(0, 1, -1, -1, "")]),
+                                                         ("", [(0, 1, -1, -1, "")])])
     records, result = commit_offsets(ShardData(), bad_topics, NOW, 4096)
     assert records == [] and {e for _, parts in result for _, e in parts} == {E.UNKNOWN_TOPIC_OR_PARTITION}
 
 
 def test_refuse_all_keeps_unknown_partitions_distinct() -> None:
-    parts = [PartitionCommit(-1, 1, -1, -1, ""), PartitionCommit(0, 1, -1, -1, "")]
+    parts = [(-1, 1, -1, -1, ""), (0, 1, -1, -1, "")]
     assert refuse_all(request(parts=parts), E.COORDINATOR_LOAD_IN_PROGRESS) == [
         ("t", [(-1, E.UNKNOWN_TOPIC_OR_PARTITION), (0, E.COORDINATOR_LOAD_IN_PROGRESS)])
     ]
@@ -170,16 +195,16 @@ def test_group_ids_too_long_for_a_record_key() -> None:
 
 def test_retention_overflow_is_clamped_to_int64() -> None:
     records, _ = commit_offsets(ShardData(), request(version=2, retention=2**63 - 1), NOW, 4096)
-    value = records[0][1]
-    assert isinstance(value, OffsetAndMetadata) and value.expire_timestamp == 2**63 - 1
+    value = named(records)[0].value
+    assert value is not None and value.expire_timestamp == 2**63 - 1
 
 
 # -- compiled and interpreted --------------------------------------------------------------------------
 
 _names = st.sampled_from(["t", "topic.a-b_c", "ü", "", "bad name", "x" * 249, "x" * 250])
-_parts = st.builds(PartitionCommit, st.integers(-2, 2**31 - 1), st.integers(-(2**63), 2**63 - 1),
-                   st.integers(-(2**31), 2**31 - 1), st.sampled_from([-1, 0, NOW - 5]),
-                   st.none() | st.text(max_size=6) | st.sampled_from(["m" * 4096, "m" * 4097, "\U0001F600" * 2049]))
+_parts = st.tuples(st.integers(-2, 2**31 - 1), st.integers(-(2**63), 2**63 - 1),
+                    st.integers(-(2**31), 2**31 - 1), st.sampled_from([-1, 0, NOW - 5]),
+                    st.none() | st.text(max_size=6) | st.sampled_from(["m" * 4096, "m" * 4097, "\U0001F600" * 2049]))
 
 
 @settings(max_examples=200, deadline=None)
@@ -195,10 +220,9 @@ def test_prepare_commit_compiled_and_interpreted_agree(topics: list[tuple[str, l
         prepared.append(module.prepare_commit(req, NOW, 4096))
     compiled_one, pure_one = prepared
     assert compiled_one.records == pure_one.records and compiled_one.results == pure_one.results
-    assert compiled_one.encoded == pure_one.encoded == [encode_record(r) for r in pure_one.records]
-    # plain (key, value) pairs with a plain key tuple (protocol.records.CommitPair), as replay takes them
-    assert all(type(r) is tuple and type(r[0]) is tuple and type(r[1]) is OffsetAndMetadata
-               for r in compiled_one.records)
+    assert compiled_one.encoded == pure_one.encoded == reference_bytes(pure_one.records)
+    # plain (key, value bytes) pairs with a plain key tuple (protocol.records.CommitPair), as replay takes them
+    assert all(type(r) is tuple and type(r[0]) is tuple and type(r[1]) is bytes for r in compiled_one.records)
 
 
 def test_a_huge_commit_lets_other_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -208,7 +232,7 @@ def test_a_huge_commit_lets_other_threads_run(monkeypatch: pytest.MonkeyPatch) -
     for module in (offsets, PURE):
         offered: list[float] = []
         monkeypatch.setattr(time, "sleep", offered.append)
-        parts = [PartitionCommit(p, 1, -1, -1, "") for p in range(2 * hotcodec.YIELD_EVERY + 1)]
+        parts = [(p, 1, -1, -1, "") for p in range(2 * hotcodec.YIELD_EVERY + 1)]
         req = CommitRequest(8, "g", -1, "", None, -1, [("t", parts)])
         prepared = module.prepare_commit(req, NOW, 4096)
         assert len(prepared.records) == len(parts) and offered == [0, 0]

@@ -225,8 +225,22 @@ def test_commit_results_encode_as_their_generated_message(module: ModuleType, ve
     assert hot(module, 8).encode_results(results, version, correlation_id) == expected
 
 
+def _value_bytes(version: int, offset: int, epoch: int, metadata: str, commit_ts: int, expire_ts: int) -> bytes:
+    """An offset-commit record value of ``version`` (0-3), written out by hand."""
+    raw = metadata.encode()
+    meta = struct.pack(">h", len(raw)) + raw
+    if version == 3:
+        return struct.pack(">hqi", 3, offset, epoch) + meta + struct.pack(">q", commit_ts)
+    tail = struct.pack(">qq", commit_ts, expire_ts) if version == 1 else struct.pack(">q", commit_ts)
+    return struct.pack(">hq", version, offset) + meta + tail
+
+
+# A cached offset is an OffsetAndMetadata or the bytes of its record value, as a live commit writes them
+# and the loader keeps them (coordinator.state.StoredOffset): the codec copies the bytes' fields across.
 _values = st.none() | st.builds(OffsetAndMetadata, st.integers(-(2**63), 2**63 - 1), st.integers(-(2**31), 2**31 - 1),
-                                st.text(max_size=6), st.integers(0, 2**40), st.just(-1))
+                                st.text(max_size=6), st.integers(0, 2**40), st.just(-1)) | st.builds(
+    _value_bytes, st.integers(0, 3), st.integers(-(2**63), 2**63 - 1), st.integers(-(2**31), 2**31 - 1),
+    st.text(max_size=6), st.integers(0, 2**40), st.integers(-1, 2**40))
 _offsets = st.lists(st.tuples(st.text(max_size=6), st.lists(st.tuples(st.integers(-(2**31), 2**31 - 1), _values,
                                                                        st.integers(-(2**15), 2**15 - 1)),
                                                              max_size=3)), max_size=3)

@@ -26,9 +26,7 @@ def subscription(*topics: str) -> bytes:
 
 
 def simple_commit(shard: GroupShard, group: str, partitions: list[int], at: int | None = None) -> None:
-    from protocol.commit import PartitionCommit
-
-    parts = [PartitionCommit(p, 10 + p, -1, -1, "") for p in partitions]
+    parts = [(p, 10 + p, -1, -1, "") for p in partitions]
     records, _ = commit_offsets(shard.data, request(group=group, parts=parts), at or shard.clock.now_ms(), 4096)
     shard.data.replay_records(len(shard.log), records)
     shard.log.extend(records)
@@ -173,11 +171,9 @@ def test_loaded_offsets_expire_as_live_ones_do() -> None:
 
 
 def test_an_explicit_expire_timestamp_wins() -> None:
-    from protocol.commit import PartitionCommit
-
     shard = GroupShard()
     records, _ = commit_offsets(shard.data, request(version=2, retention=1000, group="r",
-                                                    parts=[PartitionCommit(0, 1, -1, -1, "")]), T0, 4096)
+                                                    parts=[(0, 1, -1, -1, "")]), T0, 4096)
     shard.data.replay_records(0, records)
     assert expire_offsets(shard.data, T0 + 999, WEEK).records == []
     assert len(expire_offsets(shard.data, T0 + 1000, WEEK).records) == 2

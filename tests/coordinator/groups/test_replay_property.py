@@ -15,7 +15,6 @@ from coordinator.groups.retention import expire_offsets
 from coordinator.offsets import commit_offsets
 from coordinator.shard import OpResult
 from coordinator.state import ShardData
-from protocol.commit import PartitionCommit
 from protocol.errors import ErrorCode
 from tests.coordinator.groups.harness import Client, GroupShard, Reply
 from tests.coordinator.harness import offsets_of
@@ -77,7 +76,7 @@ def projection(group: ClassicGroup) -> tuple[Any, ...]:
 def _commit(data: ShardData, client: Client | None, partition: int, now: int) -> OpResult:
     generation, member = (client.generation, client.member_id) if client else (-1, "")
     records, _ = commit_offsets(data, request(generation=generation, member=member,
-                                              parts=[PartitionCommit(partition, now % 1000, -1, -1, "")]), now, 4096)
+                                              parts=[(partition, now % 1000, -1, -1, "")]), now, 4096)
     return OpResult(records, None)
 
 
