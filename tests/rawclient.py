@@ -90,7 +90,8 @@ def response_class_for(api_key: int) -> Any:
 
 
 def _all_subclasses(cls: type) -> list[type]:
-    out = []
+    out: list[type] = []
+    sub: type
     for sub in cls.__subclasses__():
         out.append(sub)
         out.extend(_all_subclasses(sub))

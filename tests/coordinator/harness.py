@@ -14,7 +14,7 @@ from coordinator.runtime import LogFactory, Runtime
 from coordinator.shard import OpResult, Shard, ShardState
 from coordinator.state import ShardData, offset_value
 from protocol.errors import ErrorCode
-from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, Record
+from protocol.records import LiveRecord, OffsetAndMetadata, OffsetCommitRecord, OffsetKey
 from storage.log import LogEnd, PartitionLog
 
 OK = "ok"
@@ -56,11 +56,11 @@ class FutureSink:
         self.future.set_result(request.response)
 
 
-def _records_op(data: ShardData, records: list[Record]) -> OpResult:
+def _records_op(data: ShardData, records: list[LiveRecord]) -> OpResult:
     return OpResult(records, OK)
 
 
-def append(shard: Shard, records: list[Record]) -> "asyncio.Future[Any]":
+def append(shard: Shard, records: list[LiveRecord]) -> "asyncio.Future[Any]":
     """Writes ``records`` as a request would; the future gives OK once durable, else the error code."""
     sink = FutureSink()
     req = Request(sink, _TestApi(), 0, 0)  # type: ignore[arg-type]

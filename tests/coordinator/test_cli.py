@@ -16,6 +16,7 @@ from protocol.records import (
     OffsetAndMetadata,
     OffsetCommitRecord,
     OffsetKey,
+    Record,
     encode_record,
 )
 from storage.batchwriter import build_batch
@@ -26,7 +27,7 @@ from tests.kcoord_process import REPO
 def write_partition(directory: Path) -> None:
     plog = PartitionLog(directory)
     topic = "testTopic-development"
-    records = [
+    records: list[Record] = [
         OffsetCommitRecord(OffsetKey("testGroup", topic, 0), OffsetAndMetadata(11, -1, "", 1478243992053)),
         OffsetCommitRecord(OffsetKey("testGroup", topic, 0), OffsetAndMetadata(12, 3, "m", 1478243992086)),
         OffsetCommitRecord(OffsetKey("testGroup", topic, 1), None),

@@ -12,6 +12,7 @@ from coordinator.apis.k09_offset_fetch import FetchAnswer
 from coordinator.exporter import _buckets
 from coordinator.logfmt import JsonFormatter
 from coordinator.metrics import Histogram, Metrics
+from protocol.errors import ErrorCode
 from protocol.records import OffsetAndMetadata
 
 load_all()
@@ -48,7 +49,7 @@ def test_outcome_counts_successful_leaves_and_reports_the_first_error() -> None:
         response = _commit_response(errors)
         assert outcome(response) == expected
         # OffsetCommit answers with tuples (k08's CommitAnswer): its own outcome agrees
-        assert APIS[8].outcome(CommitAnswer([("t", list(enumerate(errors)))])) == expected
+        assert APIS[8].outcome(CommitAnswer([("t", [(i, ErrorCode(e)) for i, e in enumerate(errors)])])) == expected
 
 
 def test_outcome_skips_the_leaves_of_a_failed_parent() -> None:

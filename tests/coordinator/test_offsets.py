@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator import offsets
+from coordinator.groups.model import GroupMember
 from coordinator.offsets import (
     commit_offsets,
     fetch_offsets,
@@ -21,7 +22,6 @@ from protocol.commit import CommitRequest, PartitionCommit
 from protocol.errors import ErrorCode
 from protocol.records import (
     LiveRecord,
-    MemberMetadata,
     OffsetAndMetadata,
     OffsetCommitRecord,
     OffsetKey,
@@ -46,8 +46,8 @@ def errors(data: ShardData, req: CommitRequest) -> list[ErrorCode]:
     return [e for _, parts in commit_offsets(data, req, NOW, 4096)[1] for _, e in parts]
 
 
-def member(member_id: str, instance: str | None = None) -> MemberMetadata:
-    return MemberMetadata(member_id, instance, "c", "/127.0.0.1", 300000, 45000, b"", b"")
+def member(member_id: str, instance: str | None = None) -> GroupMember:
+    return GroupMember(member_id, instance, "c", "/127.0.0.1", 300000, 45000, "consumer", [])
 
 
 def stable_group(state: GroupState = GroupState.STABLE) -> ShardData:
@@ -84,7 +84,7 @@ def test_simple_commit_writes_one_v3_record_per_partition() -> None:
 
 def test_prepared_record_bytes_are_what_the_record_encoder_writes() -> None:
     """prepare_commit builds keys from a per-topic prefix and values directly: the same bytes."""
-    parts = [(p, 10 + p, p % 3 - 1, -1, "é" * p) for p in range(5)]
+    parts: list[PartitionCommit] = [(p, 10 + p, p % 3 - 1, -1, "é" * p) for p in range(5)]
     parts.append((-1, 1, -1, -1, ""))
     topics = [("t", parts), ("other.topic", parts[:2]), ("b@d", parts)]
     for retention in (-1, 1000):
@@ -96,7 +96,7 @@ def test_prepared_record_bytes_are_what_the_record_encoder_writes() -> None:
 
 
 def test_retention_and_explicit_commit_timestamp() -> None:
-    parts = [(0, 10, -1, 12345, "")]
+    parts: list[PartitionCommit] = [(0, 10, -1, 12345, "")]
     records, _ = commit_offsets(ShardData(), request(version=2, retention=1000, parts=parts), NOW, 4096)
     expected = OffsetAndMetadata(10, -1, "", 12345, NOW + 1000)
     assert named(records) == [OffsetCommitRecord(OffsetKey("g", "t", 0), expected)]
@@ -131,14 +131,14 @@ def test_static_members() -> None:
 
 
 def test_group_errors_apply_to_every_partition_and_write_nothing() -> None:
-    parts = [(p, 1, -1, -1, "") for p in range(3)]
+    parts: list[PartitionCommit] = [(p, 1, -1, -1, "") for p in range(3)]
     records, result = commit_offsets(stable_group(), request(generation=1, member="m", parts=parts), NOW, 4096)
     assert records == []
     assert result == [("t", [(0, E.ILLEGAL_GENERATION), (1, E.ILLEGAL_GENERATION), (2, E.ILLEGAL_GENERATION)])]
 
 
 def test_metadata_limit_counts_utf16_units_per_partition() -> None:
-    parts = [
+    parts: list[PartitionCommit] = [
         (0, 1, -1, -1, "x" * 4097),
         (1, 1, -1, -1, "x" * 4096),
         (2, 1, -1, -1, "\U0001F600" * 2049),  # 4098 UTF-16 units, 2049 code points
@@ -170,7 +170,7 @@ def test_require_stable_reports_pending_transactional_offsets() -> None:
 
 
 def test_partitions_that_cannot_exist_are_refused_before_group_checks() -> None:
-    parts = [(-1, 1, -1, -1, ""), (0, 1, -1, -1, "")]
+    parts: list[PartitionCommit] = [(-1, 1, -1, -1, ""), (0, 1, -1, -1, "")]
     _, result = commit_offsets(ShardData(), request(generation=5, member="m", parts=parts), NOW, 4096)
     assert result == [("t", [(-1, E.UNKNOWN_TOPIC_OR_PARTITION), (0, E.ILLEGAL_GENERATION)])]
     bad_topics = CommitRequest(8, "g", -1, "", None, -1, [("no spaces!", [(0, 1, -1, -1, "")]),
@@ -181,7 +181,7 @@ def test_partitions_that_cannot_exist_are_refused_before_group_checks() -> None:
 
 
 def test_refuse_all_keeps_unknown_partitions_distinct() -> None:
-    parts = [(-1, 1, -1, -1, ""), (0, 1, -1, -1, "")]
+    parts: list[PartitionCommit] = [(-1, 1, -1, -1, ""), (0, 1, -1, -1, "")]
     assert refuse_all(request(parts=parts), E.COORDINATOR_LOAD_IN_PROGRESS) == [
         ("t", [(-1, E.UNKNOWN_TOPIC_OR_PARTITION), (0, E.COORDINATOR_LOAD_IN_PROGRESS)])
     ]
@@ -232,7 +232,7 @@ def test_a_huge_commit_lets_other_threads_run(monkeypatch: pytest.MonkeyPatch) -
     for module in (offsets, PURE):
         offered: list[float] = []
         monkeypatch.setattr(time, "sleep", offered.append)
-        parts = [(p, 1, -1, -1, "") for p in range(2 * hotcodec.YIELD_EVERY + 1)]
+        parts: list[PartitionCommit] = [(p, 1, -1, -1, "") for p in range(2 * hotcodec.YIELD_EVERY + 1)]
         req = CommitRequest(8, "g", -1, "", None, -1, [("t", parts)])
         prepared = module.prepare_commit(req, NOW, 4096)
         assert len(prepared.records) == len(parts) and offered == [0, 0]

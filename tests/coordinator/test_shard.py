@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import coordinator.compaction
 import coordinator.shard
+import storage.cleaner
 from coordinator.compaction import SwapFailed
 from coordinator.request import ShardUnavailable
 from coordinator.runtime import Runtime
@@ -26,6 +27,7 @@ from protocol.errors import ErrorCode
 from protocol.records import (
     GroupMetadata,
     GroupMetadataRecord,
+    LiveRecord,
     OffsetAndMetadata,
     OffsetCommitRecord,
     OffsetKey,
@@ -250,7 +252,7 @@ def test_live_state_equals_reloaded_state(tmp_path_factory: Any, ops: list[tuple
         cfg = config(data_dir, segment_bytes=1024)
         runtime = await started(cfg)
         shard = runtime.shards[0]
-        records = [to_record(*op) for op in ops]
+        records: list[LiveRecord] = [to_record(*op) for op in ops]
         await asyncio.gather(*[append(shard, records[i : i + batch_size]) for i in range(0, len(records), batch_size)])
         live = snapshot(shard.data)
         await stop(runtime)
@@ -320,7 +322,7 @@ async def compaction_held_open(
     for round_ in range(40):
         await append(shard, [commit("g", p, round_ * 10 + p) for p in range(4)])
     release = threading.Event()
-    real_clean = coordinator.compaction.clean
+    real_clean = storage.cleaner.clean  # what coordinator.compaction imported
 
     def slow_clean(*args: Any) -> Any:
         assert release.wait(10)
@@ -412,7 +414,8 @@ async def test_a_sync_failure_in_a_shared_cycle_fails_only_that_partition(tmp_pa
     faults = Faults()
     runtime = await started(config(tmp_path, partitions=2), faults.factory)
     first, second = runtime.shards[0], runtime.shards[1]
-    assert await asyncio.gather(append(first, [commit("a", 0, 1)]), append(second, [commit("b", 0, 1)])) == [OK] * 2
+    written = await asyncio.gather(append(first, [commit("a", 0, 1)]), append(second, [commit("b", 0, 1)]))
+    assert list(written) == [OK] * 2
     faults.fail_next_sync = True  # the first log synced in the next cycle fails
     results = await asyncio.gather(append(first, [commit("a", 0, 2)]), append(second, [commit("b", 0, 2)]))
     assert sorted(results, key=str) == sorted([ErrorCode.NOT_COORDINATOR, OK], key=str)
@@ -430,7 +433,7 @@ async def test_an_append_failure_in_a_shared_cycle_fails_only_that_partition(tmp
     first, second = runtime.shards[0], runtime.shards[1]
     faults.fail_next_append = True  # the first log appended to in the next cycle fails
     results = await asyncio.gather(append(first, [commit("a", 0, 1)]), append(second, [commit("b", 0, 1)]))
-    assert results == [ErrorCode.NOT_COORDINATOR, OK]
+    assert list(results) == [ErrorCode.NOT_COORDINATOR, OK]
     assert on_disk(second.log.directory) == [0]
     await wait_state(first, ShardState.ACTIVE)
     assert first.data.committed("a", "t", 0) is None  # replayed, never durable: reloaded without it
@@ -487,7 +490,8 @@ async def test_a_failure_while_the_sync_helper_holds_a_cycle_cuts_the_tail_only_
     assert shard.log is not old_log
     # Its sync succeeded before the tail was cut, so the refused commit is durable and kept (a client's
     # retry of it is harmless, as with Kafka); nothing past the durable end was.
-    assert shard.data.committed("g", "t", 0).offset == 3
+    committed = shard.data.committed("g", "t", 0)
+    assert committed is not None and committed.offset == 3
     assert await append(shard, [commit("g", 0, 4)]) == OK
     await asyncio.sleep(0.3)  # any recording of a claim taken meanwhile lands
     directory = shard.log.directory

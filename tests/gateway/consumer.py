@@ -34,7 +34,9 @@ def run_confluent(args: argparse.Namespace, stop: list[bool]) -> None:
         msgs = consumer.consume(100, 0.2)
         got = [m for m in msgs if m.error() is None]
         for m in got:
-            emit("msg", partition=m.partition(), offset=m.offset(), value=m.value().decode())
+            value = m.value()
+            assert value is not None
+            emit("msg", partition=m.partition(), offset=m.offset(), value=value.decode())
         if got:
             try:
                 consumer.commit(asynchronous=False)

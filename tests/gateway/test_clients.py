@@ -13,7 +13,8 @@ from pathlib import Path
 
 import confluent_kafka as ck
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic  # defined here; confluent_kafka.admin does not re-export it
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from tests.gateway.conftest import Member, Upstream, node_ports, relayed_apis, wait_all
@@ -57,7 +58,8 @@ def test_metadata_names_only_kcoord_listeners(upstream: Upstream, gateway: Kcoor
     assert ports
     for port in [gateway.port, *ports.values()]:
         admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
-        brokers = {b.id: (b.host, b.port) for b in admin.list_topics(timeout=10).brokers.values()}
+        brokers: dict[int, tuple[str | None, int]] = {b.id: (b.host, b.port)
+                                                      for b in admin.list_topics(timeout=10).brokers.values()}
         assert brokers == {node: ("127.0.0.1", p) for node, p in ports.items()}
     consumer = KafkaConsumer(bootstrap_servers=gateway.bootstrap, group_id="find-me", request_timeout_ms=10_000)
     try:

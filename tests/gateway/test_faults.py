@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import confluent_kafka as ck
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic  # defined here; confluent_kafka.admin does not re-export it
 from kafka import KafkaAdminClient
 
 from tests.gateway.cable import Cable
@@ -196,7 +197,9 @@ def test_upstream_broker_killed_and_restarted(tmp_path: Path) -> None:
 
         def delivered(err: object, msg: ck.Message) -> None:
             if err is None:
-                offsets[msg.value().decode()] = (msg.partition(), msg.offset())
+                value, partition, offset = msg.value(), msg.partition(), msg.offset()
+                assert value is not None and partition is not None and offset is not None
+                offsets[value.decode()] = (partition, offset)
 
         producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap, "linger.ms": 5})
         after = [f"after-{i}" for i in range(80)]

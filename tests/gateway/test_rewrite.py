@@ -11,6 +11,7 @@ from kafka.protocol.metadata import MetadataResponse
 from coordinator.apis import k03_metadata as k03
 from coordinator.apis import load_all
 from coordinator.gateway import rewrite
+from protocol.registry import REGISTRY
 
 Request = k03.SPEC.request.cls
 Topic = Request.MetadataRequestTopic
@@ -78,5 +79,5 @@ def test_api_versions_offered() -> None:
     assert offered[19] == (2, 7)  # passed through as the upstream has it
     assert 28 not in offered and 68 not in offered
     for key in rewrite.LOCAL:  # kcoord's own, whether the upstream has them or not (ListGroups: 16)
-        spec = rewrite.REGISTRY[key]
+        spec = REGISTRY[key]
         assert offered[key] == (spec.min_version, spec.max_version)

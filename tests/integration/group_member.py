@@ -48,7 +48,7 @@ def run_kafka_python(args: argparse.Namespace) -> None:
     from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
     from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment
 
-    class Fixed(RoundRobinPartitionAssignor):
+    class Fixed(RoundRobinPartitionAssignor):  # type: ignore[misc]  # the library is untyped (Any)
         name = "fixed"
 
         @classmethod
@@ -62,7 +62,7 @@ def run_kafka_python(args: argparse.Namespace) -> None:
                              heartbeat_interval_ms=args.heartbeat_ms, enable_auto_commit=False,
                              partition_assignment_strategy=(RangePartitionAssignor, Fixed))
 
-    class Listener(ConsumerRebalanceListener):
+    class Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # the library is untyped (Any)
         def on_partitions_revoked(self, revoked: Any) -> None:
             pass
 
@@ -86,7 +86,7 @@ async def run_aiokafka(args: argparse.Namespace) -> None:
     from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
     from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
-    class Fixed(RoundRobinPartitionAssignor):
+    class Fixed(RoundRobinPartitionAssignor):  # type: ignore[misc]  # the library is untyped (Any)
         name = "fixed"
 
         @classmethod
@@ -100,7 +100,7 @@ async def run_aiokafka(args: argparse.Namespace) -> None:
                                 heartbeat_interval_ms=args.heartbeat_ms, enable_auto_commit=False,
                                 partition_assignment_strategy=(Fixed,))
 
-    class Listener(ConsumerRebalanceListener):
+    class Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # the library is untyped (Any)
         async def on_partitions_revoked(self, revoked: Any) -> None:
             pass
 

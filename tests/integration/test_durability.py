@@ -4,6 +4,7 @@ COORDINATOR_LOAD_IN_PROGRESS while it loads, then the right offsets, while small
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,12 @@ def test_kill_9_during_pipelined_commits_loses_no_acknowledged_commit(kcoord: Kc
         correlation, frame = client.encode(commit_request(group, {("t", 0): i}), 8)
         frames.append(frame)
         expected[correlation] = (group, i)
-    sender = threading.Thread(target=lambda: [client.sock.sendall(f) for f in frames], daemon=True)
+
+    def send_all() -> None:
+        for f in frames:
+            client.sock.sendall(f)
+
+    sender = threading.Thread(target=send_all, daemon=True)
     sender.start()
     acked: dict[str, int] = {}
     last_correlation = 0
@@ -54,7 +60,7 @@ def test_kill_9_during_pipelined_commits_loses_no_acknowledged_commit(kcoord: Kc
     reader.close()
 
 
-def _fetch_when_loaded(client: RawClient, group: str, partitions: dict[str, list[int]] | None = None) -> object:
+def _fetch_when_loaded(client: RawClient, group: str, partitions: dict[str, list[int]] | None = None) -> Any:
     deadline = time.monotonic() + 120
     while True:
         response = client.call(fetch_request(group, partitions or {"t": [0]}), 7)

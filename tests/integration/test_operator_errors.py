@@ -5,7 +5,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ def test_a_port_in_use_fails_before_creating_the_data_directory(tmp_path: Path) 
 
 
 @pytest.fixture
-def read_only(tmp_path: Path) -> Iterator[callable]:  # type: ignore[valid-type]
+def read_only(tmp_path: Path) -> Iterator[Callable[[Path], None]]:
     mounted: list[Path] = []
 
     def make_read_only(path: Path) -> None:
@@ -47,7 +47,7 @@ def read_only(tmp_path: Path) -> Iterator[callable]:  # type: ignore[valid-type]
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-def test_an_unwritable_data_directory_is_a_clear_error(tmp_path: Path, read_only: callable) -> None:  # type: ignore[valid-type]
+def test_an_unwritable_data_directory_is_a_clear_error(tmp_path: Path, read_only: Callable[[Path], None]) -> None:
     data = tmp_path / "data"
     KcoordProcess(data).start().stop()
     read_only(data)
@@ -58,7 +58,7 @@ def test_an_unwritable_data_directory_is_a_clear_error(tmp_path: Path, read_only
 
 
 def test_an_unwritable_partition_serves_reads_refuses_commits_and_says_so_once(
-    tmp_path: Path, read_only: callable  # type: ignore[valid-type]
+    tmp_path: Path, read_only: Callable[[Path], None]
 ) -> None:
     data = tmp_path / "data"
     group = "stuck-group"

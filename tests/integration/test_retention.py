@@ -8,12 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kafka.protocol.consumer.group import OffsetCommitRequest
 
 from coordinator.groups.retention import STEP_OFFSETS
 from protocol.partitioning import partition_for
 from tests.integration.test_metrics import scrape, value
 from tests.kcoord_process import KcoordProcess
-from tests.rawclient import CommitPartition, CommitTopic, OffsetCommitRequest, RawClient, commit_request, fetch_request
+from tests.rawclient import CommitPartition, CommitTopic, RawClient, commit_request, fetch_request
 
 SHARD = 7
 PARTITIONS = 1000

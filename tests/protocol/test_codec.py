@@ -121,7 +121,7 @@ def _scalar(type_name: str, value: Any) -> Any:
 def reference_decode(name: str, data: bytes, version: int) -> Any:
     """kafka-python's generic decode (ApiVersionsResponse overrides it with a client-side fallback that
     reads any error answer as v0; that is not what the schema says)."""
-    return ApiMessage.decode.__func__(reference_class(name), data, version=version)  # type: ignore[attr-defined]
+    return ApiMessage.decode.__func__(reference_class(name), data, version=version)
 
 
 def reference_encode(name: str, version: int, ref: Any) -> bytes:

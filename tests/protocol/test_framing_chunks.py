@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import protocol.framing as installed
 from protocol.framing import CHUNKED_BYTES
-from tests.protocol.test_framing import PURE, installed
+from tests.protocol.test_framing import PURE
 
 # both builds of protocol/framing (test_framing.py); a class rather than the fixture, for hypothesis
 READERS = pytest.mark.parametrize("reader_class", [installed.FrameReader, PURE.FrameReader],

@@ -167,10 +167,12 @@ def test_what_cannot_be_encoded_is_refused(module: ModuleType) -> None:
     """A handler bug (a None name, an int out of its field's range) is an error, never wrong bytes
     (compiled, a value of the wrong type is refused as such: TypeError)."""
     commit, fetch = hot(module, 8), hot(module, 9)
+    bad: list[Any]
     for bad in ([(None, [])], [("t", [(2**31, 0)])], [("t", [(0, 2**15)])]):
         with pytest.raises((EncodeError, TypeError)):
             commit.encode_results(bad, 8, 1)
     value = OffsetAndMetadata(2**63, -1, "", 0, -1)
+    groups: list[Any]
     for groups in ([["g", 0, [("t", [(0, value, 0)])]]], [[None, 0, []]], [["g", 2**15, []]]):
         with pytest.raises((EncodeError, TypeError)):
             fetch.encode_answer(groups, 9, 1)

@@ -1,7 +1,7 @@
 import shutil
 import struct
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -78,7 +78,7 @@ def read_back(directory: Path, segment_bytes: int = SEGMENT_BYTES) -> list[Rec]:
     return records
 
 
-def state(records: list[LogRecord]) -> dict[bytes | None, bytes]:
+def state(records: Sequence[LogRecord]) -> dict[bytes | None, bytes]:
     out: dict[bytes | None, bytes] = {}
     for r in records:
         if r.value is None:
@@ -88,7 +88,7 @@ def state(records: list[LogRecord]) -> dict[bytes | None, bytes]:
     return out
 
 
-def assert_compacted_from(after: list[LogRecord], before: list[LogRecord]) -> None:
+def assert_compacted_from(after: Sequence[LogRecord], before: Sequence[LogRecord]) -> None:
     """Same replayed state; every survivor is an original record at its original offset."""
     assert state(after) == state(before)
     offsets = [r.offset for r in after]

@@ -28,7 +28,7 @@ from protocol.records import (
     encode_record,
 )
 from storage.batch import BatchError, decode_batch, decode_runs, rebuild_batch
-from storage.batchwriter import build_batch
+from storage.batchwriter import Entry, build_batch
 from tests.interpreted import interpreted, skip_unless_the_machine_compiles
 
 T = 1_700_000_000_000
@@ -171,8 +171,8 @@ def test_offset_values_are_kept_as_read(codec: ModuleType) -> None:
     nothing the garbage collector tracks), and ``loaded_value`` reads them back, in every value version."""
     values = [(3, OffsetAndMetadata(7, 4, "m\u00e9ta", T)), (2, OffsetAndMetadata(8, -1, "", T + 1)),
               (1, OffsetAndMetadata(9, -1, "x", T + 2, T + 9)), (0, OffsetAndMetadata(10, -1, "", T + 3))]
-    entries = [(encode_record(OffsetCommitRecord(OffsetKey("g", "t", p), None))[0], value_bytes(version, value))
-               for p, (version, value) in enumerate(values)]
+    entries: list[Entry] = [(encode_record(OffsetCommitRecord(OffsetKey("g", "t", p), None))[0],
+                             value_bytes(version, value)) for p, (version, value) in enumerate(values)]
     runs, _ = codec.decode_records(build_batch(0, entries, T), 0)
     kept = [record[1] for _, run in runs for record in run]
     assert kept == [value for _, value in entries]

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.batchwriter import build_batch
+from storage.batchwriter import Entry, build_batch
 from storage.log import RECOVERY_POINT, LogCorruptError, PartitionLog, list_segments, segment_name
 
 T = 1700000000000
@@ -14,7 +14,7 @@ T = 1700000000000
 def write(plog: PartitionLog, count: int, per_batch: int = 1, value: bytes = b"v" * 50) -> None:
     for _ in range(count):
         base = plog.next_offset
-        entries = [(b"\x00\x01key-%d" % (base + i), value) for i in range(per_batch)]
+        entries: list[Entry] = [(b"\x00\x01key-%d" % (base + i), value) for i in range(per_batch)]
         plog.append(build_batch(base, entries, T), base + per_batch - 1)
     plog.sync()
 
@@ -279,7 +279,7 @@ def test_a_failed_copy_of_a_damaged_tail_leaves_nothing_behind_and_says_so(tmp_p
 
     monkeypatch.setattr(os, "fsync", full)
     plog = PartitionLog(tmp_path)
-    read = []
+    read: list[int] = []
     with pytest.raises(TailNotCut):
         for batch in plog.recover():
             read.extend(r.offset for r in batch.records)

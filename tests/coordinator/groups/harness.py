@@ -14,9 +14,9 @@ from coordinator.groups.messages import GroupConfig, JoinRequest, JoinResult, Le
 from coordinator.request import PARKED, Request
 from coordinator.shard import OpResult
 from coordinator.state import ShardData
-from coordinator.timers import ManualClock, Timers
+from coordinator.timers import Clock, ManualClock, Timers
 from protocol.errors import ErrorCode
-from protocol.records import Record
+from protocol.records import LiveRecord
 
 T0 = 1_700_000_000_000
 
@@ -40,10 +40,11 @@ class Reply:
 
 class GroupShard:
     def __init__(self, config: GroupConfig | None = None) -> None:
-        self.clock = ManualClock(T0)
+        self.manual_clock = ManualClock(T0)
+        self.clock: Clock = self.manual_clock  # as ShardOps declares it; advance() moves it
         self.timers = Timers(self.clock)
         self.data = ShardData()
-        self.log: list[Record] = []
+        self.log: list[LiveRecord] = []
         self.config = config or GroupConfig()
         self.membership = Membership(self, self.config)
         self._pending: list[tuple[list[Callable[[], None]], list[tuple[Request, Any]]]] = []
@@ -91,7 +92,7 @@ class GroupShard:
         self.membership.disarm(self.data)
 
     def advance(self, ms: int) -> None:
-        self.clock.advance(ms)
+        self.manual_clock.advance(ms)
         self.flush()
 
     def reloaded(self) -> ShardData:

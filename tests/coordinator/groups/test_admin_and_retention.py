@@ -7,9 +7,11 @@ from coordinator.groups.admin import delete_groups, delete_offsets, describe_gro
 from coordinator.groups.model import GroupState
 from coordinator.groups.retention import expire_offsets
 from coordinator.offsets import commit_offsets
+from coordinator.shard import OpResult
 from coordinator.state import ShardData
+from protocol.commit import PartitionCommit
 from protocol.errors import ErrorCode
-from protocol.records import GroupMetadataRecord, OffsetCommitRecord, OffsetKey
+from protocol.records import GroupMetadataRecord, LiveRecord, OffsetAndMetadata, OffsetCommitRecord, OffsetKey
 from tests.coordinator.groups.harness import T0, Client, GroupShard, stable_group
 from tests.coordinator.test_offsets import request
 
@@ -26,7 +28,7 @@ def subscription(*topics: str) -> bytes:
 
 
 def simple_commit(shard: GroupShard, group: str, partitions: list[int], at: int | None = None) -> None:
-    parts = [(p, 10 + p, -1, -1, "") for p in partitions]
+    parts: list[PartitionCommit] = [(p, 10 + p, -1, -1, "") for p in partitions]
     records, _ = commit_offsets(shard.data, request(group=group, parts=parts), at or shard.clock.now_ms(), 4096)
     shard.data.replay_records(len(shard.log), records)
     shard.log.extend(records)
@@ -103,9 +105,7 @@ def test_offset_delete_refuses_subscribed_topics_and_deletes_the_others() -> Non
     assert simple.offsets == {}
 
 
-def simple_offset(p: int) -> object:
-    from protocol.records import OffsetAndMetadata
-
+def simple_offset(p: int) -> OffsetAndMetadata:
     return OffsetAndMetadata(p, -1, "", T0)
 
 
@@ -154,6 +154,15 @@ def test_a_stable_consumer_group_keeps_subscribed_offsets_forever_and_expires_th
     assert result.records == [OffsetCommitRecord(OffsetKey("g", "old", 0), None)]  # the group stays
 
 
+def offset_keys(records: list[LiveRecord]) -> list[OffsetKey]:
+    """The keys of records that are all OffsetCommitRecords."""
+    keys = []
+    for r in records:
+        assert isinstance(r, OffsetCommitRecord), r
+        keys.append(r.key)
+    return keys
+
+
 def test_loaded_offsets_expire_as_live_ones_do() -> None:
     """A loaded offset is cached as its value's bytes (storage.loadcodec): retention reads its commit
     time, and a v1 value's own expire timestamp, from them."""
@@ -163,8 +172,8 @@ def test_loaded_offsets_expire_as_live_ones_do() -> None:
     simple_commit(shard, "s", [0], at=T0)
     shard.data.offsets["s"][("t", 1)] = encode_offset_value(OffsetAndMetadata(1, -1, "", T0 + 10))
     shard.data.offsets["s"][("t", 2)] = encode_offset_value(OffsetAndMetadata(2, -1, "", T0, T0 + 5))
-    assert [r.key for r in expire_offsets(shard.data, T0 + 5, WEEK).records] == [OffsetKey("s", "t", 2)]
-    assert [r.key for r in expire_offsets(shard.data, T0 + WEEK, WEEK).records] == [
+    assert offset_keys(expire_offsets(shard.data, T0 + 5, WEEK).records) == [OffsetKey("s", "t", 2)]
+    assert offset_keys(expire_offsets(shard.data, T0 + WEEK, WEEK).records) == [
         OffsetKey("s", "t", 0), OffsetKey("s", "t", 2)]
     result = expire_offsets(shard.data, T0 + WEEK + 10, WEEK)
     assert result.response == 3 and result.records[-1] == GroupMetadataRecord("s", None)
@@ -204,7 +213,7 @@ def test_retention_runs_as_a_timer_through_the_shard() -> None:
     shard = GroupShard(GroupConfig(offsets_retention_ms=WEEK, offsets_retention_check_interval_ms=600_000))
     simple_commit(shard, "s", [0], at=T0)
 
-    def run(data: ShardData) -> object:
+    def run(data: ShardData) -> OpResult:
         result = expire_offsets(data, shard.clock.now_ms(), WEEK)
         shard.schedule("retention", 600_000, run)
         return result

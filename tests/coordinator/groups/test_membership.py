@@ -30,7 +30,8 @@ def test_a_new_dynamic_member_first_gets_member_id_required_with_its_id() -> Non
     assert state(shard) is GroupState.EMPTY
     # JoinGroup created the group: an empty-group record (generation 0, no protocol) went out first.
     assert shard.log == [GroupMetadataRecord("g", shard.data.groups["g"].to_record())]
-    assert shard.log[0].value is not None and shard.log[0].value.generation == 0
+    record = shard.log[0]
+    assert isinstance(record, GroupMetadataRecord) and record.value is not None and record.value.generation == 0
 
 
 def test_v3_joins_directly_without_member_id_required() -> None:
