@@ -1,5 +1,5 @@
 """The group side of one shard: its membership operations, and the timers armed while it serves writes
-(members' sessions, offset retention: a pass runs a step per loop pass). Registered as the shard's
+(members' sessions, offset retention: a pass runs a step per flush cycle). Registered as the shard's
 hooks, so a shard that fails or closes answers its parked JoinGroup/SyncGroup requests NOT_COORDINATOR
 and forgets its timers."""
 
@@ -28,11 +28,24 @@ class GroupHooks(ShardHooks):
         self.membership.disarm(shard.data)
 
     def _expire(self, data: ShardData) -> OpResult:
-        """One step of a retention pass; the next step in the next loop pass, or the next pass after
-        the check interval."""
-        result = self.retention.step(data, self.shard.clock.now_ms(), self.config.offsets_retention_ms)
+        """One step of a retention pass; the next step once this one's tombstones are durable (so steps
+        never run ahead of the writer), or the next pass after the check interval. A step that fails
+        abandons the pass, not retention: the next pass is still scheduled."""
+        interval = self.config.offsets_retention_check_interval_ms
+        try:
+            result = self.retention.step(data, self.shard.clock.now_ms(), self.config.offsets_retention_ms)
+        except Exception:
+            self.retention.reset()
+            self.shard.schedule(RETENTION_KEY, interval, self._expire)
+            raise
         if result.response:
             self.metrics.expired(self.shard.partition, result.response)
-        delay = 0 if self.retention.under_way else self.config.offsets_retention_check_interval_ms
-        self.shard.schedule(RETENTION_KEY, delay, self._expire)
-        return result
+        if not self.retention.under_way:
+            self.shard.schedule(RETENTION_KEY, interval, self._expire)
+            return result
+        return result._replace(on_durable=self._next_step)
+
+    def _next_step(self) -> None:
+        # Keyed: should the shard have stopped serving meanwhile, its next load arms the timer afresh (and
+        # a timer that fires on a shard that is not serving does nothing).
+        self.shard.schedule(RETENTION_KEY, 0, self._expire)
