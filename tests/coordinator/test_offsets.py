@@ -67,9 +67,20 @@ def named(records: list[LiveRecord]) -> list[OffsetCommitRecord]:
     return out
 
 
-def reference_bytes(records: list[LiveRecord]) -> list[tuple[bytes, bytes]]:
-    """What protocol.records' encoders write for those records."""
-    return [(encode_offset_key(r.key), encode_offset_value(r.value)) for r in named(records) if r.value]
+def reference_bytes(req: CommitRequest, now: int, max_metadata: int = 4096) -> list[tuple[bytes, bytes]]:
+    """What protocol.records' encoders write for the request's acceptable partitions (a legal topic, a
+    partition >= 0, metadata of at most ``max_metadata`` UTF-16 units), worked out from the request."""
+    expire = -1 if req.retention_ms == -1 else min(now + req.retention_ms, 2**63 - 1)
+    out = []
+    for topic, parts in req.topics:
+        for partition, offset, epoch, ts, metadata in parts:
+            meta = metadata or ""
+            if (re.fullmatch(r"[a-zA-Z0-9._-]{1,249}", topic) is None or partition < 0
+                    or len(meta.encode("utf-16-le")) // 2 > max_metadata):
+                continue
+            value = OffsetAndMetadata(offset, epoch, meta, now if ts == -1 else ts, expire)
+            out.append((encode_offset_key((req.group_id, topic, partition)), encode_offset_value(value)))
+    return out
 
 
 def test_simple_commit_writes_one_v3_record_per_partition() -> None:
@@ -91,7 +102,8 @@ def test_prepared_record_bytes_are_what_the_record_encoder_writes() -> None:
         req = CommitRequest(8, "grüppe", -1, "", None, retention, topics)
         prepared = prepare_commit(req, NOW, 4096)
         assert len(prepared.records) == 7
-        assert prepared.encoded == reference_bytes(prepared.records)
+        assert prepared.encoded == reference_bytes(req, NOW)
+        # the cache keeps the value bytes the record carries
         assert [value for _, value in prepared.encoded] == [value for _, value in prepared.records]
 
 
@@ -220,7 +232,7 @@ def test_prepare_commit_compiled_and_interpreted_agree(topics: list[tuple[str, l
         prepared.append(module.prepare_commit(req, NOW, 4096))
     compiled_one, pure_one = prepared
     assert compiled_one.records == pure_one.records and compiled_one.results == pure_one.results
-    assert compiled_one.encoded == pure_one.encoded == reference_bytes(pure_one.records)
+    assert compiled_one.encoded == pure_one.encoded == reference_bytes(req, NOW)
     # plain (key, value bytes) pairs with a plain key tuple (protocol.records.CommitPair), as replay takes them
     assert all(type(r) is tuple and type(r[0]) is tuple and type(r[1]) is bytes for r in compiled_one.records)
 
