@@ -142,6 +142,11 @@ class ShardData:
             elif isinstance(record, GroupMetadataRecord):
                 if record.value is None:
                     self.groups.pop(record.group, None)
+                    if record.group in self.offsets:
+                        # A group's deletion is appended in slices when it has many offsets: a commit
+                        # that landed between them keeps its offset, and the group it was made to stays
+                        # as that commit alone would have left it (simple, Empty), not an offset of no group.
+                        self.groups[record.group] = ClassicGroup(record.group)
                 else:
                     self.groups[record.group] = ClassicGroup.from_record(record.group, record.value)
             offset += 1

@@ -91,6 +91,24 @@ def test_group_metadata_loads_empty_or_stable(shard_data: type[ShardData]) -> No
     assert "s" not in data.groups
 
 
+def test_a_group_deleted_while_it_still_has_offsets_stays_as_a_simple_group(shard_data: type[ShardData]) -> None:
+    """A deletion of a group with many offsets is appended in slices; a commit of a partition it did not
+    list may land between them. The group's tombstone then leaves the group as that commit alone would
+    have (simple, Empty), not an offset of no group (one ListGroups would not show, nor DeleteGroups find)."""
+    data = shard_data()
+    data.replay(0, GroupMetadataRecord("g", GroupMetadata("consumer", 4, None, None, 1)))
+    data.replay(1, OffsetCommitRecord(K0, value(1)))
+    data.replay(2, OffsetCommitRecord(K0, None))  # the deletion's offset tombstones...
+    data.replay(3, OffsetCommitRecord(K1, value(7)))  # ...a commit between its slices...
+    data.replay(4, GroupMetadataRecord("g", None))  # ...and its group tombstone
+    assert data.committed("g", "t", 1) == value(7)
+    group = data.groups["g"]
+    assert group.state is GroupState.EMPTY and group.protocol_type is None and group.generation == 0
+    data.replay(5, OffsetCommitRecord(K1, None))
+    data.replay(6, GroupMetadataRecord("g", None))  # a deletion with nothing left: the group goes
+    assert "g" not in data.groups and "g" not in data.offsets
+
+
 def test_a_group_emptied_and_committed_to_again_in_one_batch_keeps_the_new_offset(
         shard_data: type[ShardData]) -> None:
     """Replay reuses the previous record's group: a tombstone that empties the group (its offsets dict
