@@ -23,7 +23,7 @@ offset it had found due still is (a new commit, or a subscription that covers th
 it), as Kafka decides for a group at once. Groups created during a pass are looked at by the next pass.
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from coordinator.groups.model import CONSUMER_PROTOCOL, ClassicGroup, GroupState
 from coordinator.shard import APPEND_SLICE, OpResult
@@ -82,14 +82,13 @@ def _found_due(data: ShardData, group_id: str, now_ms: int, retention_ms: int) -
             if _expired(data, group_id, base, tp[0], tp[1], stored, now_ms, retention_ms)]
 
 
-def expire_offsets(data: ShardData, now_ms: int, retention_ms: int,
-                   group_ids: Iterable[str] | None = None) -> OpResult:
-    """Tombstones for the expired offsets of ``group_ids`` (default: every group of the shard), and for
-    the groups that are then Empty with no offsets left, in one operation. The response is the number
-    of offsets expired."""
+def expire_offsets(data: ShardData, now_ms: int, retention_ms: int) -> OpResult:
+    """Tombstones for every expired offset of the shard, and for the groups that are then Empty with no
+    offsets left, in one operation: what a whole ``RetentionPass`` writes in steps (the tests' reference).
+    The response is the number of offsets expired."""
     records: list[LiveRecord] = []
     expired = 0
-    for group_id in list(data.groups.keys() | data.offsets.keys()) if group_ids is None else group_ids:
+    for group_id in list(data.groups.keys() | data.offsets.keys()):
         due = _found_due(data, group_id, now_ms, retention_ms)
         records += [OffsetCommitRecord(OffsetKey(group_id, topic, partition), None) for topic, partition in due]
         expired += len(due)
