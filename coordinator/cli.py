@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import gc
 import importlib
-import importlib.metadata
 import logging
 import os
 import resource
@@ -16,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+import coordinator
 from coordinator import startup  # noqa: F401  (first: kafka-python's and aiokafka's clients stay unimported)
 from coordinator.config import Config, ConfigError, add_serve_arguments, config_from_args
 from coordinator.exporter import Exporter
@@ -202,10 +202,7 @@ def dump_log(target: Path, out: TextIO) -> int:
 
 
 def _version() -> str:
-    try:
-        return importlib.metadata.version("kcoord")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+    return coordinator.__version__
 
 
 def _dump(parser: argparse.ArgumentParser, target: Path) -> int:

@@ -1,29 +1,31 @@
-"""What a starting server need not import: the client halves of kafka-python and aiokafka.
+"""What a starting server need not import: the client halves of kafka-python and aiokafka, and the
+``importlib.metadata`` that crc32c's ``__init__`` imports only to set its version (~20-35 ms).
 
 kcoord uses their protocol schemas, errors and record-batch modules only, but importing any submodule
 of a package runs the package's ``__init__``, and theirs import the whole client (admin, consumer,
 producer, networking): ``python -X importtime`` put kafka's at ~90 ms and aiokafka's at ~37 ms, ~100
 ms more than kcoord's own imports of them, out of a restart target of 1 s counted from the process
-start. The CLI therefore imports this module before anything else of kcoord's, and it registers each
-package without running its ``__init__``. The first attribute asked of such a package that it does not
-have yet (``from kafka import KafkaAdminClient``, ``kafka.__version__``) runs the ``__init__`` then
-(PEP 562), so code that wants a client by its package's names gets it unchanged. Other threads asking
-meanwhile wait for that run; a run that raises removes the package from ``sys.modules``, as a failed
-import does, so the next import starts afresh.
+start (storage/batch.py takes crc32c's function from its C module). The CLI therefore imports this
+module before anything else of kcoord's, and it registers each package without running its
+``__init__``. The first attribute asked of such a package that it does not have yet (``from kafka
+import KafkaAdminClient``, ``kafka.__version__``) runs the ``__init__`` then (PEP 562), so code that
+wants a client by its package's names gets it unchanged. Other threads asking meanwhile wait for that
+run; a run that raises removes the package from ``sys.modules``, as a failed import does, so the next
+import starts afresh.
 
 A client *submodule* imported by its own name before the ``__init__`` has run (``import
 aiokafka.producer``) loads before that ``__init__``, as it would not normally. What such modules take
 from their package is served without it: a submodule (``from kafka import errors``) is imported, and
-``__version__`` is set from the installed distribution up front (the ``__init__`` sets its own when it
-runs). A sweep importing each of the 303 submodules of both packages first, in a fresh interpreter,
-finds every one behaving as without this module but ``kafka.cluster``: it and ``kafka.net`` import each
-other, which works only when ``kafka.net`` comes first, as kafka-python's ``__init__`` has it (import
-``kafka.net`` or ask the package first). A finder that ran the ``__init__`` first was tried:
-the import system calls finders under its global lock and re-executes a module a finder's side effects
-loaded, so it deadlocked threads and loaded modules twice.
+``__version__`` is read from the installed distribution when first asked (the ``__init__`` sets its
+own when it runs; ``importlib.metadata`` is imported only then). A sweep importing each of the 303
+submodules of both packages first, in a fresh interpreter, finds every one behaving as without this
+module but ``kafka.cluster``: it and ``kafka.net`` import each other, which works only when
+``kafka.net`` comes first, as kafka-python's ``__init__`` has it (import ``kafka.net`` or ask the
+package first). A finder that ran the ``__init__`` first was tried: the import system calls finders
+under its global lock and re-executes a module a finder's side effects loaded, so it deadlocked threads
+and loaded modules twice.
 """
 
-import importlib.metadata
 import importlib.util
 import logging
 import sys
@@ -32,7 +34,7 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
-DEFERRED = ("kafka", "aiokafka")
+DEFERRED = ("kafka", "aiokafka", "crc32c")
 
 
 class _Deferred:
@@ -44,6 +46,12 @@ class _Deferred:
         self._lock = threading.RLock()  # reentrant: the __init__'s own lookups come back here
 
     def __call__(self, attr: str) -> Any:
+        if attr == "__version__" and self._pending:
+            # what client modules import from their package while its __init__ may be importing them
+            version = _distribution_version(self.name)
+            if version is not None:
+                self.module.__dict__.setdefault("__version__", version)
+                return self.module.__dict__["__version__"]
         if self._pending and not attr.startswith("__") and importlib.util.find_spec(f"{self.name}.{attr}"):
             # ``from kafka import errors``: the submodule, as the package would give it (client modules
             # ask for theirs this way while the package's __init__ may be what is importing them)
@@ -66,6 +74,15 @@ class _Deferred:
             raise AttributeError(f"module {self.name!r} has no attribute {attr!r}") from None
 
 
+def _distribution_version(name: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def defer_package_inits(names: tuple[str, ...] = DEFERRED) -> list[str]:
     """Registers each package not imported yet with its ``__init__`` deferred; the names it did."""
     done = []
@@ -77,10 +94,6 @@ def defer_package_inits(names: tuple[str, ...] = DEFERRED) -> list[str]:
             continue
         module = importlib.util.module_from_spec(spec)
         module.__getattr__ = _Deferred(name, spec, module)  # type: ignore[method-assign]
-        try:  # the one name client modules import from their package (aiokafka: ``__version__``)
-            module.__dict__["__version__"] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
         sys.modules[name] = module
         done.append(name)
     if "kafka" in done:  # what kafka-python's __init__ does first: its loggers stay quiet without a handler

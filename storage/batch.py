@@ -13,11 +13,7 @@ partitionLeaderEpoch, so both are stamped after the batch is built.
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
-
-import crc32c
-from kafka.record.default_records import DefaultRecordBatch
-from kafka.record.util import encode_varint
+from typing import TYPE_CHECKING, Protocol
 
 from protocol import compiled
 from protocol.records import LoadedRecord, UnknownRecord, decode_record
@@ -26,10 +22,28 @@ from storage.batchwriter import LOG_OVERHEAD as LOG_OVERHEAD
 from storage.batchwriter import MAGIC as MAGIC
 from storage.loadcodec import RecordsError, Run
 
+try:  # the C function itself: the package's __init__ imports importlib.metadata, ~20-35 ms of a start that
+    # coordinator/startup.py keeps from running
+    from crc32c._crc32c import crc32c
+except ImportError:  # a release that moved it
+    from crc32c import crc32c
+
+if TYPE_CHECKING:
+    from kafka.record.default_records import DefaultRecordBatch
+
 try:
     from aiokafka.record._crecords.default_records import DefaultRecordBatch as BatchReader
 except ImportError:  # a platform without aiokafka's C extension
-    BatchReader = DefaultRecordBatch
+    BatchReader = None
+
+
+def _reference_reader() -> "type[DefaultRecordBatch]":
+    """kafka-python's batch reader, for compressed batches (it has the codecs) and the cleaner's
+    rebuilds. Imported when first needed: with its codec modules and crc32c's package ``__init__`` it
+    is ~30-60 ms of a start that reads no compressed batch (``python -X importtime``)."""
+    from kafka.record.default_records import DefaultRecordBatch as reader
+
+    return reader  # type: ignore[no-any-return]  # kafka-python is untyped
 
 
 def codec_stale() -> bool:
@@ -107,9 +121,9 @@ def decode_batch(data: bytes, replayable: bool = False) -> Batch:
     if data[_MAGIC_OFFSET] != MAGIC:
         raise BatchError(f"magic {data[_MAGIC_OFFSET]} is not 2")
     compressed = data[_ATTRIBUTES_POSITION + 1] & COMPRESSION_MASK
-    raw = DefaultRecordBatch(data) if compressed else BatchReader(data)
+    raw = _reference_reader()(data) if compressed or BatchReader is None else BatchReader(data)
     # the crc32c package's (hardware) CRC: ~5 us for a 62 kB batch, against ~45 us in the readers' own
-    if crc32c.crc32c(memoryview(data)[_ATTRIBUTES_POSITION:]) != _CRC.unpack_from(data, _CRC_POSITION)[0]:
+    if crc32c(memoryview(data)[_ATTRIBUTES_POSITION:]) != _CRC.unpack_from(data, _CRC_POSITION)[0]:
         raise BatchError(f"CRC mismatch in batch at offset {raw.base_offset}")
     if replayable and FAST_REPLAY and not compressed and not raw.is_control_batch:
         try:
@@ -131,7 +145,7 @@ def decode_batch(data: bytes, replayable: bool = False) -> Batch:
 
 
 def _batch(
-    raw: DefaultRecordBatch,
+    raw: "DefaultRecordBatch",
     data: bytes,
     records: Sequence[LogRecord],
     control: ControlType | None,
@@ -198,7 +212,7 @@ def rebuild_batch(raw: bytes, keep: set[int], horizon: int | None) -> bytes:
     head = _HEADER.unpack_from(raw)
     base, epoch, magic, attributes = head[0], head[2], head[3], head[5]
     producer_id, producer_epoch, base_sequence = head[9], head[10], head[11]
-    records = [r for r in DefaultRecordBatch(raw) if r.offset in keep]
+    records = [r for r in _reference_reader()(raw) if r.offset in keep]
     base_ts = horizon if horizon is not None else records[0].timestamp
     body = bytearray(_HEADER.size)
     for r in records:
@@ -211,7 +225,7 @@ def rebuild_batch(raw: bytes, keep: set[int], horizon: int | None) -> bytes:
     length = len(body) - LOG_OVERHEAD
     fields = (attributes, last_delta, base_ts, max_ts, producer_id, producer_epoch, base_sequence, len(records))
     _HEADER.pack_into(body, 0, base, length, epoch, magic, 0, *fields)
-    _CRC.pack_into(body, _CRC_POSITION, crc32c.crc32c(bytes(body[_ATTRIBUTES_POSITION:])))
+    _CRC.pack_into(body, _CRC_POSITION, crc32c(bytes(body[_ATTRIBUTES_POSITION:])))
     return bytes(body)
 
 
@@ -224,6 +238,8 @@ def _encode_record(
     headers: list[tuple[str, bytes | None]],
 ) -> None:
     """One v2 record (reference section 8.2): length, attributes 0, deltas, key, value, headers."""
+    from kafka.record.util import encode_varint  # imported by _reference_reader already: a dict lookup
+
     rec = bytearray(b"\x00")
     encode_varint(timestamp_delta, rec.append)
     encode_varint(offset_delta, rec.append)
@@ -238,6 +254,8 @@ def _encode_record(
 
 
 def _put_bytes(out: bytearray, data: bytes | None) -> None:
+    from kafka.record.util import encode_varint
+
     if data is None:
         encode_varint(-1, out.append)
         return
