@@ -252,6 +252,10 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
 
 def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
     """A zigzag varint (at most 10 bytes) at ``pos`` and the position after it."""
+    if pos < end:
+        b = data[pos]
+        if b < 0x80:  # one byte, as nearly every field of an offsets record is: no loop
+            return (b >> 1) ^ -(b & 1), pos + 1
     shift = 0
     value = 0
     while True:
