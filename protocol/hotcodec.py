@@ -67,6 +67,20 @@ def int64_at(data: bytes, pos: i64) -> i64:
     return hi * 0x100000000 + lo
 
 
+# An offset-commit value's layout (reference section 7): version int16 | offset int64 at 2 | (v3 only)
+# leader epoch int32 at 10 | metadata (int16 length + UTF-8) | commit timestamp int64 | (v1 only) expire
+# timestamp int64. Known here once, for the fetch encoder below and the loader (storage/loadcodec.py),
+# which keep a commit's value as these bytes.
+def value_metadata_at(version: i64) -> i64:
+    """Where the metadata's length field ends, i.e. its bytes start, in a v0-v3 offset-commit value."""
+    return 16 if version == 3 else 12
+
+
+def value_leader_epoch(raw: bytes, vpos: i64, version: i64) -> i64:
+    """The leader epoch of the offset-commit value at ``vpos`` (-1: versions before 3 have none)."""
+    return int32_at(raw, vpos + 10) if version == 3 else -1
+
+
 class _Reader:
     """A position in a frame; every read is bounds-checked first, so malformed bytes raise DecodeError."""
 
@@ -465,8 +479,8 @@ def _stored_value(w: _Writer, raw: bytes, epochs: bool) -> None:
     version = int16_at(raw, 0)
     w.int64(int64_at(raw, 2))
     if epochs:
-        w.int32(int32_at(raw, 10) if version == 3 else -1)
-    mpos: i64 = 16 if version == 3 else 12
+        w.int32(value_leader_epoch(raw, 0, version))
+    mpos = value_metadata_at(version)
     mlen = int16_at(raw, mpos - 2)
     w.raw_string(raw[mpos : mpos + mlen])
 

@@ -15,7 +15,7 @@ from typing import Final
 
 from mypy_extensions import i64
 
-from protocol.hotcodec import int16_at, int32_at, int64_at
+from protocol.hotcodec import int16_at, int32_at, int64_at, value_leader_epoch, value_metadata_at
 from protocol.records import (
     OFFSET_COMMIT_LEGACY_TYPE,
     OFFSET_COMMIT_TYPE,
@@ -126,13 +126,11 @@ def _metadata_end(data: bytes, vpos: i64, vend: i64, check_text: bool = True) ->
     if vend - vpos < 12:
         return -1
     version = int16_at(data, vpos)
-    if version == 3:
-        if vend - vpos < 16:
-            return -1
-        mpos, tail = vpos + 16, 8
-    elif 0 <= version <= 2:
-        mpos, tail = vpos + 12, 16 if version == 1 else 8
-    else:
+    if not 0 <= version <= 3:
+        return -1
+    mpos = vpos + value_metadata_at(version)
+    tail: i64 = 16 if version == 1 else 8  # the commit timestamp, and v1's expire timestamp
+    if mpos > vend:
         return -1
     mlen = int16_at(data, mpos - 2)
     mend = mpos + mlen
@@ -159,8 +157,8 @@ def loaded_value(raw: bytes) -> OffsetAndMetadata:
     if mend < 0:
         raise ValueError("not an offset-commit value the loader keeps")
     version = int16_at(raw, 0)
-    epoch = int32_at(raw, 10) if version == 3 else -1
-    mpos: i64 = 16 if version == 3 else 12
+    epoch = value_leader_epoch(raw, 0, version)
+    mpos = value_metadata_at(version)
     metadata = raw[mpos:mend].decode() if mend > mpos else ""
     expire_ts = int64_at(raw, mend + 8) if version == 1 else -1
     return _new(_OffsetAndMetadata, (int64_at(raw, 2), epoch, metadata, int64_at(raw, mend), expire_ts))
