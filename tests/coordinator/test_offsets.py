@@ -2,6 +2,7 @@
 
 import re
 import time
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -10,7 +11,10 @@ from hypothesis import strategies as st
 from coordinator import offsets
 from coordinator.groups.model import GroupMember
 from coordinator.offsets import (
+    LARGE_FETCH,
+    OffsetsCopy,
     commit_offsets,
+    copied_offsets,
     fetch_offsets,
     group_id_error,
     prepare_commit,
@@ -171,6 +175,49 @@ def test_fetch_unknown_partitions_and_groups() -> None:
     assert fetch_offsets(data, "nobody", None, False) == []
     assert fetch_offsets(data, "g", None, False) == [("t", [(0, OffsetAndMetadata(7, 2, "m", NOW),
                                                                             E.NONE)])]
+
+
+def large_group(topics: int = 3) -> ShardData:
+    """A group with more than LARGE_FETCH offsets over ``topics`` topics, committed out of order."""
+    data = ShardData()
+    per_topic = LARGE_FETCH // topics + 5
+    keys = [(f"t{t}", p) for p in reversed(range(per_topic)) for t in reversed(range(topics))]
+    for i, (topic, partition) in enumerate(keys):
+        data.replay(i, OffsetCommitRecord(OffsetKey("big", topic, partition), OffsetAndMetadata(i, -1, "", NOW)))
+    data.replay(len(keys), OffsetCommitRecord(OffsetKey("small", "t", 0), OffsetAndMetadata(1, -1, "", NOW)))
+    return data
+
+
+@pytest.mark.parametrize("module", [offsets, PURE], ids=["compiled", "interpreted"])
+def test_a_fetch_of_all_of_a_large_group_reads_a_copy_that_answers_the_same(module: Any) -> None:
+    data = large_group()
+    m = module
+    copy = m.read_offsets(data, "big", None, False)
+    assert type(copy) is m.OffsetsCopy
+    expected = fetch_offsets(data, "big", None, False)
+    assert [t for t, _ in expected] == ["t0", "t1", "t2"]
+    assert all([p for p, _, _ in parts] == sorted(p for p, _, _ in parts) for _, parts in expected)
+    # a commit made after the copy is not in the answer made from it
+    data.replay(99_999, OffsetCommitRecord(OffsetKey("big", "t9", 0), OffsetAndMetadata(5, -1, "", NOW)))
+    assert m.copied_offsets(copy) == expected
+    # small groups, named partitions and a stable fetch with a transaction pending are read at once
+    assert m.read_offsets(data, "small", None, False) == fetch_offsets(data, "small", None, False)
+    asked = [("t0", [0, 1])]
+    assert m.read_offsets(data, "big", asked, False) == fetch_offsets(data, "big", asked, False)
+    data.replay(100_000, OffsetCommitRecord(OffsetKey("big", "t0", 0), OffsetAndMetadata(8, -1, "", NOW)),
+                producer_id=3)
+    assert type(m.read_offsets(data, "big", None, True)) is list
+
+
+def test_an_answer_from_a_copy_offers_the_gil(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It is made on the bulk thread, where compiled code would otherwise hold the GIL throughout."""
+    offered: list[float] = []
+    monkeypatch.setattr(time, "sleep", offered.append)
+    copy = offsets.read_offsets(large_group(1), "big", None, False)
+    assert isinstance(copy, OffsetsCopy)
+    offered.clear()
+    assert len(copied_offsets(copy)[0][1]) > LARGE_FETCH
+    assert len(offered) >= 2
 
 
 def test_require_stable_reports_pending_transactional_offsets() -> None:
