@@ -1,14 +1,22 @@
 """OffsetFetch's handler module (coordinator/apis/k09_offset_fetch.py) beyond what the integration tests
 show: a large v8+ request's groups are bucketed, and its answer assembled, on the bulk thread."""
 
+import asyncio
 import time
 from pathlib import Path
 
 import pytest
+from kafka.protocol.consumer.group import OffsetFetchResponse
 
+from coordinator.apis import APIS
 from coordinator.apis import k09_offset_fetch as k09
+from coordinator.offsets import LARGE_FETCH
+from coordinator.request import Request
+from coordinator.server import _encode
+from protocol.errors import ErrorCode
 from protocol.hotcodec import YIELD_EVERY
-from tests.coordinator.harness import config, started, stop
+from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey
+from tests.coordinator.harness import Faults, append, commit, config, started, stop
 
 
 async def test_many_groups_let_other_threads_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,4 +36,69 @@ async def test_many_groups_let_other_threads_run(tmp_path: Path, monkeypatch: py
         assert [g[0] for g in answer.groups] == [g.group_id for g in body.groups] and offered == [0] * 4
     finally:
         monkeypatch.undo()
+        await stop(runtime)
+
+
+class _Released:
+    """A connection stand-in that hands back the released request itself."""
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[Request] = asyncio.get_running_loop().create_future()
+
+    def reply_ready(self, request: Request) -> None:
+        self.future.set_result(request)
+
+
+@pytest.mark.parametrize("version", [6, 8])
+@pytest.mark.parametrize("sync_fails", [False, True], ids=["durable", "barrier-fails"])
+async def test_a_fetch_of_all_of_a_large_group_is_answered_off_the_loop(tmp_path: Path, version: int,
+                                                                         sync_fails: bool) -> None:
+    """Null topics for a group of more than LARGE_FETCH offsets: the handler reads a copy, the request
+    turns large (its reply is built and encoded on the bulk thread), the answer is the group's offsets
+    as they were when read, and a read barrier that fails turns it into the error as before. Encoding
+    twice gives the same bytes (what the answer frees after encoding is its own, not the request's)."""
+    faults = Faults()
+    runtime = await started(config(tmp_path, partitions=1), log_factory=faults.factory)
+    try:
+        shard = runtime.shard_for("big")
+        for p in range(LARGE_FETCH + 10):
+            shard.data.replay(p, OffsetCommitRecord(OffsetKey("big", "t", p), OffsetAndMetadata(p, -1, "", 1)))
+        shard.data.replay(LARGE_FETCH + 10, OffsetCommitRecord(OffsetKey("small", "u", 0),
+                                                               OffsetAndMetadata(5, -1, "", 1)))
+        faults.fail_next_sync = sync_fails
+        written = append(shard, [commit("other", 0, 1)])  # the fetch waits for this write
+        cls = k09.SPEC.request.cls
+        if version >= 8:
+            body = cls(groups=[cls.OffsetFetchRequestGroup(group_id=g, topics=None) for g in ("big", "small")],
+                       require_stable=False)
+        else:
+            body = cls(group_id="big", topics=None, require_stable=False)
+        sink = _Released()
+        req = Request(sink, APIS[9], version, 3)
+        req.body = body
+        req.wait()  # as the server does around a handler
+        req.response = APIS[9].handle(runtime, req, APIS[9].prepare(runtime, body, version) if APIS[9].prepare
+                                      else body)
+        req.done()
+        # a commit after the read is not in the answer
+        later = OffsetCommitRecord(OffsetKey("big", "t", 0), OffsetAndMetadata(99, -1, "", 1))
+        shard.data.replay(LARGE_FETCH + 11, later)
+        released = await asyncio.wait_for(sink.future, 10)
+        await written
+        assert released.large
+        loop = asyncio.get_running_loop()
+        data = await loop.run_in_executor(None, _encode, released)
+        assert await loop.run_in_executor(None, _encode, released) == data
+        resp = OffsetFetchResponse.decode(data[8 + (version >= 6):], version=version)
+        groups = [(g.group_id, g.error_code, g.topics) for g in resp.groups] if version >= 8 else \
+            [("big", resp.error_code, resp.topics)]
+        big = [(t.name, [(p.partition_index, p.committed_offset) for p in t.partitions]) for t in groups[0][2]]
+        if sync_fails:
+            assert [(gid, error, topics) for gid, error, topics in groups] == \
+                [(gid, ErrorCode.NOT_COORDINATOR, []) for gid, _, _ in groups]
+        else:
+            assert groups[0][1] == 0 and big == [("t", [(p, p) for p in range(LARGE_FETCH + 10)])]
+            if version >= 8:
+                assert [(t.name, [p.committed_offset for p in t.partitions]) for t in groups[1][2]] == [("u", [5])]
+    finally:
         await stop(runtime)
