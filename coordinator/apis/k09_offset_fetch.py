@@ -11,7 +11,7 @@ import asyncio
 from typing import Any
 
 from coordinator.apis import handles
-from coordinator.offsets import OffsetsCopy, TopicOffsets, copied_offsets, fetch_offsets, read_offsets
+from coordinator.offsets import OffsetsCopy, TopicOffsets, copied_offsets, read_offsets
 from coordinator.request import Lazy, Request, ShardUnavailable
 from coordinator.runtime import Runtime
 from coordinator.state import offset_value
@@ -131,7 +131,7 @@ class _Groups:
             shard = runtime.shard_for(g.group_id).partition
             self.by_shard.setdefault(shard, []).append((i, g.group_id, _requested(g.topics)))
             offer_gil(i + 1)  # on the bulk thread for a large request
-        self.results: list[tuple[ErrorCode, TopicOffsets]] = [(ErrorCode.NONE, [])] * len(self.ids)
+        self.results: list[tuple[ErrorCode, TopicOffsets | OffsetsCopy]] = [(ErrorCode.NONE, [])] * len(self.ids)
 
     def fail(self, indexes: list[int]) -> Any:
         def fail(error: ErrorCode) -> None:
@@ -142,10 +142,14 @@ class _Groups:
 
     def response(self) -> FetchAnswer:
         groups: list[list[Any]] = []
+        copied: list[int] = []
         for i, (gid, (error, offsets)) in enumerate(zip(self.ids, self.results, strict=True)):
+            if type(offsets) is OffsetsCopy:  # a large group's, read as a copy: the request is a large one
+                offsets = copied_offsets(offsets)
+                copied.append(i)
             groups.append([gid, error, offsets])
             offer_gil(i + 1)  # encoded on the bulk thread for a large request
-        return FetchAnswer(groups)
+        return CopiedAnswer(groups, copied) if copied else FetchAnswer(groups)
 
 
 # Up to this many groups a v8+ request is answered group by group, as cheaply as a v7 one; beyond it
@@ -157,8 +161,9 @@ def prepare(runtime: Runtime, body: Any, version: int) -> Any:
     return _Groups(runtime, body) if version >= 8 and len(body.groups) > _DIRECT_GROUPS else body
 
 
-def _fetch_many(data: Any, groups: list[tuple[int, str, Requested]], stable: bool) -> list[TopicOffsets]:
-    return [fetch_offsets(data, group_id, requested, stable) for _, group_id, requested in groups]
+def _fetch_many(data: Any, groups: list[tuple[int, str, Requested]],
+                stable: bool) -> list[TopicOffsets | OffsetsCopy]:
+    return [read_offsets(data, group_id, requested, stable) for _, group_id, requested in groups]
 
 
 def outcome(answer: FetchAnswer) -> tuple[int, int]:
@@ -270,3 +275,5 @@ def _read_shard(runtime: Runtime, req: Request, groups: _Groups, partition: int,
         return
     for i, offsets in zip(indexes, fetched, strict=True):
         groups.results[i] = (ErrorCode.NONE, offsets)
+        if type(offsets) is OffsetsCopy:
+            req.large = True  # the answer is built from the copy where it is encoded, off the event loop

@@ -49,9 +49,9 @@ class _Released:
         self.future.set_result(request)
 
 
-@pytest.mark.parametrize("version", [6, 8])
+@pytest.mark.parametrize(("version", "fillers"), [(6, 0), (8, 0), (8, 20)], ids=["v6", "v8", "v8-22-groups"])
 @pytest.mark.parametrize("sync_fails", [False, True], ids=["durable", "barrier-fails"])
-async def test_a_fetch_of_all_of_a_large_group_is_answered_off_the_loop(tmp_path: Path, version: int,
+async def test_a_fetch_of_all_of_a_large_group_is_answered_off_the_loop(tmp_path: Path, version: int, fillers: int,
                                                                          sync_fails: bool) -> None:
     """Null topics for a group of more than LARGE_FETCH offsets: the handler reads a copy, the request
     turns large (its reply is built and encoded on the bulk thread), the answer is the group's offsets
@@ -69,7 +69,8 @@ async def test_a_fetch_of_all_of_a_large_group_is_answered_off_the_loop(tmp_path
         written = append(shard, [commit("other", 0, 1)])  # the fetch waits for this write
         cls = k09.SPEC.request.cls
         if version >= 8:
-            body = cls(groups=[cls.OffsetFetchRequestGroup(group_id=g, topics=None) for g in ("big", "small")],
+            names = ["big", "small", *(f"filler-{i}" for i in range(fillers))]  # > 16: bucketed by shard
+            body = cls(groups=[cls.OffsetFetchRequestGroup(group_id=g, topics=None) for g in names],
                        require_stable=False)
         else:
             body = cls(group_id="big", topics=None, require_stable=False)
