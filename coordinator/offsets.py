@@ -271,47 +271,66 @@ def fetch_offsets(
     return result
 
 
-# A fetch of every offset of a group with more than this many is answered from a copy (``OffsetsCopy``).
+# A fetch of more offsets than this is answered from a copy of the group's (``OffsetsCopy``).
 LARGE_FETCH: Final = 4096
+COPY_MAX_RATIO: Final = 4  # ... unless the group holds over 4x what was asked for: then looked up at once
 
 
 class OffsetsCopy:
-    """Every committed offset of one group, copied on the event loop (one C-level copy of its dict:
-    ~2-5 ms for 150k) for a fetch of all of them; grouping, sorting and the response are made from the
-    copy off the loop (``copied_offsets``, on the bulk thread). Made on the loop, the same answer held
-    every other client for ~190-320 ms per fetch of a 150k-partition group (measured round trips of a
-    bystander)."""
+    """A group's committed offsets, copied on the event loop (one C-level copy of its dict: ~2-5 ms for
+    150k) for a large fetch, and the partitions asked for (None: all); grouping, sorting, the lookups
+    and the response are made from the copy off the loop (``copied_offsets``, on the bulk thread).
+    Made on the loop, the same answer held every other client for ~190-320 ms per fetch of all 150k
+    offsets of a group (measured round trips of a bystander)."""
 
-    __slots__ = ("committed",)
+    __slots__ = ("committed", "topics")
 
-    def __init__(self, committed: dict[tuple[str, int], StoredOffset]) -> None:
+    def __init__(self, committed: dict[tuple[str, int], StoredOffset],
+                 topics: list[tuple[str, list[int]]] | None) -> None:
         self.committed = committed
+        self.topics = topics
+
+
+_NO_OFFSETS: Final[dict[tuple[str, int], StoredOffset]] = {}
 
 
 def read_offsets(
     data: ShardData, group_id: str, topics: list[tuple[str, list[int]]] | None, require_stable: bool
 ) -> TopicOffsets | OffsetsCopy:
-    """``fetch_offsets``, or for a fetch of every offset of a large group (with no pending transactional
-    offset to check) a copy of them that ``copied_offsets`` turns into the same answer later."""
-    if topics is None and not (require_stable and data.pending_count):
-        committed = data.offsets.get(group_id)
-        if committed is not None and len(committed) > LARGE_FETCH:
-            return OffsetsCopy(dict(committed))
+    """``fetch_offsets``, or for a large fetch (more than LARGE_FETCH offsets: every one of a large
+    group, or that many partitions named, of a group holding at most COPY_MAX_RATIO times as many), with
+    no pending transactional offset to check, a copy that ``copied_offsets`` turns into the same answer."""
+    if not (require_stable and data.pending_count):
+        committed = data.offsets.get(group_id, _NO_OFFSETS)
+        if topics is None:
+            large = len(committed) > LARGE_FETCH
+        else:
+            asked = 0
+            for _, partitions in topics:
+                asked += len(partitions)
+            large = asked > LARGE_FETCH and len(committed) <= COPY_MAX_RATIO * asked
+        if large:
+            return OffsetsCopy(dict(committed), topics)
     return fetch_offsets(data, group_id, topics, require_stable)
 
 
 def copied_offsets(copy: OffsetsCopy) -> TopicOffsets:
-    """What ``fetch_offsets`` answers for every offset of the group, from its copy (bulk thread: it
-    offers the GIL as it goes, as compiled code otherwise keeps it)."""
+    """What ``fetch_offsets`` answers, from the copy (bulk thread: it offers the GIL as it goes, as
+    compiled code otherwise keeps it)."""
     committed = copy.committed
     get = committed.get
     none = ErrorCode.NONE
     result: TopicOffsets = []
-    for topic, partitions in _every_partition(committed, True):
+    topics = copy.topics if copy.topics is not None else _every_partition(committed, True)
+    done = 0
+    for topic, partitions in topics:
         entries: list[PartitionOffset] = []
         for start in range(0, len(partitions), YIELD_EVERY):
-            entries.extend([(p, get((topic, p)), none) for p in partitions[start : start + YIELD_EVERY]])
-            offer_gil(YIELD_EVERY)
+            chunk = partitions[start : start + YIELD_EVERY]
+            entries.extend([(p, get((topic, p)), none) for p in chunk])
+            before, done = done, done + len(chunk)
+            if before // YIELD_EVERY != done // YIELD_EVERY:  # every YIELD_EVERY entries, however split
+                offer_gil(YIELD_EVERY)
         result.append((topic, entries))
     return result
 
