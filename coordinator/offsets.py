@@ -318,8 +318,6 @@ def copied_offsets(copy: OffsetsCopy) -> TopicOffsets:
     """What ``fetch_offsets`` answers, from the copy (bulk thread: it offers the GIL as it goes, as
     compiled code otherwise keeps it)."""
     committed = copy.committed
-    get = committed.get
-    none = ErrorCode.NONE
     result: TopicOffsets = []
     topics = copy.topics if copy.topics is not None else _every_partition(committed, True)
     done = 0
@@ -327,7 +325,7 @@ def copied_offsets(copy: OffsetsCopy) -> TopicOffsets:
         entries: list[PartitionOffset] = []
         for start in range(0, len(partitions), YIELD_EVERY):
             chunk = partitions[start : start + YIELD_EVERY]
-            entries.extend([(p, get((topic, p)), none) for p in chunk])
+            entries.extend(_partition_offsets(committed, topic, chunk))
             before, done = done, done + len(chunk)
             if before // YIELD_EVERY != done // YIELD_EVERY:  # every YIELD_EVERY entries, however split
                 offer_gil(YIELD_EVERY)
