@@ -36,6 +36,8 @@ class Batch:
         """Appends the entries not yet written (entry 0 at offset ``base``) as record batches of at most
         ~1 MiB. ``ahead`` (a sync of ``plog`` may be under way): stops before a new segment, whose
         directory entry that sync would not cover."""
+        if self.written == len(self.entries):  # all appended ahead (most cycles at a steady, paced load)
+            return
         base += self.written
         entries = self.entries[self.written:] if self.written else self.entries
         for data, count in build_batches(base, entries, timestamp, MAX_BATCH_BYTES):

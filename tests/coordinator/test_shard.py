@@ -90,6 +90,24 @@ async def test_records_appended_ahead_are_made_durable_by_their_own_cycle(tmp_pa
     await stop(reloaded)
 
 
+async def test_a_batch_appended_ahead_whole_is_only_synced_by_its_cycle(tmp_path: Path) -> None:
+    """At a steady, paced load most batches are in the log before their cycle starts: the cycle appends
+    nothing more (no record twice) and the requests are answered once the sync is back."""
+    runtime = await started(config(tmp_path))
+    shard = runtime.shards[0]
+    assert await append(shard, [commit("g", 0, 1)]) == OK
+    pending = append(shard, [commit("g", 0, 2), commit("g", 1, 2)])
+    shard.write_ahead()
+    shard.write_ahead()  # nothing new: appends nothing
+    assert on_disk(shard.log.directory) == [0, 1, 2]
+    assert await pending == OK
+    assert on_disk(shard.log.directory) == [0, 1, 2] and shard.log.durable_offset == 3
+    await stop(runtime)
+    reloaded = await started(config(tmp_path))
+    assert [reloaded.shards[0].data.committed("g", "t", p) for p in range(2)] == [OffsetAndMetadata(2, -1, "m", 1)] * 2
+    await stop(reloaded)
+
+
 async def test_an_append_ahead_that_fails_fails_its_batch_in_its_cycle(tmp_path: Path) -> None:
     faults = Faults()
     runtime = await started(config(tmp_path), faults.factory)
