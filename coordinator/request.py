@@ -15,6 +15,7 @@ from protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
     from coordinator.apis import Api
+    from coordinator.runtime import Runtime
     from coordinator.server import Connection
 
 Fixup = Callable[[ErrorCode], None]
@@ -114,3 +115,22 @@ class Request:
         """Ends a wait by supplying the response itself (a parked JoinGroup or SyncGroup)."""
         self.response = response
         self.done()
+
+
+def encode_reply(req: Request) -> bytes:
+    """The framed reply; a Lazy response is built first (on the bulk thread for a large request)."""
+    response = req.response
+    if isinstance(response, Lazy):
+        response = response()
+    if req.api.render is not None:
+        response = req.api.render(response, req.version)
+    req.outcome = req.api.outcome(response)
+    if req.api.encode is not None:
+        return req.api.encode(response, req.version, req.correlation_id)
+    return req.api.spec.encode_response(response, req.version, req.correlation_id)
+
+
+def decode_and_prepare(runtime: "Runtime", api: "Api", frame: bytes, version: int) -> tuple[str, Any, Any]:
+    """Bulk thread: a large request's decoding and its API's state-independent preparation."""
+    client_id, body = api.decode_request(frame, version)
+    return client_id, body, api.prepare(runtime, body, version) if api.prepare else body

@@ -35,9 +35,9 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
-from coordinator.apis import APIS, Api, load_all
+from coordinator.apis import APIS, load_all
 from coordinator.handoff import on_loop
-from coordinator.request import PARKED, Gateway, Lazy, Relayed, Request, ShardUnavailable
+from coordinator.request import PARKED, Gateway, Relayed, Request, ShardUnavailable, decode_and_prepare, encode_reply
 from coordinator.runtime import Runtime
 from protocol.errors import ErrorCode
 from protocol.framing import FrameError, FrameReader
@@ -274,7 +274,7 @@ class Connection(asyncio.Protocol):
             req.large = True
             self._bulk = frame
             try:
-                done = self._server.bulk.submit(_decode_and_prepare, self._runtime, api, frame, version)
+                done = self._server.bulk.submit(decode_and_prepare, self._runtime, api, frame, version)
             except RuntimeError:  # the bulk pool has shut down: the server is stopping
                 self.abort("stopping", "stopping")
                 return
@@ -344,7 +344,7 @@ class Connection(asyncio.Protocol):
             return
         if req.large:
             try:
-                done = self._server.bulk.submit(_encode, req)
+                done = self._server.bulk.submit(encode_reply, req)
             except RuntimeError:  # the bulk pool has shut down: encode here, it is the last reply anyway
                 req.large = False
                 self.reply_ready(req)
@@ -352,7 +352,7 @@ class Connection(asyncio.Protocol):
             on_loop(self._server.loop, done, self._encoded, req)
             return
         try:
-            req.data = _encode(req)
+            req.data = encode_reply(req)
         except Exception:
             log.exception("%s: %s v%d response could not be encoded", self.peer, req.api.spec.name, req.version)
             self.abort("response encoding failed", "server_error")
@@ -422,25 +422,6 @@ class Connection(asyncio.Protocol):
         if self._transport is not None:
             self.closed = True
             self._transport.abort()
-
-
-def _encode(req: Request) -> bytes:
-    """The framed reply; a Lazy response is built first (on the bulk thread for a large request)."""
-    response = req.response
-    if isinstance(response, Lazy):
-        response = response()
-    if req.api.render is not None:
-        response = req.api.render(response, req.version)
-    req.outcome = req.api.outcome(response)
-    if req.api.encode is not None:
-        return req.api.encode(response, req.version, req.correlation_id)
-    return req.api.spec.encode_response(response, req.version, req.correlation_id)
-
-
-def _decode_and_prepare(runtime: Runtime, api: Api, frame: bytes, version: int) -> tuple[str, Any, Any]:
-    """Bulk thread: a large request's decoding and its API's state-independent preparation."""
-    client_id, body = api.decode_request(frame, version)
-    return client_id, body, api.prepare(runtime, body, version) if api.prepare else body
 
 
 class Server:

@@ -12,7 +12,7 @@ from coordinator.apis import APIS
 from coordinator.apis import k09_offset_fetch as k09
 from coordinator.offsets import LARGE_FETCH
 from coordinator.request import Request
-from coordinator.server import _encode
+from coordinator.request import encode_reply as _encode
 from protocol.errors import ErrorCode
 from protocol.hotcodec import YIELD_EVERY
 from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey
