@@ -168,7 +168,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
     """``(runs, unknown)``: every record of the uncompressed batch ``data`` (CRC already checked), in
     runs of consecutive offsets, and how many were of types kcoord does not model (left out). Raises
     RecordsError for a records section that does not parse, RecordError for a corrupt known record."""
-    size = len(data)
+    size: i64 = len(data)
     if size < RECORDS_START:
         raise RecordsError(f"batch of {size} bytes is shorter than the v2 header")
     count = int32_at(data, _COUNT_POSITION)
@@ -178,30 +178,32 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
     unknown = 0
     error: RecordError | None = None
     prev = _Previous()
-    pos = RECORDS_START
+    pos: i64 = RECORDS_START
+    # Positions are i64 (C integers when compiled); a length read from the bytes is checked against the
+    # bytes left before it moves a position, so a huge one is refused here rather than overflowing.
     for _ in range(count):
         # length, attributes, timestampDelta, offsetDelta, key, value, headers (reference section 8.2)
         length, pos = _varint(data, pos, size)
-        end = pos + length
-        if length < 6 or end > size:
+        if length < 6 or length > _room(pos, size):
             raise RecordsError(f"record of {length} bytes at byte {pos} does not fit the batch")
-        _, pos = _varint(data, pos, end)  # attributes: an int8, read as a varint as the reference readers do
-        _, pos = _varint(data, pos, end)
+        end: i64 = pos + length
+        pos = _skip_varint(data, pos, end)  # attributes: an int8, read as a varint as the reference readers do
+        pos = _skip_varint(data, pos, end)  # timestampDelta: every record of a flush carries the batch's time
         delta, pos = _varint(data, pos, end)
         klen, pos = _varint(data, pos, end)
-        kpos = pos
+        kpos: i64 = pos
         if klen >= 0:
-            pos += klen
+            pos = _advance(pos, klen, end)
         vlen, pos = _varint(data, pos, end)
-        vpos = pos
+        vpos: i64 = pos
         if vlen >= 0:
-            pos += vlen
+            pos = _advance(pos, vlen, end)
         else:
             vpos = -1
         headers, pos = _varint(data, pos, end)
         for _ in range(headers):  # kcoord has no use for them, but they must be well formed
             hlen, pos = _varint(data, pos, end)
-            if hlen < 0 or pos + hlen > end:
+            if hlen < 0 or hlen > _room(pos, end):
                 raise RecordsError(f"record header key of {hlen} bytes at byte {pos}")
             try:
                 data[pos : pos + hlen].decode()
@@ -209,7 +211,8 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
                 raise RecordsError(f"record header key at byte {pos} is not UTF-8") from exc
             pos += hlen
             hlen, pos = _varint(data, pos, end)
-            pos += max(hlen, 0)
+            if hlen > 0:
+                pos = _advance(pos, hlen, end)
         # any negative key or value length is a null, as Kafka's DefaultRecord and the reference readers read it
         if pos != end or headers < 0:
             raise RecordsError(f"record at byte {end - length} does not match its length")
@@ -248,21 +251,47 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
     return runs, unknown
 
 
-def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+def _advance(pos: i64, n: int, end: i64) -> i64:
+    """``pos`` moved past ``n`` bytes of a field; past ``end`` (the record's) it is refused here, where
+    the next read would refuse it anyway, before a huge ``n`` could overflow the position."""
+    if n > _room(pos, end):
+        raise RecordsError(f"field of {n} bytes at byte {pos} runs past its record")
+    return pos + n
+
+
+def _room(pos: i64, end: i64) -> int:
+    """The bytes left, as an int: compared with a length read from the bytes, which may be far beyond
+    what an i64 holds (mypyc would refuse to convert it)."""
+    room: int = end - pos
+    return room
+
+
+def _skip_varint(data: bytes, pos: i64, end: i64) -> i64:
+    """The position after the varint at ``pos`` (at most 10 bytes), for a field whose value is not used."""
+    limit = min(end, pos + 10)
+    while pos < limit:
+        b: i64 = data[pos]
+        pos += 1
+        if b < 0x80:
+            return pos
+    raise RecordsError(f"varint at byte {pos} runs past its record")
+
+
+def _varint(data: bytes, pos: i64, end: i64) -> tuple[int, i64]:
     """A zigzag varint (at most 10 bytes) at ``pos`` and the position after it."""
     if pos < end:
-        b = data[pos]
+        b: i64 = data[pos]
         if b < 0x80:  # one byte, as nearly every field of an offsets record is: no loop
             return (b >> 1) ^ -(b & 1), pos + 1
     shift = 0
-    value = 0
+    value = 0  # an int: a 10-byte varint has bits beyond 64, kept as the reference readers keep them
     while True:
         if pos >= end or shift > 63:
             raise RecordsError(f"varint at byte {pos} runs past its record")
-        b = data[pos]
+        byte: int = data[pos]
         pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
             break
         shift += 7
     return (value >> 1) ^ -(value & 1), pos

@@ -284,3 +284,41 @@ def test_any_negative_value_length_is_a_null_as_kafka_reads_it(codec: ModuleType
     raw[76] = 0x81
     damaged = signed(raw)
     assert decoded(codec, damaged) == reference(damaged) == ([(0, [OffsetCommitRecord(OffsetKey("", "", 0), None)])], 0)
+
+
+def _zigzag_varint(value: int) -> bytes:
+    """Kafka's varlong encoding of any int, as many bytes as it takes (more than 10 for huge ones)."""
+    n = (value << 1) ^ (value >> 127)  # zigzag over 128 bits: enough for the values below
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("field", ["key", "value", "header key", "header value"])
+@pytest.mark.parametrize("length", [2**31, 2**62, 2**63 + 5, 2**69, -(2**69)])
+def test_huge_field_lengths_are_refused_like_the_reference(codec: ModuleType, field: str, length: int) -> None:
+    """A length read from the bytes far beyond the record (up to the 10-byte varint's 70 bits) is refused
+    as the reference refuses it, never an overflow: the compiled codec keeps positions in C integers."""
+    fields = {"key": b"\x00\x01k", "value": b"v", "header key": b"h", "header value": b"x"}
+    def part(name: str) -> bytes:
+        data = fields[name]
+        return (_zigzag_varint(length) if name == field else _zigzag_varint(len(data))) + data
+    body = b"\x00" + _zigzag_varint(0) + _zigzag_varint(0) + part("key") + part("value") + _zigzag_varint(1) \
+        + part("header key") + part("header value")
+    raw = bytearray(build_batch(0, [(b"\x00\x01k", b"v")], T)[:61]) + _zigzag_varint(len(body)) + body
+    struct.pack_into(">i", raw, 8, len(raw) - 12)
+    data = signed(raw)
+    try:
+        expected: Any = reference(data)
+    except (BatchError, RecordError) as exc:
+        expected = type(exc)
+    try:
+        got: Any = decoded(codec, data)
+    except codec.RecordsError:
+        got = BatchError
+    except RecordError:
+        got = RecordError
+    assert got == expected
