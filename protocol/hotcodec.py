@@ -267,7 +267,8 @@ class _Writer:
             self.out.append(0)
 
     def entry(self) -> None:
-        """One more partition written: every YIELD_EVERY, other threads get the GIL (sleep(0) drops it)."""
+        """One more partition (or group) written: every YIELD_EVERY, other threads get the GIL (sleep(0)
+        drops it)."""
         self.entries += 1
         offer_gil(self.entries)
 
@@ -440,6 +441,7 @@ class OffsetFetchCodec:
                 _answer_topics(w, group[2], True)
                 w.int16(group[1])
                 w.tags()
+                w.entry()  # a request may name 100k groups, most with no offsets
         w.tags()
         return w.done()
 
