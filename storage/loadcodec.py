@@ -30,6 +30,7 @@ from protocol.records import (
 RECORDS_START: Final = 61  # the v2 batch header's size (reference section 8.1)
 _COUNT_POSITION: Final = 57
 _NAMES_MAX: Final = 1 << 16
+_LOW_64: Final = (1 << 64) - 1
 
 # ``(first log offset, records at consecutive offsets)``: compaction leaves gaps between runs.
 Run = tuple[int, list[LoadedRecord]]
@@ -196,8 +197,10 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
             pos = _advance(pos, klen, end)
         vlen, pos = _varint(data, pos, end)
         vpos: i64 = pos
+        vend: i64 = -1
         if vlen >= 0:
             pos = _advance(pos, vlen, end)
+            vend = pos
         else:
             vpos = -1
         headers, pos = _varint(data, pos, end)
@@ -222,10 +225,10 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
         if klen >= 2:
             rtype = int16_at(data, kpos)
             if rtype == OFFSET_COMMIT_TYPE or rtype == OFFSET_COMMIT_LEGACY_TYPE:
-                record = _offset_record(data, kpos, kpos + klen, vpos, vpos + vlen, prev)
+                record = _offset_record(data, kpos, kpos + klen, vpos, vend, prev)
         if record is None:
             key = data[kpos : kpos + klen] if klen >= 0 else None
-            value = data[vpos : vpos + vlen] if vpos >= 0 else None
+            value = data[vpos:vend] if vpos >= 0 else None
             try:
                 record = decode_record(key, value)
             except RecordError as exc:
@@ -284,7 +287,7 @@ def _varint(data: bytes, pos: i64, end: i64) -> tuple[int, i64]:
         if b < 0x80:  # one byte, as nearly every field of an offsets record is: no loop
             return (b >> 1) ^ -(b & 1), pos + 1
     shift = 0
-    value = 0  # an int: a 10-byte varint has bits beyond 64, kept as the reference readers keep them
+    value = 0  # an int while it is read: a 10th byte carries bits beyond 64, dropped below
     while True:
         if pos >= end or shift > 63:
             raise RecordsError(f"varint at byte {pos} runs past its record")
@@ -294,4 +297,5 @@ def _varint(data: bytes, pos: i64, end: i64) -> tuple[int, i64]:
         if byte < 0x80:
             break
         shift += 7
+    value &= _LOW_64  # as aiokafka's reader and Kafka's readVarlong keep it: the low 64 bits
     return (value >> 1) ^ -(value & 1), pos

@@ -322,3 +322,51 @@ def test_huge_field_lengths_are_refused_like_the_reference(codec: ModuleType, fi
     except RecordError:
         got = RecordError
     assert got == expected
+
+
+def _unsigned_varint(n: int) -> bytes:
+    """The varint bytes of an already zigzagged ``n``, however many it takes."""
+    return _zigzag_varint(n >> 1) if n & 1 == 0 else _zigzag_varint(-(n >> 1) - 1)
+
+
+def _one_record(klen: bytes, key: bytes, vlen: bytes, value: bytes, headers: bytes) -> bytes:
+    body = b"\x00\x00\x00" + klen + key + vlen + value + headers  # attributes, timestampDelta, offsetDelta
+    raw = bytearray(build_batch(0, [(key, None)], T)[:61]) + _zigzag_varint(len(body)) + body
+    struct.pack_into(">i", raw, 8, len(raw) - 12)
+    return signed(raw)
+
+
+_TOMBSTONE = ([(0, [OffsetCommitRecord(OffsetKey("g", "t", 0), None)])], 0)  # (runs, unknown)
+
+
+def _outcome(codec: ModuleType | None, data: bytes) -> Any:
+    try:
+        return reference(data) if codec is None else decoded(codec, data)
+    except (BatchError, RecordError) as exc:
+        return type(exc)
+    except Exception as exc:
+        if codec is not None and isinstance(exc, codec.RecordsError):
+            return BatchError
+        raise
+
+
+@pytest.mark.parametrize("length", [-1, -65, -(2**31), -(2**63), -(2**63) - 1, -(2**64), -(2**69)])
+def test_a_null_value_of_any_negative_length_is_a_tombstone(codec: ModuleType, length: int) -> None:
+    """Found by review: after an offset-commit key, a value length below what an i64 holds (a 10-byte
+    varint) made the compiled codec raise ValueError, which no loader path expects; the reference reads
+    a null value. A varint keeps its low 64 bits, as aiokafka's reader and Kafka's readVarlong do."""
+    key, _ = encode_record(OffsetCommitRecord(OffsetKey("g", "t", 0), None))
+    data = _one_record(_zigzag_varint(len(key)), key, _zigzag_varint(length), b"", b"\x00")
+    assert _outcome(codec, data) == _outcome(None, data) == _TOMBSTONE
+
+
+@pytest.mark.parametrize("field", ["key", "value", "headers"])
+def test_bits_beyond_64_of_a_varint_are_dropped_as_the_reference_drops_them(codec: ModuleType, field: str) -> None:
+    key, _ = encode_record(OffsetCommitRecord(OffsetKey("g", "t", 0), None))
+    beyond = 1 << 64
+    klen = _unsigned_varint((beyond if field == "key" else 0) + 2 * len(key))
+    vlen = _unsigned_varint((beyond if field == "value" else 0) + 1)  # -1: a null value
+    headers = _unsigned_varint(beyond if field == "headers" else 0)
+    data = _one_record(klen, key, vlen, b"", headers)
+    assert max(len(klen), len(vlen), len(headers)) == 10
+    assert _outcome(codec, data) == _outcome(None, data) == _TOMBSTONE
