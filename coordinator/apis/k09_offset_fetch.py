@@ -94,7 +94,8 @@ def encode(answer: FetchAnswer, version: int, correlation_id: int) -> bytes:
 
 
 def _drain(answer: BuiltAnswer) -> None:
-    """Bulk thread, once a built answer is encoded: frees the offsets it built, then its groups, a
+    """Where a built answer is encoded (the bulk thread for a large request; the event loop for one of
+    more than 4,096 groups in under 64 KiB), once it is: frees the offsets it built, then its groups, a
     slice at a time, offering the GIL in between (freed whole, 150k entries held it for ~17 ms, the
     100k groups of one v8 request ~30 ms). Other groups' offsets are the request's and stay as they
     are; the groups list and its entries are the answer's own."""
