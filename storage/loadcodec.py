@@ -185,7 +185,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
     for _ in range(count):
         # length, attributes, timestampDelta, offsetDelta, key, value, headers (reference section 8.2)
         length, pos = _varint(data, pos, size)
-        if length < 6 or length > _room(pos, size):
+        if length < 6 or length > size - pos:
             raise RecordsError(f"record of {length} bytes at byte {pos} does not fit the batch")
         end: i64 = pos + length
         pos = _skip_varint(data, pos, end)  # attributes: an int8, read as a varint as the reference readers do
@@ -206,7 +206,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
         headers, pos = _varint(data, pos, end)
         for _ in range(headers):  # kcoord has no use for them, but they must be well formed
             hlen, pos = _varint(data, pos, end)
-            if hlen < 0 or hlen > _room(pos, end):
+            if hlen < 0 or hlen > end - pos:
                 raise RecordsError(f"record header key of {hlen} bytes at byte {pos}")
             try:
                 data[pos : pos + hlen].decode()
@@ -256,17 +256,11 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
 
 def _advance(pos: i64, n: int, end: i64) -> i64:
     """``pos`` moved past ``n`` bytes of a field; past ``end`` (the record's) it is refused here, where
-    the next read would refuse it anyway, before a huge ``n`` could overflow the position."""
-    if n > _room(pos, end):
+    the next read would refuse it anyway, before a huge ``n`` (up to 2^63 - 1: ``_varint`` keeps 64
+    bits) could overflow the position."""
+    if n > end - pos:
         raise RecordsError(f"field of {n} bytes at byte {pos} runs past its record")
     return pos + n
-
-
-def _room(pos: i64, end: i64) -> int:
-    """The bytes left, as an int: compared with a length read from the bytes, which may be far beyond
-    what an i64 holds (mypyc would refuse to convert it)."""
-    room: int = end - pos
-    return room
 
 
 def _skip_varint(data: bytes, pos: i64, end: i64) -> i64:
