@@ -136,7 +136,7 @@ class _Groups:
         self.ids = [g.group_id for g in body.groups]
         self.by_shard: dict[int, list[tuple[int, str, Requested]]] = {}
         for i, g in enumerate(body.groups):
-            shard = runtime.shard_for(g.group_id).partition
+            shard = runtime.partition_of(g.group_id)
             self.by_shard.setdefault(shard, []).append((i, g.group_id, _requested(g.topics)))
             offer_gil(i + 1)  # on the bulk thread for a large request
         self.results: list[tuple[ErrorCode, TopicOffsets | OffsetsCopy]] = [(ErrorCode.NONE, [])] * len(self.ids)
@@ -258,17 +258,28 @@ def _fetch_groups(runtime: Runtime, req: Request, groups: _Groups, stable: bool)
             _read_shard(runtime, req, groups, partition, members, stable)
         return Lazy(groups.response)
     req.wait()  # until the last shard has been read
-    loop = asyncio.get_running_loop()
-
-    def step(i: int) -> None:
-        _read_shard(runtime, req, groups, *shards[i], stable)
-        if i + 1 < len(shards):
-            loop.call_soon(step, i + 1)
-        else:
-            req.done()
-
-    loop.call_soon(step, 0) if shards else req.done()
+    if shards:
+        asyncio.get_running_loop().call_soon(_ShardReads(runtime, req, groups, shards, stable).step, 0)
+    else:
+        req.done()
     return Lazy(groups.response)
+
+
+class _ShardReads:
+    """A large request's shard reads, one per event-loop pass. A method, not a closure that schedules
+    itself: such a closure is a reference cycle, and the whole request (100k groups, ~400k objects)
+    would then wait for a collection to be freed (1.3 s on the loop, found with the collector paused)."""
+
+    def __init__(self, runtime: Runtime, req: Request, groups: _Groups,
+                 shards: list[tuple[int, list[tuple[int, str, Requested]]]], stable: bool) -> None:
+        self.runtime, self.req, self.groups, self.shards, self.stable = runtime, req, groups, shards, stable
+
+    def step(self, i: int) -> None:
+        _read_shard(self.runtime, self.req, self.groups, *self.shards[i], self.stable)
+        if i + 1 < len(self.shards):
+            asyncio.get_running_loop().call_soon(self.step, i + 1)
+        else:
+            self.req.done()
 
 
 def _read_shard(runtime: Runtime, req: Request, groups: _Groups, partition: int,
