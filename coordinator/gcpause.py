@@ -1,39 +1,83 @@
-"""Cyclic garbage collection paused while any partition loads.
+"""Cyclic garbage collection paused while any partition loads or any large request is in flight.
 
 A load allocates a few objects per record (keys, values, the records replay applies) and keeps most of
 them, so the young collections it triggers keep scanning objects that will live on: ~14% of a served
 1M-record load's profile, even with what was loaded frozen out of the collector's sight as it grows. A
 load makes hardly any cyclic garbage; what the event loop makes meanwhile is collected before each
 freeze and once the last load ends.
+
+A large request (a frame over the server's bulk size: 150,000 partitions, 100,000 groups) is the same
+shape for as long as it lives: its decoded body, its answer and their parts are hundreds of thousands
+of tracked objects that survive until its reply is written, and each young collection made while they
+are young holds the GIL to scan them again (15-100 ms each, finding nothing, on the bulk thread or the
+loop: every other client waits). The server therefore holds a pause from such a request's frame to its
+reply's write or its connection's end, and drops the request before releasing, so the next collection
+does not find it. A pause held by requests for longer than ``MAX_REQUEST_PAUSE_S`` gets one young
+collection when the next request joins it: a client that sends huge requests back to back cannot keep
+the rest of the server's cyclic garbage from being freed.
 """
 
 import gc
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+MAX_REQUEST_PAUSE_S = 10.0
+
 _lock = threading.Lock()
-_loads = 0
+_holds = 0
 _was_enabled = False
+_since = 0.0  # when the current pause began, or last collected (monotonic seconds)
+
+
+def hold() -> None:
+    """One more reason to keep the collector paused (a load or a large request); ``release`` ends it."""
+    global _holds, _was_enabled, _since
+    with _lock:
+        if _holds == 0:
+            _was_enabled = gc.isenabled()
+            _since = time.monotonic()
+            gc.disable()
+        _holds += 1
+
+
+def release(count: int = 1) -> None:
+    """Ends ``count`` holds; the collector is enabled again when the last ends, only if it was before."""
+    global _holds
+    if not count:
+        return
+    with _lock:
+        _holds -= count
+        assert _holds >= 0, "more releases than holds"
+        if _holds == 0 and _was_enabled:
+            gc.enable()
+
+
+def hold_for_request() -> None:
+    """``hold`` for a large request, with one young collection first if the pause has lasted too long."""
+    global _since
+    with _lock:
+        overdue = _holds > 0 and time.monotonic() - _since > MAX_REQUEST_PAUSE_S
+    if overdue:
+        gc.collect(1)
+        _since = time.monotonic()
+    hold()
+
+
+def held() -> int:
+    """How many holds are in force (for tests)."""
+    return _holds
 
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """Disables the collector for the block; nested and concurrent blocks (one per loading partition)
-    share one pause, and the collector is enabled again when the last ends only if it was before."""
-    global _loads, _was_enabled
-    with _lock:
-        if _loads == 0:
-            _was_enabled = gc.isenabled()
-            gc.disable()
-        _loads += 1
+    """Holds the pause for the block; nested and concurrent blocks (one per loading partition) share it."""
+    hold()
     try:
         yield
     finally:
-        with _lock:
-            _loads -= 1
-            if _loads == 0 and _was_enabled:
-                gc.enable()
+        release()
 
 
 def freeze_loaded() -> None:

@@ -55,6 +55,7 @@ class Relayed:
     unchanged or rewritten); it keeps its place among the connection's replies."""
 
     __slots__ = ("data",)
+    holds_gc = False
 
     def __init__(self) -> None:
         self.data: bytes | None = None
@@ -74,8 +75,8 @@ class Gateway(Protocol):
 
 
 class Request:
-    __slots__ = ("api", "body", "client_host", "client_id", "correlation_id", "data", "large", "outcome",
-                 "pending", "released", "response", "sink", "started", "version")
+    __slots__ = ("api", "body", "client_host", "client_id", "correlation_id", "data", "holds_gc", "large",
+                 "outcome", "pending", "released", "response", "sink", "started", "version")
 
     def __init__(self, sink: ReplySink | None, api: "Api", version: int, correlation_id: int,
                  client_id: str = "", client_host: str = "") -> None:
@@ -91,6 +92,7 @@ class Request:
         self.pending = 0
         self.released = False  # handed to the sink for encoding: happens once
         self.large = False  # a large request: its reply is encoded off the event loop
+        self.holds_gc = False  # holds the collector's pause until it is dropped (coordinator/gcpause.py)
         self.started = time.perf_counter()
         self.outcome = (0, 0)  # (first error code, entries done): set when the reply is encoded
 

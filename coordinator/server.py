@@ -19,6 +19,8 @@ Fairness and bounded memory (a client that pipelines without reading must not st
   never wait for that budget, so nobody's large (or never-sent) request blocks small requests.
 * A request frame over ``BULK_FRAME_BYTES`` is decoded (and its API's ``prepare`` run) on a worker
   thread, and its reply encoded there too, so one huge request does not freeze every other client.
+  Such a request (or one whose answer is as large) holds the cyclic collector's pause until it is
+  dropped: its objects are not scanned again and again while it lives (coordinator/gcpause.py).
 
 Bad input (a frame size outside [0, max], an unknown API or version, a body that does not parse, a
 connection that ends inside a frame) closes that connection with a log line; nothing else is touched.
@@ -35,7 +37,9 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
+from coordinator import gcpause
 from coordinator.apis import APIS, load_all
+from coordinator.budget import MemoryBudget
 from coordinator.handoff import on_loop
 from coordinator.request import PARKED, Gateway, Relayed, Request, ShardUnavailable, decode_and_prepare, encode_reply
 from coordinator.runtime import Runtime
@@ -100,10 +104,13 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._server.connections.discard(self)
+        held = sum(req.holds_gc for req in self._queue)
+        self._queue.clear()  # nothing is sent now: what the requests hold is freed before the pause ends
+        gcpause.release(held)
         if self._server.gateway is not None:
             self._server.gateway.closed(self)
         self._watch_large_frame(0)
-        self._server.release(self._reserved)
+        self._server.memory.release(self._reserved)
         self._reserved = 0
         if self._reader.buffered:
             log.info("%s: connection ended inside a frame (%d bytes unread)", self.peer, self._reader.buffered)
@@ -158,16 +165,16 @@ class Connection(asyncio.Protocol):
         head = size + 4 if size is not None and size > SMALL_FRAME_BYTES else 0
         need = head + (len(self._bulk) if self._bulk is not None and len(self._bulk) > SMALL_FRAME_BYTES else 0)
         if need > self._reserved:
-            if self._server.reserve(need - self._reserved, self._reserved, turn):
+            if self._server.memory.reserve(need - self._reserved, self._reserved, turn):
                 self._reserved = need
                 self._memory_blocked = False
             elif not self._memory_blocked:
                 self._memory_blocked = True
-                self._server.memory_waiters.append(self)
+                self._server.memory.waiters.append(self)
                 log.debug("%s: buffered-bytes budget full: not reading until %d bytes are free", self.peer,
                           need - self._reserved)
         elif need < self._reserved:
-            self._server.release(self._reserved - need)
+            self._server.memory.release(self._reserved - need)
             self._reserved = need
         self._watch_large_frame(head if head and not self._memory_blocked and not self._reader.has_frame() else 0)
 
@@ -271,7 +278,8 @@ class Connection(asyncio.Protocol):
         req = Request(self, api, version, correlation_id, "", self.peer)
         self._queue.append(req)
         if len(frame) > BULK_FRAME_BYTES:
-            req.large = True
+            req.large = req.holds_gc = True
+            gcpause.hold_for_request()  # released when the request is dropped, in write_ready or at the end
             self._bulk = frame
             try:
                 done = self._server.bulk.submit(decode_and_prepare, self._runtime, api, frame, version)
@@ -343,6 +351,9 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         if req.large:
+            if not req.holds_gc:  # a small request with a large answer (a copy of 150k offsets)
+                req.holds_gc = True
+                gcpause.hold_for_request()
             try:
                 done = self._server.bulk.submit(encode_reply, req)
             except RuntimeError:  # the bulk pool has shut down: encode here, it is the last reply anyway
@@ -383,11 +394,16 @@ class Connection(asyncio.Protocol):
         queue, transport = self._queue, self._transport
         if transport is None or self.closed:
             return
-        out = []
+        out, held = [], 0
         while queue and queue[0].data is not None:
-            out.append(queue.popleft().data)
+            req = queue.popleft()
+            out.append(req.data)
+            held += req.holds_gc
         if not out:
             return
+        if held:
+            del req  # the last large request is freed first: the pause ends when nothing of it is left
+            gcpause.release(held)
         transport.write(b"".join(out))  # type: ignore[arg-type]
         if self._reader.has_frame() or self._reading is False:
             self._server.schedule(self)
@@ -430,12 +446,10 @@ class Server:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.connections: set[Connection] = set()
-        self.memory_waiters: deque[Connection] = deque()
         self.stopping = False
         self.debug = log.isEnabledFor(logging.DEBUG)
         self.bulk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-bulk")
-        self._budget = runtime.config.max_buffered_bytes
-        self._buffered = 0
+        self.memory = MemoryBudget(runtime.config.max_buffered_bytes)
         self._ready: deque[Connection] = deque()
         self._writes: list[Connection] = []
         self._dispatch_scheduled = False
@@ -538,29 +552,6 @@ class Server:
             except Exception:  # one connection's bug must not cost the others their replies
                 log.exception("%s: write failed; closing the connection", conn.peer)
                 conn.abort("internal error", "server_error")
-
-    # -- memory budget -------------------------------------------------------------------------
-
-    @property
-    def buffered(self) -> int:
-        """Request bytes buffered across connections now."""
-        return self._buffered
-
-    def reserve(self, nbytes: int, held: int, turn: bool = False) -> bool:
-        """Takes ``nbytes`` of the budget for a connection already holding ``held`` if it fits, or if
-        nobody else holds any (a frame as large as the budget still gets through). Connections already
-        waiting go first, in order (``turn`` is the head of that queue trying again)."""
-        others = self._buffered - held
-        if others > 0 and (self._buffered + nbytes > self._budget or (self.memory_waiters and not turn)):
-            return False
-        self._buffered += nbytes
-        return True
-
-    def release(self, nbytes: int) -> None:
-        self._buffered -= nbytes
-        waiters = self.memory_waiters
-        while waiters and waiters[0].memory_turn():
-            waiters.popleft()
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from coordinator.gcpause import freeze_loaded, gc_paused
+from coordinator import gcpause
+from coordinator.gcpause import freeze_loaded, gc_paused, held, hold_for_request, release
 
 
 @pytest.fixture(autouse=True)
@@ -75,3 +76,26 @@ def test_freezing_during_a_load_first_frees_the_cycles_made_meanwhile() -> None:
             assert all(r() is None for r in refs)
     finally:
         gc.unfreeze()
+
+
+def test_a_request_joining_a_long_pause_first_frees_the_cycles_made_meanwhile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Huge requests back to back keep the pause held; the rest of the server's cyclic garbage must still
+    be freed now and then."""
+    gc.enable()
+    hold_for_request()
+    try:
+        refs = [weakref.ref(_Node()) for _ in range(100)]
+        hold_for_request()  # the pause is young: nothing collected
+        assert all(r() is not None for r in refs)
+        monkeypatch.setattr(gcpause, "MAX_REQUEST_PAUSE_S", 0.0)
+        hold_for_request()
+        assert all(r() is None for r in refs) and not gc.isenabled()
+    finally:
+        release(3)
+    assert held() == 0 and gc.isenabled()
+
+
+def test_releasing_nothing_leaves_the_collector_alone() -> None:
+    gc.disable()  # as a caller outside any pause might have it
+    release(0)
+    assert not gc.isenabled()
