@@ -12,9 +12,10 @@ of tracked objects that survive until its reply is written, and each young colle
 are young holds the GIL to scan them again (15-100 ms each, finding nothing, on the bulk thread or the
 loop: every other client waits). The server therefore holds a pause from such a request's frame to its
 reply's write or its connection's end, and drops the request before releasing, so the next collection
-does not find it. A pause held by requests for longer than ``MAX_REQUEST_PAUSE_S`` gets one young
-collection when the next request joins it: a client that sends huge requests back to back cannot keep
-the rest of the server's cyclic garbage from being freed.
+does not find it. A request can live long (a large JoinGroup parked for a rebalance, a commit waiting
+on a stalled disk) and huge requests can follow each other, so the server's event loop asks every
+second for one young collection once the pause has gone ``MAX_PAUSE_S`` without one: nothing keeps the
+rest of the server's cyclic garbage from being freed for longer.
 """
 
 import gc
@@ -23,12 +24,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-MAX_REQUEST_PAUSE_S = 10.0
+MAX_PAUSE_S = 10.0
 
 _lock = threading.Lock()
 _holds = 0
 _was_enabled = False
-_since = 0.0  # when the current pause began, or last collected (monotonic seconds)
+_since = 0.0  # when the current pause began or last had a collection (monotonic seconds)
 
 
 def hold() -> None:
@@ -54,15 +55,16 @@ def release(count: int = 1) -> None:
             gc.enable()
 
 
-def hold_for_request() -> None:
-    """``hold`` for a large request, with one young collection first if the pause has lasted too long."""
+def collect_if_overdue() -> bool:
+    """One young collection if the pause has gone ``MAX_PAUSE_S`` without one (the event loop asks)."""
     global _since
     with _lock:
-        overdue = _holds > 0 and time.monotonic() - _since > MAX_REQUEST_PAUSE_S
+        overdue = _holds > 0 and time.monotonic() - _since > MAX_PAUSE_S
+        if overdue:
+            _since = time.monotonic()
     if overdue:
         gc.collect(1)
-        _since = time.monotonic()
-    hold()
+    return overdue
 
 
 def held() -> int:
@@ -85,5 +87,7 @@ def freeze_loaded() -> None:
     every cached offset again and again (measured 2x the whole load's CPU). The event loop keeps
     serving meanwhile, so its cyclic garbage is collected first: frozen, it would never be freed
     (~8 ms per 50,000 loaded records, ~10% of a load)."""
+    global _since
     gc.collect(1)
     gc.freeze()
+    _since = time.monotonic()

@@ -61,6 +61,7 @@ BULK_FRAME_BYTES = 64 * 1024
 WRITE_BUFFER_HIGH = 256 * 1024
 MAX_IDLE_S = 600.0  # Kafka's connections.max.idle.ms
 IDLE_SWEEP_S = 30.0
+GC_CHECK_S = 1.0
 
 
 class Connection(asyncio.Protocol):
@@ -279,7 +280,7 @@ class Connection(asyncio.Protocol):
         self._queue.append(req)
         if len(frame) > BULK_FRAME_BYTES:
             req.large = req.holds_gc = True
-            gcpause.hold_for_request()  # released when the request is dropped, in write_ready or at the end
+            gcpause.hold()  # released when the request is dropped, in write_ready or at the end
             self._bulk = frame
             try:
                 done = self._server.bulk.submit(decode_and_prepare, self._runtime, api, frame, version)
@@ -353,7 +354,7 @@ class Connection(asyncio.Protocol):
         if req.large:
             if not req.holds_gc:  # a small request with a large answer (a copy of 150k offsets)
                 req.holds_gc = True
-                gcpause.hold_for_request()
+                gcpause.hold()
             try:
                 done = self._server.bulk.submit(encode_reply, req)
             except RuntimeError:  # the bulk pool has shut down: encode here, it is the last reply anyway
@@ -455,7 +456,7 @@ class Server:
         self._dispatch_scheduled = False
         self._write_scheduled = False
         self._server: asyncio.AbstractServer | None = None
-        self._sweeper: asyncio.Task[None] | None = None
+        self._chores: list[asyncio.Task[None]] = []  # periodic tasks, cancelled at stop
         self.loop = asyncio.get_event_loop_policy().get_event_loop()
         self.gateway: Gateway | None = None
         self._listeners: list[asyncio.AbstractServer] = []  # gateway mode: one per upstream broker
@@ -482,7 +483,8 @@ class Server:
             raise
         self.runtime.start()
         await self._server.start_serving()
-        self._sweeper = self.loop.create_task(self._close_idle_connections())
+        self._chores = [self.loop.create_task(self._close_idle_connections()),
+                        self.loop.create_task(self._collect_when_overdue())]
         # uvloop's server gives a list where asyncio's stubs say tuple: read it untyped (compiled, a
         # declared tuple is checked)
         listening: Any = self._server
@@ -555,6 +557,12 @@ class Server:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    async def _collect_when_overdue(self) -> None:
+        """A long pause of the collector still gets young collections (coordinator/gcpause.py)."""
+        while True:
+            await asyncio.sleep(GC_CHECK_S)
+            gcpause.collect_if_overdue()
+
     async def _close_idle_connections(self) -> None:
         while True:
             await asyncio.sleep(IDLE_SWEEP_S)
@@ -566,8 +574,8 @@ class Server:
         """Stops within ``timeout_s``: returns False if something had to be abandoned at the deadline."""
         deadline = self.loop.time() + timeout_s
         self.stopping = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for chore in self._chores:
+            chore.cancel()
         if self._server is not None:
             self._server.close()
         for listener in self._listeners:

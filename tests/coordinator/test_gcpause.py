@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import pytest
 
 from coordinator import gcpause
-from coordinator.gcpause import freeze_loaded, gc_paused, held, hold_for_request, release
+from coordinator.gcpause import collect_if_overdue, freeze_loaded, gc_paused, held, hold, release
 
 
 @pytest.fixture(autouse=True)
@@ -78,24 +78,28 @@ def test_freezing_during_a_load_first_frees_the_cycles_made_meanwhile() -> None:
         gc.unfreeze()
 
 
-def test_a_request_joining_a_long_pause_first_frees_the_cycles_made_meanwhile(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Huge requests back to back keep the pause held; the rest of the server's cyclic garbage must still
-    be freed now and then."""
+def test_a_long_pause_gets_a_young_collection_when_overdue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large request can stay parked for minutes, and huge requests can follow each other: the rest of
+    the server's cyclic garbage must still be freed now and then."""
     gc.enable()
-    hold_for_request()
+    hold()
     try:
         refs = [weakref.ref(_Node()) for _ in range(100)]
-        hold_for_request()  # the pause is young: nothing collected
+        assert not collect_if_overdue()  # the pause is young: nothing collected
         assert all(r() is not None for r in refs)
-        monkeypatch.setattr(gcpause, "MAX_REQUEST_PAUSE_S", 0.0)
-        hold_for_request()
+        monkeypatch.setattr(gcpause, "MAX_PAUSE_S", 0.0)
+        assert collect_if_overdue()
         assert all(r() is None for r in refs) and not gc.isenabled()
     finally:
-        release(3)
+        release()
     assert held() == 0 and gc.isenabled()
+    assert not collect_if_overdue()  # no pause, nothing to do
 
 
 def test_releasing_nothing_leaves_the_collector_alone() -> None:
-    gc.disable()  # as a caller outside any pause might have it
+    gc.enable()
+    with gc_paused():  # a pause that began with the collector enabled ...
+        pass
+    gc.disable()  # ... then a caller outside any pause disabled it
     release(0)
     assert not gc.isenabled()

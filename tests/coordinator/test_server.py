@@ -6,6 +6,7 @@ import gc
 import socket
 import struct
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,32 @@ async def test_a_large_request_pauses_the_collector_until_its_reply_is_written(s
     writer.close()
 
 
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a reference cycle: only the cyclic collector frees it
+
+
+async def test_a_request_parked_for_long_does_not_keep_cycles_from_being_freed(
+        serving: Serving, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The event loop collects now and then while a large request holds the pause (a JoinGroup parked
+    for a rebalance, a commit waiting for a stalled disk): cyclic garbage made meanwhile is freed."""
+    serving.faults.hold_sync = threading.Event()
+    reader, writer = await serving.connect()
+    writer.write(big_commit())
+    await until(serving.faults.sync_held.is_set)
+    refs = [weakref.ref(_Node()) for _ in range(100)]
+    await asyncio.sleep(1.5)
+    assert gcpause.held() == 1 and all(r() is not None for r in refs)  # not overdue yet
+    monkeypatch.setattr(gcpause, "MAX_PAUSE_S", 0.0)
+    await until(lambda: all(r() is None for r in refs))
+    assert gcpause.held() == 1 and not gc.isenabled()
+    hold, serving.faults.hold_sync = serving.faults.hold_sync, None
+    hold.set()
+    await reply(reader, OffsetCommitResponse, 8)
+    assert gcpause.held() == 0 and gc.isenabled()
+    writer.close()
+
+
 async def test_a_connection_lost_mid_request_ends_its_pause(serving: Serving) -> None:
     serving.faults.hold_sync = threading.Event()
     _, writer = await serving.connect()
@@ -118,13 +145,13 @@ async def test_a_small_request_with_a_large_answer_holds_the_pause_while_it_is_e
         writer.write(frame(commit_request("g", {("t", p): p for p in chunk}), 8))
         await reply(reader, OffsetCommitResponse, 8)
     holds: list[bool] = []
-    hold = gcpause.hold_for_request
+    hold = gcpause.hold
 
     def counted() -> None:
         hold()
         holds.append(gc.isenabled())
 
-    monkeypatch.setattr(gcpause, "hold_for_request", counted)
+    monkeypatch.setattr(gcpause, "hold", counted)
     writer.write(frame(fetch_request("g", None), 7))  # one group, all its offsets
     response = await reply(reader, OffsetFetchResponse, 7)
     assert sum(len(t.partitions) for t in response.topics) == offsets
