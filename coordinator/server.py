@@ -106,7 +106,7 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self._server.connections.discard(self)
         held = sum(req.holds_gc for req in self._queue)
-        self._queue.clear()  # nothing is sent now: what the requests hold is freed before the pause ends
+        self._queue.clear()  # nothing is sent now; what nothing else holds (a shard, the bulk thread) goes first
         gcpause.release(held)
         if self._server.gateway is not None:
             self._server.gateway.closed(self)
