@@ -32,8 +32,14 @@ async def test_many_groups_let_other_threads_run(tmp_path: Path, monkeypatch: py
         groups = k09.prepare(runtime, body, 8)
         assert isinstance(groups, k09._Groups) and offered == [0, 0]
         assert sum(len(members) for members in groups.by_shard.values()) == len(body.groups)
+        asked = [g.group_id for g in body.groups]
         answer = groups.response()
-        assert [g[0] for g in answer.groups] == [g.group_id for g in body.groups] and offered == [0] * 4
+        assert [g[0] for g in answer.groups] == asked
+        # bucketed (2 offers) and built (2), then what the request held for it freed: results, ids, the
+        # groups asked for and their buckets, 4 x 8,193 items (8)
+        assert offered == [0] * 12
+        assert not body.groups and not groups.results and not groups.ids
+        assert not any(groups.by_shard.values())
     finally:
         monkeypatch.undo()
         await stop(runtime)
