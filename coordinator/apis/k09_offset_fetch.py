@@ -164,7 +164,9 @@ class _Groups:
         """Built once the reply is final, where it is encoded (the bulk thread for a large request); what
         the request held for it is then freed there, a slice at a time: freed with the request on the
         event loop, the groups asked for, their results and buckets (~500k objects for 100k groups)
-        held the loop for 53-97 ms. Nothing reads them after: a wait ending in an error comes before."""
+        held the loop for 56-152 ms. Nothing reads them after: a wait ending in an error comes before.
+        So it is called once (a second call would answer no groups), and it empties the request's own
+        ``body.groups``."""
         answer = _built((gid, error, offsets) for gid, (error, offsets) in zip(self.ids, self.results, strict=True))
         if len(self.ids) > YIELD_EVERY:
             _free(self.results, self.ids, self.asked, *self.by_shard.values())
