@@ -8,6 +8,7 @@ v0-v1 have no group-level error field: a group error is put on every requested p
 """
 
 import asyncio
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,6 +31,8 @@ Topic = Response.OffsetFetchResponseTopic
 Partition = Topic.OffsetFetchResponsePartition
 
 Requested = list[tuple[str, list[int]]] | None
+
+log = logging.getLogger(__name__)
 
 
 class FetchAnswer:
@@ -291,7 +294,15 @@ class _ShardReads:
         self.runtime, self.req, self.groups, self.shards, self.stable = runtime, req, groups, shards, stable
 
     def step(self, i: int) -> None:
-        _read_shard(self.runtime, self.req, self.groups, *self.shards[i], self.stable)
+        """Reads shard ``i`` and schedules the next. A read that fails unexpectedly (a bug) costs its own
+        groups an UNKNOWN_SERVER_ERROR, as Kafka answers a handler's unexpected exception, and not the
+        request its answer: nothing would end its wait, or the collector's pause it holds."""
+        partition, members = self.shards[i]
+        try:
+            _read_shard(self.runtime, self.req, self.groups, partition, members, self.stable)
+        except Exception:
+            log.exception("OffsetFetch: reading %d groups of offsets partition %d failed", len(members), partition)
+            self.groups.fail([j for j, _, _ in members])(ErrorCode.UNKNOWN_SERVER_ERROR)
         if i + 1 < len(self.shards):
             asyncio.get_running_loop().call_soon(self.step, i + 1)
         else:

@@ -43,8 +43,20 @@ class Serving:
 
 @pytest.fixture
 async def serving(tmp_path: Path) -> AsyncIterator[Serving]:
+    async for serving in _serving(tmp_path, 1):
+        yield serving
+
+
+@pytest.fixture
+async def serving_shards(tmp_path: Path) -> AsyncIterator[Serving]:
+    """Four offsets partitions, for requests spread over shards."""
+    async for serving in _serving(tmp_path, 4):
+        yield serving
+
+
+async def _serving(tmp_path: Path, partitions: int) -> AsyncIterator[Serving]:
     faults = Faults()
-    cfg = config(tmp_path, port=0, sync_helper=False, metrics_listen=None)  # hold_sync holds the writer
+    cfg = config(tmp_path, partitions, port=0, sync_helper=False, metrics_listen=None)  # hold_sync holds the writer
     server = Server(Runtime(cfg, log_factory=faults.factory))
     _, port = await server.start()
     await server.runtime.wait_loaded()
@@ -175,4 +187,41 @@ async def test_a_large_fetch_of_many_groups_leaves_no_cyclic_garbage(serving: Se
     assert len(response.groups) == len(groups)
     del response
     assert gc.collect() < 1000
+    writer.close()
+
+
+async def test_a_large_fetch_answers_even_when_reading_one_shard_fails(
+        serving_shards: Serving, caplog: pytest.LogCaptureFixture) -> None:
+    """A large v8 fetch reads its shards one per loop pass; a read failing unexpectedly (a bug: here a
+    group's cached offsets that are not a dict) used to end the chain, so the request was never
+    answered and held the collector's pause until its connection closed. Its shard's groups now get
+    UNKNOWN_SERVER_ERROR, the other groups their offsets, and the connection goes on serving."""
+    runtime = serving_shards.server.runtime
+    reader, writer = await serving_shards.connect()
+    for gid in ("fine", "bad"):
+        writer.write(frame(commit_request(gid, {("t", 0): 42}), 8))
+        assert (await reply(reader, OffsetCommitResponse, 8)).topics[0].partitions[0].error_code == 0
+    bad = runtime.partition_of("bad")
+    good = runtime.partition_of("fine")
+    assert bad != good
+    cached = runtime.shards[bad].data.offsets
+    kept, cached["bad"] = cached["bad"], None  # type: ignore[assignment]  # reading it raises TypeError
+    ids = ["fine", "bad", *(f"g-{i}" for i in range(20_000))]
+    groups = [OffsetFetchRequest.OffsetFetchRequestGroup(group_id=gid, topics=None) for gid in ids]
+    request = frame(OffsetFetchRequest(groups=groups, require_stable=False), 8)
+    assert len(request) > BULK_FRAME_BYTES  # read a shard per loop pass
+    writer.write(request)
+    response = await asyncio.wait_for(reply(reader, OffsetFetchResponse, 8), 30)
+    errors = {g.group_id: g.error_code for g in response.groups}
+    assert len(errors) == len(ids)
+    assert errors["fine"] == 0 and response.groups[0].topics[0].partitions[0].committed_offset == 42
+    failed = {gid for gid, error in errors.items() if error}
+    assert failed == {gid for gid in ids if runtime.partition_of(gid) == bad}
+    assert set(errors[gid] for gid in failed) == {-1}  # UNKNOWN_SERVER_ERROR
+    assert any(f"offsets partition {bad} failed" in r.getMessage() and r.exc_info for r in caplog.records)
+    assert gcpause.held() == 0
+    cached["bad"] = kept
+    writer.write(frame(fetch_request("fine", None), 7))  # the same connection still serves
+    again = await reply(reader, OffsetFetchResponse, 7)
+    assert again.error_code == 0 and again.topics[0].partitions[0].committed_offset == 42
     writer.close()
