@@ -11,6 +11,11 @@ durable together the way kcoord does (one ``syncfs`` of the file system; ``fdata
 ``syncfs`` is missing), and goes again at once. It spins between syncs rather than sleeping. No
 sockets, codecs, event loop or replies. Latency is counted from when each commit was due, as the
 pacer counts it.
+
+``journal=True`` measures the layout kcoord does not have, for comparison: every commit appended to one
+file, one ``fdatasync`` of it per sync (a write-ahead journal in front of the partitions' logs). It is
+what the latency target would need (a sync of one file's appended bytes instead of a file system's
+worth of dirty logs), so its figures say how far that layout alone would go.
 """
 
 import os
@@ -30,7 +35,7 @@ class FloorProbe:
     """The serial group commit's figures: latency from each commit's due time to its sync's return."""
 
     path: str
-    how: str  # "syncfs" or "fdatasync per log"
+    how: str  # "syncfs", "fdatasync per log" or "one journal file, fdatasync"
     rate: float
     logs: int  # distinct partition logs the commits went to
     commits: int
@@ -48,14 +53,15 @@ def group_logs(groups: int, partitions: int = OFFSETS_PARTITIONS) -> list[int]:
     return [partition_for(f"bench-group-{g}", partitions) for g in range(groups)]
 
 
-def group_commit_floor(directory: Path, rate: float, groups: int, seconds: float = 3.0) -> FloorProbe:
+def group_commit_floor(directory: Path, rate: float, groups: int, seconds: float = 3.0,
+                       journal: bool = False) -> FloorProbe:
     """Runs the serial group commit at ``rate`` commits/s for ``seconds`` in a scratch directory under
-    ``directory`` (removed afterwards)."""
+    ``directory`` (removed afterwards); with ``journal``, into one file instead of the groups' logs."""
     if rate <= 0 or groups <= 0:
         raise ValueError("rate and groups must be positive")
     scratch = directory / "commit-floor"
     scratch.mkdir(parents=True, exist_ok=True)
-    order = group_logs(groups)
+    order = [0] * groups if journal else group_logs(groups)
     logs = sorted(set(order))
     fds = {p: os.open(scratch / f"p{p}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
            for p in logs}
@@ -78,7 +84,9 @@ def group_commit_floor(directory: Path, rate: float, groups: int, seconds: float
                 p = order[i % len(order)]
                 os.write(fds[p], record)
                 touched.add(p)
-            if SYNCFS is not None:
+            if journal:
+                os.fdatasync(fds[0])
+            elif SYNCFS is not None:
                 SYNCFS(dir_fd)
             else:
                 for p in touched:
@@ -102,6 +110,7 @@ def group_commit_floor(directory: Path, rate: float, groups: int, seconds: float
     def q(frac: float) -> float:
         return latencies[min(len(latencies) - 1, int(frac * len(latencies)))] * 1000
 
-    return FloorProbe(str(directory), "syncfs" if SYNCFS is not None else "fdatasync per log", rate, len(logs),
+    how = "one journal file, fdatasync" if journal else "syncfs" if SYNCFS is not None else "fdatasync per log"
+    return FloorProbe(str(directory), how, rate, len(logs),
                       len(latencies), elapsed, syncs / elapsed, synced_logs / max(1, syncs), q(0.5), q(0.99),
                       q(0.999), written)

@@ -139,11 +139,11 @@ def machine(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
 
 
 async def bench(args: argparse.Namespace, tmp: Path, meta: dict[str, Any]) -> tuple[
-        list[Measurement], FsyncProbe | None, FloorProbe | None, list[RestartResult], list[str]]:
+        list[Measurement], FsyncProbe | None, list[FloorProbe], list[RestartResult], list[str]]:
     measurements: list[Measurement] = []
     failures: list[str] = []
     fsync: FsyncProbe | None = None
-    floor: FloorProbe | None = None
+    floors: list[FloorProbe] = []  # kcoord's layout (the partitions' logs), then one journal file
     request_scenarios = [SCENARIOS[s] for s in args.scenarios if s in SCENARIOS]
     peers = start_peers(args.only, tmp, args) if request_scenarios else []
     meta["servers"] = {}
@@ -180,7 +180,8 @@ async def bench(args: argparse.Namespace, tmp: Path, meta: dict[str, Any]) -> tu
         half = next((m for m in measurements if m.server == "kcoord" and m.rate_target), None)
         if half and half.rate_target:
             say(f"group-commit floor at {half.rate_target:,.0f} commits/s")
-            floor = group_commit_floor(probe_dir, half.rate_target, args.groups, seconds=args.duration)
+            floors = [group_commit_floor(probe_dir, half.rate_target, args.groups, seconds=args.duration,
+                                         journal=journal) for journal in (False, True)]
     finally:
         for peer in peers:
             failures += peer.close()
@@ -191,7 +192,7 @@ async def bench(args: argparse.Namespace, tmp: Path, meta: dict[str, Any]) -> tu
             say(f"{name}: writing {records:,} records with kcoord's own code, then starting kcoord on them")
             restarts += restart(tmp, records, runs=args.restart_runs, progress=say)
             say(f"  {name}: first answer after {restarts[-1].served_s:.2f} s")
-    return measurements, fsync, floor, restarts, failures
+    return measurements, fsync, floors, restarts, failures
 
 
 def run_loop(main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -212,11 +213,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.duration:g} s measured per scenario and server", flush=True)
     with tempfile.TemporaryDirectory(prefix="kcoord-harness-") as tmp_name:
         try:
-            measurements, fsync, floor, restarts, failures = run_loop(lambda: bench(args, Path(tmp_name), meta))
+            measurements, fsync, floors, restarts, failures = run_loop(lambda: bench(args, Path(tmp_name), meta))
         except MissingPeer as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     meta["loadavg_after"] = list(os.getloadavg())
+    floor, journal = (floors[0], floors[1]) if floors else (None, None)
     rows = [report.figures(m) for m in measurements]
     ratio = report.ratios(rows)
     goals = report.targets(rows, ratio, fsync, restarts, floor)
@@ -231,10 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<6} {info['version']}: OffsetCommit v{info['offset_commit_version']}, OffsetFetch "
               f"v{info['offset_fetch_version']}, fetch check {info['fetch_check']}; {info['how']}")
     print()
-    report.render(rows, ratio, goals, fsync, restarts, floor)
+    report.render(rows, ratio, goals, fsync, restarts, floor, journal=journal)
     print(f"\nload average after the run: {' '.join(f'{x:.2f}' for x in meta['loadavg_after'])}")
     if args.json:
-        doc = report.document(meta, rows, ratio, goals, fsync, restarts, failures, floor)
+        doc = report.document(meta, rows, ratio, goals, fsync, restarts, failures, floor, journal=journal)
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
         print(f"JSON written to {args.json}")
     if failures:

@@ -152,7 +152,7 @@ def restart_table(restarts: list[RestartResult]) -> list[str]:
 
 def render(rows: list[dict[str, Any]], ratio: dict[str, dict[str, float]], goals: list[Target],
            fsync: FsyncProbe | None, restarts: list[RestartResult], floor: FloorProbe | None = None,
-           out: Callable[[str], None] = print) -> None:
+           out: Callable[[str], None] = print, journal: FloorProbe | None = None) -> None:
     if rows:
         for line in measurement_table(rows):
             out(line)
@@ -176,6 +176,10 @@ def render(rows: list[dict[str, Any]], ratio: dict[str, dict[str, float]], goals
             f"bench/commit_floor.py) at {floor.rate:,.0f} commits/s over {floor.logs} logs: p50 {floor.p50_ms:.3f} "
             f"ms, p99 {floor.p99_ms:.3f} ms, p999 {floor.p999_ms:.3f} ms; {floor.syncs_per_s:,.0f} syncs/s, "
             f"{floor.logs_per_sync:.1f} logs per sync")
+        if journal:
+            out(f"  the same with {journal.how} (a layout kcoord does not have, for comparison): "
+                f"p50 {journal.p50_ms:.3f} ms, p99 {journal.p99_ms:.3f} ms, p999 {journal.p999_ms:.3f} ms; "
+                f"{journal.syncs_per_s:,.0f} syncs/s")
         out("")
     if restarts:
         out("restart (kcoord only):")
@@ -190,7 +194,8 @@ def render(rows: list[dict[str, Any]], ratio: dict[str, dict[str, float]], goals
 
 def document(meta: dict[str, Any], rows: list[dict[str, Any]], ratio: dict[str, dict[str, float]],
              goals: list[Target], fsync: FsyncProbe | None, restarts: list[RestartResult],
-             failures: list[str], floor: FloorProbe | None = None) -> dict[str, Any]:
+             failures: list[str], floor: FloorProbe | None = None,
+             journal: FloorProbe | None = None) -> dict[str, Any]:
     """The JSON document: the same figures as the tables, plus how and where they were measured."""
     def clean(value: Any) -> Any:
         if isinstance(value, float):
@@ -209,6 +214,7 @@ def document(meta: dict[str, Any], rows: list[dict[str, Any]], ratio: dict[str, 
         "ratios": ratio,
         "fsync_probe": asdict(fsync) if fsync else None,
         "group_commit_floor": asdict(floor) if floor else None,
+        "journal_commit_floor": asdict(journal) if journal else None,
         "restart": restart_rows,
         "targets": [asdict(t) for t in goals],
         "failures": failures,
