@@ -22,8 +22,10 @@ Entry = tuple[bytes, bytes | None]
 
 
 def _builder(batch_size: int) -> DefaultRecordBatchBuilder:
-    return DefaultRecordBatchBuilder(magic=MAGIC, compression_type=0, is_transactional=False, producer_id=-1,
-                                     producer_epoch=-1, base_sequence=-1, batch_size=batch_size)
+    # Positional (magic, compression_type, is_transactional, producer_id, producer_epoch, base_sequence,
+    # batch_size): the C builder parses keyword arguments through a dict, 1.1 against 0.3 us a batch,
+    # and a 1-partition commit is a batch of its own in most flush cycles.
+    return DefaultRecordBatchBuilder(MAGIC, 0, False, -1, -1, -1, batch_size)
 
 
 def _finish(builder: DefaultRecordBatchBuilder, base_offset: int, leader_epoch: int) -> bytes:

@@ -257,12 +257,15 @@ class PartitionLog:
         if active is None or (active.size > 0 and active.size + len(batch) > self.segment_bytes):
             base, _ = read_head(batch, 0)
             active = self._roll(base)
-        fd = self._active_fd()
-        view = memoryview(batch)
-        while view:
-            written = os.write(fd, view)  # a short write then ENOSPC leaves bytes: count them first
-            active.size += written
-            view = view[written:]
+        fd = self._fd if self._fd is not None else self._active_fd()
+        written = os.write(fd, batch)  # a short write then ENOSPC leaves bytes: count them first
+        active.size += written
+        if written < len(batch):  # the rest, a view at a time (rare: no view made for the usual write)
+            view = memoryview(batch)[written:]
+            while view:
+                written = os.write(fd, view)
+                active.size += written
+                view = view[written:]
         self.next_offset = last_offset + 1
 
     def sync(self, checkpoint: bool = True) -> None:

@@ -37,6 +37,43 @@ def test_append_sync_recover(tmp_path: Path) -> None:
     assert offsets(tmp_path) == list(range(15))
 
 
+def test_short_writes_are_continued_and_every_byte_written_is_counted(tmp_path: Path, monkeypatch: Any) -> None:
+    """os.write may write less than asked (then ENOSPC, on a filling disk): the rest is written, and
+    the active segment's size counts what really went to the file, which the cut after a failed
+    append relies on."""
+    import errno
+    import os
+
+    plog = PartitionLog(tmp_path)
+    list(plog.recover())
+    real_write = os.write
+    calls: list[int] = []
+
+    def dribble(fd: int, data: Any) -> int:
+        calls.append(len(data))
+        return real_write(fd, bytes(data[:7]))
+
+    monkeypatch.setattr(os, "write", dribble)
+    batch = build_batch(0, [(b"\x00\x01key", b"v" * 50)], T)
+    plog.append(batch, 0)
+    assert len(calls) == -(-len(batch) // 7)  # seven bytes a call, to the end
+    assert plog.segments[-1].size == len(batch) == (tmp_path / segment_name(0)).stat().st_size
+
+    def then_full(fd: int, data: Any) -> int:
+        if calls:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        calls.append(len(data))
+        return real_write(fd, bytes(data[:10]))
+
+    calls.clear()
+    monkeypatch.setattr(os, "write", then_full)
+    with pytest.raises(OSError):
+        plog.append(build_batch(1, [(b"\x00\x01key", b"w" * 50)], T), 1)
+    assert plog.segments[-1].size == len(batch) + 10  # the ten bytes that did go in are counted
+    monkeypatch.setattr(os, "write", real_write)
+    plog.close()
+
+
 def test_segments_roll_at_segment_bytes(tmp_path: Path) -> None:
     plog = PartitionLog(tmp_path, segment_bytes=1024)
     write(plog, 40)
