@@ -1,8 +1,10 @@
-"""Log output: Kafka-like text lines, or one JSON object per line for log pipelines (``--log-format json``)."""
+"""Log output: Kafka-like text lines, or one JSON object per line for log pipelines (``--log-format json``);
+and how a failure that persists is logged without flooding the log."""
 
 import datetime
 import json
 import logging
+import time
 from typing import Any
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -36,3 +38,32 @@ def configure_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+class Repeated:
+    """Logs a persisting failure once, then at most every ``every_s`` seconds, with the attempt count."""
+
+    def __init__(self, logger: logging.Logger, every_s: float) -> None:
+        self._log = logger
+        self._every_s = every_s
+        self.attempts = 0
+        self._last = 0.0
+
+    def report(self, level: int, msg: str, *args: Any) -> None:
+        self.attempts += 1
+        now = time.monotonic()
+        if self.attempts == 1 or now - self._last >= self._every_s:
+            self._last = now
+            suffix = f" (attempt {self.attempts})" if self.attempts > 1 else ""
+            self._log.log(level, msg + suffix, *args)
+
+    def reset(self) -> None:
+        self.attempts = 0
+
+
+def describe_error(exc: BaseException) -> str:
+    """An OSError as its message and file name (what an operator acts on), anything else as its repr."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f": {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    return repr(exc)

@@ -22,7 +22,17 @@ Fixup = Callable[[ErrorCode], None]
 
 
 class ReplySink(Protocol):
+    """Where a request's reply goes: its connection."""
+
     def reply_ready(self, request: "Request") -> None: ...
+
+    def hold(self) -> None:
+        """Start none of this sink's later requests until ``unhold``: an operation applied over several
+        loop passes (coordinator.shard's slices) must be whole before the same client's next request
+        runs, as Kafka runs one connection's requests in order."""
+        ...
+
+    def unhold(self) -> None: ...
 
 
 class Lazy:

@@ -11,9 +11,10 @@ Fairness and bounded memory (a client that pipelines without reading must not st
   starts at most ``FRAMES_PER_PASS`` requests per pass before letting the loop poll sockets again,
   shared round robin by the connections waiting (one each when many wait, up to ``FRAMES_PER_TURN``
   for a lone one).
-* A connection stops starting requests while ``MAX_IN_FLIGHT`` of its replies are unsent or while its
-  transport's send buffer is over the high-water mark, and stops *reading* while it also has a backlog
-  of ``READ_BACKLOG_BYTES`` of complete frames, so its socket buffers push back on the client.
+* A connection stops starting requests while ``MAX_IN_FLIGHT`` of its replies are unsent, while its
+  transport's send buffer is over the high-water mark or while it is held (one of its huge writes is
+  still being applied, a slice per pass: coordinator.shard), and stops *reading* while it also has a
+  backlog of ``READ_BACKLOG_BYTES`` of complete frames, so its socket buffers push back on the client.
 * Frames over ``SMALL_FRAME_BYTES`` are read only while their declared size fits in
   ``max_buffered_bytes`` (first come first served) and must arrive within a deadline; smaller frames
   never wait for that budget, so nobody's large (or never-sent) request blocks small requests.
@@ -68,7 +69,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, server: "Server", node: int | None = None) -> None:
         self._server = server
         self.node = node  # gateway mode: the upstream node id this connection's listener stands for
-        self.held = 0  # gateway mode: upstream links that cannot take more bytes now
+        self.held = 0  # no request starts: a huge write is being applied, or gateway links are full
         self.links: Any = None  # gateway mode: this connection's upstream links
         self._runtime = server.runtime
         self._reader = FrameReader(server.runtime.config.max_frame_bytes)
@@ -341,6 +342,9 @@ class Connection(asyncio.Protocol):
 
     def slot_filled(self) -> None:
         self._server.want_write(self)
+
+    def hold(self) -> None:
+        self.held += 1
 
     def unhold(self) -> None:
         self.held -= 1

@@ -30,6 +30,7 @@ from mypy_extensions import mypyc_attr
 
 from coordinator.flusher import Flusher, FlushOutcome
 from coordinator.gcpause import freeze_loaded, gc_paused
+from coordinator.logfmt import Repeated, describe_error
 from coordinator.metrics import Metrics
 from coordinator.pending import Batch, Flush
 from coordinator.request import Fixup, Request, ShardUnavailable
@@ -53,7 +54,6 @@ RETRY_BACKOFF_S = 0.5
 RETRY_BACKOFF_MAX_S = 30.0
 PROBE_INTERVAL_S = 1.0  # how soon a READ_ONLY partition notices the disk is writable again
 REPEAT_LOG_S = 60.0  # a failure that persists is logged again at most this often
-
 
 
 class ShardState(Enum):
@@ -125,25 +125,6 @@ class LoadCancelled(Exception):
     pass
 
 
-class _Repeated:
-    """Logs a persisting failure once, then at most every REPEAT_LOG_S, with the attempt count."""
-
-    def __init__(self) -> None:
-        self.attempts = 0
-        self._last = 0.0
-
-    def report(self, level: int, msg: str, *args: Any) -> None:
-        self.attempts += 1
-        now = time.monotonic()
-        if self.attempts == 1 or now - self._last >= REPEAT_LOG_S:
-            self._last = now
-            suffix = f" (attempt {self.attempts})" if self.attempts > 1 else ""
-            log.log(level, msg + suffix, *args)
-
-    def reset(self) -> None:
-        self.attempts = 0
-
-
 class Shard:
     def __init__(
         self,
@@ -175,7 +156,7 @@ class Shard:
         self._parked: list[Callable[[], None]] = []  # huge operations' next slices, waiting for the writer
         self._closing = False
         self._task: asyncio.Task[None] | None = None  # the running reload or probe, kept referenced
-        self._trouble = _Repeated()
+        self._trouble = Repeated(log, REPEAT_LOG_S)
         self._tail_dirty = False  # READ_ONLY with an unacknowledged tail still on disk
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -233,15 +214,37 @@ class Shard:
 
     def _append_sliced(self, req: Request | None, result: OpResult, start: int) -> None:
         """Appends a huge result APPEND_SLICE records per loop pass, so replaying it never holds the event
-        loop for long; other operations may interleave (the log order is still the replay order). The
-        request waits on the batch of the last slice; if the shard stops serving first, the request
-        gets NOT_COORDINATOR for everything it wrote (some of it may be durable: a retry is harmless)."""
+        loop for long. Other clients' operations may interleave (the log order is still the replay
+        order); the same client's next request starts only once the last slice is replayed (its
+        connection is held), or a pipelined commit after it would be overwritten by its later slices.
+        The request waits on the batch of the last slice; if the shard stops serving first, the request
+        gets NOT_COORDINATOR for everything it wrote (some of it may be durable: a retry is harmless),
+        and if a later slice fails unexpectedly (a bug), UNKNOWN_SERVER_ERROR, rather than no answer."""
+        sink = req.sink if req is not None else None
         if start == 0 and req is not None:
             req.wait()
+            if sink is not None:
+                sink.hold()
+        try:
+            over = self._append_slice(req, result, start)
+        except Exception:
+            if start == 0:  # raised to the handler's caller, which answers for it (the server: it closes)
+                if sink is not None:
+                    sink.unhold()
+                raise
+            log.exception("partition %d: a slice of a huge operation failed", self.partition)
+            if req is not None:
+                req.done(result.fixup, ErrorCode.UNKNOWN_SERVER_ERROR)
+            over = True
+        if over and sink is not None:
+            sink.unhold()
+
+    def _append_slice(self, req: Request | None, result: OpResult, start: int) -> bool:
+        """One slice; True once the operation is over (its last slice appended, or refused)."""
         if self.state is not ShardState.ACTIVE or self._closing:
             if req is not None:
                 req.done(result.fixup, ErrorCode.NOT_COORDINATOR)
-            return
+            return True
         end = start + APPEND_SLICE
         encoded = result.encoded[start:end] if result.encoded is not None else None
         batch = self._append(result.records[start:end], encoded)
@@ -250,11 +253,12 @@ class Shard:
                 self._parked.append(lambda: self._append_sliced(req, result, end))
             else:
                 asyncio.get_running_loop().call_soon(self._append_sliced, req, result, end)
-            return
+            return False
         if result.on_durable is not None:
             batch.callbacks.append(result.on_durable)
         if req is not None:
             batch.waiters.append((req, result.fixup))
+        return True
 
     def read(self, req: Request | None, fixup: Fixup | None, op: Callable[..., Any], *args: Any) -> Any:
         """Runs ``op(self.data, *args)`` for its response; ``req`` waits for the newest pending write, if
@@ -383,7 +387,7 @@ class Shard:
 
     def fail_write(self, exc: BaseException) -> None:
         log.error("partition %d: write failed (%s); failing the requests waiting on it, dropping what was not "
-                  "durable and reloading", self.partition, _describe(exc))
+                  "durable and reloading", self.partition, describe_error(exc))
         self._metrics.write_failed(self.partition)
         if not self._transition(ShardState.FAILED):
             self._fail_pending(ErrorCode.NOT_COORDINATOR)
@@ -402,7 +406,7 @@ class Shard:
         while self._inflight is not None and not self._closing:
             await asyncio.sleep(0.005)
         delay = RETRY_BACKOFF_S
-        trouble = _Repeated()
+        trouble = Repeated(log, REPEAT_LOG_S)
         while not self._closing:
             try:
                 await loop.run_in_executor(self.writer, self._reopen_log)
@@ -411,11 +415,11 @@ class Shard:
                 if self.log.recovered:
                     # Its durable end is known: serve that much read-only until the tail can be cut.
                     log.error("partition %d: cannot cut its log back to the durable end (%s); serving what is "
-                              "durable, read-only, until it can", self.partition, _describe(exc))
+                              "durable, read-only, until it can", self.partition, describe_error(exc))
                     await self._load(durable_only=True)
                     return
                 trouble.report(logging.ERROR, "partition %d: cannot reopen its log (%s); retrying every %.1f s",
-                               self.partition, _describe(exc), delay)
+                               self.partition, describe_error(exc), delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_BACKOFF_MAX_S)
         else:
@@ -469,7 +473,7 @@ class Shard:
                 return
             except OSError as exc:
                 self._trouble.report(logging.ERROR, "partition %d: cannot load its log (%s); retrying every %.1f s",
-                                     self.partition, _describe(exc), delay)
+                                     self.partition, describe_error(exc), delay)
                 self._transition(ShardState.FAILED)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_BACKOFF_MAX_S)
@@ -513,12 +517,12 @@ class Shard:
         try:
             self.log.probe()
         except OSError as exc:
-            return _describe(exc)
+            return describe_error(exc)
         return None
 
     async def _probe_until_writable(self) -> None:
         loop = asyncio.get_running_loop()
-        trouble = _Repeated()
+        trouble = Repeated(log, REPEAT_LOG_S)
         while self.state is ShardState.READ_ONLY and not self._closing:
             await asyncio.sleep(PROBE_INTERVAL_S)
             problem = await loop.run_in_executor(self.writer, self._probe)
@@ -586,7 +590,7 @@ class Shard:
             log.warning("partition %d: closing its log did not finish by the deadline", self.partition)
             return False
         except OSError as exc:
-            log.warning("partition %d: closing its log failed: %s", self.partition, _describe(exc))
+            log.warning("partition %d: closing its log failed: %s", self.partition, describe_error(exc))
         return True
 
     def _close_log(self, checkpoint: bool) -> None:
@@ -594,9 +598,3 @@ class Shard:
             self.log.checkpoint()  # a clean stop: everything on disk is known durable
         self.log.close()
 
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        where = f": {exc.filename}" if exc.filename else ""
-        return f"{exc.strerror}{where}"
-    return repr(exc)

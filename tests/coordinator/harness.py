@@ -55,6 +55,14 @@ class FutureSink:
     def reply_ready(self, request: Request) -> None:
         self.future.set_result(request.response)
 
+    held = 0  # the shard's holds on starting the next request (a huge write being applied)
+
+    def hold(self) -> None:
+        self.held += 1
+
+    def unhold(self) -> None:
+        self.held -= 1
+
 
 def _records_op(data: ShardData, records: list[LiveRecord]) -> OpResult:
     return OpResult(records, OK)

@@ -54,6 +54,14 @@ class _Released:
     def reply_ready(self, request: Request) -> None:
         self.future.set_result(request)
 
+    held = 0  # the shard's holds on starting the next request (a huge write being applied)
+
+    def hold(self) -> None:
+        self.held += 1
+
+    def unhold(self) -> None:
+        self.held -= 1
+
 
 @pytest.mark.parametrize(("version", "fillers"), [(6, 0), (8, 0), (8, 20)], ids=["v6", "v8", "v8-22-groups"])
 @pytest.mark.parametrize("sync_fails", [False, True], ids=["durable", "barrier-fails"])

@@ -37,6 +37,14 @@ class Reply:
         self.response = request.response
         self.released = True
 
+    held = 0  # the shard's holds on starting the next request (a huge write being applied)
+
+    def hold(self) -> None:
+        self.held += 1
+
+    def unhold(self) -> None:
+        self.held -= 1
+
 
 class GroupShard:
     def __init__(self, config: GroupConfig | None = None) -> None:
