@@ -194,6 +194,8 @@ class Shard:
         result = op(self.data, *args)
         batch: Batch | None
         if len(result.records) > APPEND_SLICE:
+            if self._closing:  # its slices would be refused: refused whole, through the handler's caller
+                raise ShardUnavailable(ErrorCode.NOT_COORDINATOR)
             self._append_sliced(req, result, 0)
             return result.response
         if result.records:
@@ -215,11 +217,10 @@ class Shard:
     def _append_sliced(self, req: Request | None, result: OpResult, start: int) -> None:
         """Appends a huge result APPEND_SLICE records per loop pass, so replaying it never holds the event
         loop for long. Other clients' operations may interleave (the log order is still the replay
-        order); the same client's next request starts only once the last slice is replayed (its
-        connection is held), or a pipelined commit after it would be overwritten by its later slices.
-        The request waits on the batch of the last slice; if the shard stops serving first, the request
-        gets NOT_COORDINATOR for everything it wrote (some of it may be durable: a retry is harmless),
-        and if a later slice fails unexpectedly (a bug), UNKNOWN_SERVER_ERROR, rather than no answer."""
+        order), not the same client's: its connection is held until the last slice is replayed. The
+        request waits on the last slice's batch; if the shard stops serving first, it gets
+        NOT_COORDINATOR for all it wrote (some may be durable: a retry is harmless); if a later slice
+        fails unexpectedly (a bug), UNKNOWN_SERVER_ERROR, rather than no answer."""
         sink = req.sink if req is not None else None
         if start == 0 and req is not None:
             req.wait()

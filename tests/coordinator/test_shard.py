@@ -428,6 +428,30 @@ async def test_a_huge_write_waits_for_the_writer_instead_of_piling_up(tmp_path: 
     await stop(runtime)
 
 
+async def test_a_huge_write_while_the_shard_closes_is_refused_whole(tmp_path: Path) -> None:
+    """Refused by its first slice, it was then answered with the handler's own response, as if written
+    (an OffsetDelete of that many partitions said deleted; found by a review): it is refused like any
+    write the shard cannot take, before anything is replayed."""
+    faults = Faults()
+    runtime = await started(config(tmp_path, sync_helper=False), faults.factory)  # hold_sync holds the writer
+    shard = runtime.shards[0]
+    faults.hold_sync = threading.Event()
+    first = append(shard, [commit("g", 0, 1)])
+    await until(faults.sync_held.is_set)
+    closing = asyncio.ensure_future(shard.close(asyncio.get_running_loop().time() + 10))
+    await asyncio.sleep(0.05)  # closing: waits for the pending batch, still ACTIVE
+    assert shard.state is ShardState.ACTIVE
+    with pytest.raises(ShardUnavailable) as refused:
+        append(shard, [commit("h", i, i) for i in range(2 * coordinator.shard.APPEND_SLICE)])
+    assert refused.value.error == ErrorCode.NOT_COORDINATOR
+    assert shard.data.num_offsets == 1
+    hold, faults.hold_sync = faults.hold_sync, None
+    hold.set()
+    assert await first == OK
+    assert await closing
+    await stop(runtime)
+
+
 async def test_a_sync_failure_in_a_shared_cycle_fails_only_that_partition(tmp_path: Path) -> None:
     faults = Faults()
     runtime = await started(config(tmp_path, partitions=2), faults.factory)
