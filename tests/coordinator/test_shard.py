@@ -406,20 +406,27 @@ async def until(predicate: Any, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.002)
 
 
+async def _writer_held(tmp_path: Path) -> tuple[Runtime, Faults, threading.Event, "asyncio.Future[Any]"]:
+    """A one-shard runtime whose writer is held (until the event is set, with ``hold_sync`` cleared) in
+    the sync of a first commit (the future, pending)."""
+    faults = Faults()
+    runtime = await started(config(tmp_path, sync_helper=False), faults.factory)  # hold_sync holds the writer
+    hold = faults.hold_sync = threading.Event()
+    first = append(runtime.shards[0], [commit("g", 0, 1)])
+    await until(faults.sync_held.is_set)
+    return runtime, faults, hold, first
+
+
 async def test_a_huge_write_waits_for_the_writer_instead_of_piling_up(tmp_path: Path) -> None:
     """A huge operation replays a slice at a time only as fast as the writer makes them durable, so no
     flush cycle (which every other partition's commits share) takes on the whole of it."""
-    faults = Faults()
-    runtime = await started(config(tmp_path, sync_helper=False), faults.factory)  # hold_sync holds the writer
+    runtime, faults, hold, first = await _writer_held(tmp_path)
     shard = runtime.shards[0]
-    faults.hold_sync = threading.Event()
-    first = append(shard, [commit("g", 0, 1)])
-    await until(faults.sync_held.is_set)
     huge_size = 20 * coordinator.shard.APPEND_SLICE
     huge = append(shard, [commit("h", i, i) for i in range(huge_size)])
     await asyncio.sleep(0.2)  # plenty of loop passes
     assert shard.data.num_offsets < huge_size // 4  # a few slices ahead of the writer, not all of it
-    hold, faults.hold_sync = faults.hold_sync, None
+    faults.hold_sync = None
     hold.set()
     assert await first == OK
     assert await huge == OK
@@ -432,12 +439,8 @@ async def test_a_huge_write_while_the_shard_closes_is_refused_whole(tmp_path: Pa
     """Refused by its first slice, it was then answered with the handler's own response, as if written
     (an OffsetDelete of that many partitions said deleted; found by a review): it is refused like any
     write the shard cannot take, before anything is replayed."""
-    faults = Faults()
-    runtime = await started(config(tmp_path, sync_helper=False), faults.factory)  # hold_sync holds the writer
+    runtime, faults, hold, first = await _writer_held(tmp_path)
     shard = runtime.shards[0]
-    faults.hold_sync = threading.Event()
-    first = append(shard, [commit("g", 0, 1)])
-    await until(faults.sync_held.is_set)
     closing = asyncio.ensure_future(shard.close(asyncio.get_running_loop().time() + 10))
     await asyncio.sleep(0.05)  # closing: waits for the pending batch, still ACTIVE
     assert shard.state is ShardState.ACTIVE
@@ -445,7 +448,7 @@ async def test_a_huge_write_while_the_shard_closes_is_refused_whole(tmp_path: Pa
         append(shard, [commit("h", i, i) for i in range(2 * coordinator.shard.APPEND_SLICE)])
     assert refused.value.error == ErrorCode.NOT_COORDINATOR
     assert shard.data.num_offsets == 1
-    hold, faults.hold_sync = faults.hold_sync, None
+    faults.hold_sync = None
     hold.set()
     assert await first == OK
     assert await closing
