@@ -107,21 +107,29 @@ class ShardData:
             if type(record) is OffsetCommitRecord or type(record) is tuple:
                 # typed tuples: compiled, their items are read in place (an Any is indexed and unpacked
                 # through Python's generic protocols: ~30% of replaying a loaded record)
-                commit: tuple[Any, Any] = record
-                key: Any = commit[0]
-                value: StoredOffset | None = commit[1]
-                if value is None or producer_id != NO_PRODUCER:
-                    last_group_id = None  # a tombstone may drop the group's dict: look it up again
-                    key = _named(key)
-                    if value is None:
-                        self._delete_offset(key)
-                    else:
-                        self._add_pending(producer_id, key, offset, value)
+                key: Any
+                value: StoredOffset | None
+                if len(record) == 4:  # LoadedCommit, flat: no key tuple made and freed per record
+                    loaded: tuple[str, str, object, Any] = record
+                    group_id, topic, partition, value = loaded[0], loaded[1], loaded[2], loaded[3]
+                    key = None
                 else:
-                    if pending_count and key in pending_count:
-                        self.contested[_named(key)] = offset
+                    commit: tuple[Any, Any] = record
+                    key, value = commit[0], commit[1]
                     parts: tuple[str, str, object] = key
                     group_id, topic, partition = parts[0], parts[1], parts[2]
+                if value is None or producer_id != NO_PRODUCER:
+                    last_group_id = None  # a tombstone may drop the group's dict: look it up again
+                    named = _named(key if key is not None else (group_id, topic, partition))
+                    if value is None:
+                        self._delete_offset(named)
+                    else:
+                        self._add_pending(producer_id, named, offset, value)
+                else:
+                    if pending_count:
+                        named = _named(key if key is not None else (group_id, topic, partition))
+                        if named in pending_count:
+                            self.contested[named] = offset
                     if group_id is not last_group_id:  # the records of one commit share group and topic
                         group = offsets.get(group_id)
                         if group is None:

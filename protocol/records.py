@@ -107,11 +107,11 @@ class UnknownRecord(NamedTuple):
 
 Record = OffsetCommitRecord | GroupMetadataRecord
 
-# An offset commit as the compiled loader decodes it: ((group, topic, partition), value), the key a plain
-# tuple and the value the bytes read from the log (None for a tombstone), checked and kept as they are
-# (storage.loadcodec.loaded_value reads them back). No NamedTuple constructors and no value object: less
-# memory and time per loaded record. ``replay`` applies both alike.
-LoadedCommit = tuple[tuple[str, str, int], bytes | None]
+# An offset commit as the compiled loader decodes it: (group, topic, partition, value), flat, the value the
+# bytes read from the log (None for a tombstone), checked and kept as they are
+# (storage.loadcodec.loaded_value reads them back). No NamedTuple constructors, no value object and no key
+# tuple: a million records loaded make and free a million tuples fewer. ``replay`` applies every form.
+LoadedCommit = tuple[str, str, int, bytes | None]
 # An offset commit as the commit path prepares it (coordinator/offsets.py): the same plain key tuple and
 # the value's bytes as they are written (``encode_offset_value``), which the cache keeps as it keeps a
 # loaded value. Constructing an OffsetKey and an OffsetAndMetadata instead cost two ``tuple.__new__``

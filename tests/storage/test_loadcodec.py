@@ -87,8 +87,10 @@ def _outcome(codec: ModuleType | None, data: bytes) -> Any:
 
 
 def _read_back(codec: ModuleType, record: Any) -> Any:
-    if type(record) is tuple and type(record[1]) is bytes:
-        return record[0], codec.loaded_value(record[1])
+    """A loaded commit, (group, topic, partition, value bytes or None), as the reference's record reads."""
+    if type(record) is tuple and len(record) == 4:
+        value = record[3]
+        return record[:3], codec.loaded_value(value) if type(value) is bytes else None
     return record
 
 
@@ -175,10 +177,11 @@ def test_runs_and_unknown_records(codec: ModuleType) -> None:
     assert skipped == 1
     assert [(start, len(run)) for start, run in runs] == [(10, 1), (12, 1), (14, 1)]
     assert runs[1][1][0] == OffsetCommitRecord(OffsetKey("g", "t", 1), None)
-    # offset commits come as plain tuples standing for the records (LoadedCommit)
+    # offset commits come as flat plain tuples standing for the records (LoadedCommit)
     loaded = runs[0][1][0]
     assert loaded == OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(5, 1, "", T))
-    assert type(loaded) is tuple and type(loaded[0]) is tuple
+    flat = codec.decode_records(rebuild_batch(raw, {10, 11, 12, 14}, None), 0)[0][0][1][0]
+    assert type(flat) is tuple and flat[:3] == ("g", "t", 0) and type(flat[3]) is bytes
 
 
 def test_offset_values_are_kept_as_read(codec: ModuleType) -> None:
@@ -189,7 +192,7 @@ def test_offset_values_are_kept_as_read(codec: ModuleType) -> None:
     entries: list[Entry] = [(encode_record(OffsetCommitRecord(OffsetKey("g", "t", p), None))[0],
                              value_bytes(version, value)) for p, (version, value) in enumerate(values)]
     runs, _ = codec.decode_records(build_batch(0, entries, T), 0)
-    kept = [record[1] for _, run in runs for record in run]
+    kept = [record[3] for _, run in runs for record in run]
     assert kept == [value for _, value in entries]
     assert all(type(raw) is bytes for raw in kept)
     assert [codec.loaded_value(raw) for raw in kept] == [value for _, value in values]
