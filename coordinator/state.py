@@ -10,7 +10,7 @@ runs both against the same records.
 """
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final
 
 from coordinator.groups.model import ClassicGroup, GroupState
 from protocol.records import (
@@ -25,7 +25,7 @@ from storage.loadcodec import loaded_value
 __all__ = ["NO_PRODUCER", "ClassicGroup", "GroupState", "ShardData", "StoredOffset", "TopicPartition", "offset_value",
            "read_offset"]
 
-NO_PRODUCER = -1
+NO_PRODUCER: Final = -1  # Final: compiled, a constant, not a lookup in the module's dict per record
 INTERNED_PARTITIONS_MAX = 1 << 20
 
 
@@ -36,6 +36,7 @@ TopicPartition = tuple[str, int]
 # a value is only decoded when something reads it. Read every cached offset through ``offset_value``.
 StoredOffset = OffsetAndMetadata | bytes
 _new = tuple.__new__
+_OffsetCommitRecord: Final = OffsetCommitRecord  # a C static when compiled (replay checks every record)
 
 
 def offset_value(value: StoredOffset) -> OffsetAndMetadata:
@@ -104,7 +105,7 @@ class ShardData:
         last_topic: object = None
         by_partition: dict[Any, Any] = {}
         for record in records:
-            if type(record) is OffsetCommitRecord or type(record) is tuple:
+            if type(record) is _OffsetCommitRecord or type(record) is tuple:
                 # typed tuples: compiled, their items are read in place (an Any is indexed and unpacked
                 # through Python's generic protocols: ~30% of replaying a loaded record)
                 key: Any

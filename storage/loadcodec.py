@@ -51,6 +51,8 @@ COMPILED = compiled()
 _names: Final[dict[bytes, str]] = {}
 _new: Final = tuple.__new__
 _OffsetAndMetadata: Final = OffsetAndMetadata
+_COMMIT: Final = OFFSET_COMMIT_TYPE  # compared for every record loaded
+_LEGACY_COMMIT: Final = OFFSET_COMMIT_LEGACY_TYPE
 
 
 def _name(raw: bytes) -> str:
@@ -215,7 +217,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
         record: LoadedRecord | UnknownRecord | None = None
         if klen >= 2:
             rtype = int16_at(data, kpos)
-            if rtype == OFFSET_COMMIT_TYPE or rtype == OFFSET_COMMIT_LEGACY_TYPE:
+            if rtype == _COMMIT or rtype == _LEGACY_COMMIT:
                 record = _offset_record(data, kpos, kpos + klen, vpos, vend, prev)
         if record is None:
             key = data[kpos : kpos + klen] if klen >= 0 else None
@@ -271,6 +273,18 @@ def _varint(data: bytes, pos: i64, end: i64) -> tuple[int, i64]:
         b: i64 = data[pos]
         if b < 0x80:  # one byte, as nearly every field of an offsets record is: no loop
             return (b >> 1) ^ -(b & 1), pos + 1
+    # Up to 9 bytes (63 bits) fit an i64: a record's length (two bytes from 64 bytes on) is read
+    # without the arbitrary-precision ints and the 64-bit mask below (~60 instructions a record).
+    value64: i64 = 0
+    shift64: i64 = 0
+    at = pos
+    while at < end and shift64 < 63:
+        b = data[at]
+        at += 1
+        value64 |= (b & 0x7F) << shift64
+        if b < 0x80:
+            return (value64 >> 1) ^ -(value64 & 1), at
+        shift64 += 7
     shift = 0
     value = 0  # an int while it is read: a 10th byte carries bits beyond 64, dropped below
     while True:

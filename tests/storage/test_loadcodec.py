@@ -340,3 +340,16 @@ def test_bits_beyond_64_of_a_varint_are_dropped_as_the_reference_drops_them(code
     data = _one_record(klen, key, vlen, b"", headers)
     assert max(len(klen), len(vlen), len(headers)) == 10
     assert _outcome(codec, data) == _outcome(None, data) == _TOMBSTONE
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(-(2**63), 2**63 - 1) | st.sampled_from([0, -1, 63, 64, -65, 2**62, 2**63 - 1, -(2**63)]),
+       st.integers(0, 3))
+def test_varints_of_every_length_read_as_kafka_reads_them(codec: ModuleType, value: int, before: int) -> None:
+    """The varint reader has a one-byte path, a 64-bit one up to 9 bytes and an exact one for the 10th;
+    every length must read the same (a zigzag varlong, Kafka's ByteUtils), and one cut short is refused."""
+    encoded = _zigzag_varint(value)
+    data = b"\xff" * before + encoded + b"\x00"
+    assert codec._varint(data, before, len(data)) == (value, before + len(encoded))
+    with pytest.raises(codec.RecordsError):
+        codec._varint(data, before, before + len(encoded) - 1)  # the record ends inside it
