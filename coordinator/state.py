@@ -52,10 +52,13 @@ def read_offset(value: StoredOffset | None) -> OffsetAndMetadata | None:
     return None if value is None else offset_value(value)
 
 
-def _named(key: Any) -> OffsetKey:
-    """The OffsetKey for a loaded commit's plain (group, topic, partition): kept keys are named ones."""
-    named: OffsetKey = key if type(key) is OffsetKey else _new(OffsetKey, key)
-    return named
+def _named(key: Any, group_id: str, topic: str, partition: object) -> OffsetKey:
+    """The OffsetKey of a replayed commit (kept keys are named ones): its own when it has one, else made
+    from its parts (the loader's flat commits have no key, the commit path's a plain tuple)."""
+    if type(key) is OffsetKey:
+        named: OffsetKey = key
+        return named
+    return _new(OffsetKey, (group_id, topic, partition))
 
 
 class ShardData:
@@ -121,14 +124,14 @@ class ShardData:
                     group_id, topic, partition = parts[0], parts[1], parts[2]
                 if value is None or producer_id != NO_PRODUCER:
                     last_group_id = None  # a tombstone may drop the group's dict: look it up again
-                    named = _named(key if key is not None else (group_id, topic, partition))
+                    named = _named(key, group_id, topic, partition)
                     if value is None:
                         self._delete_offset(named)
                     else:
                         self._add_pending(producer_id, named, offset, value)
                 else:
                     if pending_count:
-                        named = _named(key if key is not None else (group_id, topic, partition))
+                        named = _named(key, group_id, topic, partition)
                         if named in pending_count:
                             self.contested[named] = offset
                     if group_id is not last_group_id:  # the records of one commit share group and topic

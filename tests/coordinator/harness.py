@@ -46,7 +46,20 @@ class _TestApi:
         return error
 
 
-class FutureSink:
+class Holds:
+    """A connection stand-in's count of the shard's holds on starting its next request (a huge write
+    being applied: coordinator.request.ReplySink)."""
+
+    held = 0
+
+    def hold(self) -> None:
+        self.held += 1
+
+    def unhold(self) -> None:
+        self.held -= 1
+
+
+class FutureSink(Holds):
     """A connection stand-in: the reply's release resolves a future with the response."""
 
     def __init__(self) -> None:
@@ -54,14 +67,6 @@ class FutureSink:
 
     def reply_ready(self, request: Request) -> None:
         self.future.set_result(request.response)
-
-    held = 0  # the shard's holds on starting the next request (a huge write being applied)
-
-    def hold(self) -> None:
-        self.held += 1
-
-    def unhold(self) -> None:
-        self.held -= 1
 
 
 def _records_op(data: ShardData, records: list[LiveRecord]) -> OpResult:

@@ -16,7 +16,7 @@ from coordinator.request import encode_reply as _encode
 from protocol.errors import ErrorCode
 from protocol.hotcodec import YIELD_EVERY
 from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey
-from tests.coordinator.harness import Faults, append, commit, config, started, stop
+from tests.coordinator.harness import Faults, Holds, append, commit, config, started, stop
 
 
 async def test_many_groups_let_other_threads_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,7 +45,7 @@ async def test_many_groups_let_other_threads_run(tmp_path: Path, monkeypatch: py
         await stop(runtime)
 
 
-class _Released:
+class _Released(Holds):
     """A connection stand-in that hands back the released request itself."""
 
     def __init__(self) -> None:
@@ -53,14 +53,6 @@ class _Released:
 
     def reply_ready(self, request: Request) -> None:
         self.future.set_result(request)
-
-    held = 0  # the shard's holds on starting the next request (a huge write being applied)
-
-    def hold(self) -> None:
-        self.held += 1
-
-    def unhold(self) -> None:
-        self.held -= 1
 
 
 @pytest.mark.parametrize(("version", "fillers"), [(6, 0), (8, 0), (8, 20)], ids=["v6", "v8", "v8-22-groups"])

@@ -17,6 +17,7 @@ from coordinator.state import ShardData
 from coordinator.timers import Clock, ManualClock, Timers
 from protocol.errors import ErrorCode
 from protocol.records import LiveRecord
+from tests.coordinator.harness import Holds
 
 T0 = 1_700_000_000_000
 
@@ -26,7 +27,7 @@ class _Api:
         return error
 
 
-class Reply:
+class Reply(Holds):
     """Where a request's response lands when it is released (None until then)."""
 
     def __init__(self) -> None:
@@ -36,14 +37,6 @@ class Reply:
     def reply_ready(self, request: Request) -> None:
         self.response = request.response
         self.released = True
-
-    held = 0  # the shard's holds on starting the next request (a huge write being applied)
-
-    def hold(self) -> None:
-        self.held += 1
-
-    def unhold(self) -> None:
-        self.held -= 1
 
 
 class GroupShard:
