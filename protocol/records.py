@@ -8,14 +8,10 @@ model yet (KIP-848, share groups) decode to ``UnknownRecord`` so a loader can sk
 
 import functools
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
-
-from kafka.protocol.api_data import ApiData
-from kafka.protocol.schemas.fields.codecs import EncodeBufferPool
-
-from protocol import schemas
 
 OFFSET_COMMIT_LEGACY_TYPE = 0
 OFFSET_COMMIT_TYPE = 1
@@ -25,22 +21,6 @@ GROUP_METADATA_TYPE = 2
 OFFSET_VALUE_VERSION = 3
 OFFSET_VALUE_VERSION_WITH_EXPIRY = 1
 GROUP_VALUE_VERSION = 3
-
-
-class OffsetCommitKey(ApiData, load_json=schemas):  # type: ignore[misc,call-arg]
-    pass
-
-
-class OffsetCommitValue(ApiData, load_json=schemas):  # type: ignore[misc,call-arg]
-    pass
-
-
-class GroupMetadataKey(ApiData, load_json=schemas):  # type: ignore[misc,call-arg]
-    pass
-
-
-class GroupMetadataValue(ApiData, load_json=schemas):  # type: ignore[misc,call-arg]
-    pass
 
 
 class RecordError(Exception):
@@ -123,10 +103,59 @@ LoadedRecord = Record | LoadedCommit | CommitPair
 
 
 _Decoder = Callable[[memoryview, int], tuple[Any, int]]
+_Encoder = Callable[[Any, Any], None]
+SCHEMA_CLASSES = ("OffsetCommitKey", "OffsetCommitValue", "GroupMetadataKey", "GroupMetadataValue")
+
+
+class _Schemas:
+    """kafka-python's message classes for our record schemas (``protocol/schemas``) and the decoders and
+    encoders it generates from them. Built on first use, not at import: importing kafka-python's schema
+    machinery and generating them took ~89M instructions (~30 ms, cachegrind), 10% of a start, and a
+    starting server needs none of it before it serves: offset records are read and written by the
+    byte-level code below and storage.loadcodec; only group metadata records and offset record versions
+    that code does not read come here (the first of them after a start pays for the build once)."""
+
+    def __init__(self) -> None:
+        from kafka.protocol.api_data import ApiData
+        from kafka.protocol.schemas.fields.codecs import EncodeBufferPool
+
+        from protocol import schemas
+
+        def message(name: str) -> Any:
+            return type(ApiData)(name, (ApiData,), {"__module__": __name__}, load_json=schemas)
+
+        self.classes = {name: message(name) for name in SCHEMA_CLASSES}
+        self.offset_key = _compile(self.classes["OffsetCommitKey"])
+        self.offset_value = _compile(self.classes["OffsetCommitValue"])
+        self.group_key = _compile(self.classes["GroupMetadataKey"])
+        self.group_value = _compile(self.classes["GroupMetadataValue"])
+        # kafka-python's generated encoders read fields by name, so our tuples and dataclasses (same
+        # field names as the schemas) are encoded directly, with no intermediate message object.
+        self.group_key_encoder = _compile_encoder(self.classes["GroupMetadataKey"], GROUP_METADATA_TYPE)
+        self.group_value_encoder = _compile_encoder(self.classes["GroupMetadataValue"], GROUP_VALUE_VERSION)
+        self.buffers = EncodeBufferPool
+
+
+_built: list[_Schemas] = []
+_building = threading.Lock()
+
+
+def _schemas() -> _Schemas:
+    """The one ``_Schemas`` (the loader threads may ask at the same time: each gets the same classes)."""
+    if not _built:
+        with _building:
+            if not _built:
+                _built.append(_Schemas())
+    return _built[0]
+
+
+def schema_class(name: str) -> Any:
+    """kafka-python's class for one of our record schemas (``SCHEMA_CLASSES``): the reference in tests."""
+    return _schemas().classes[name]
 
 
 def _compile(cls: Any) -> dict[int, _Decoder]:
-    """kafka-python's generated decoder for each version of ``cls`` (built once, at import)."""
+    """kafka-python's generated decoder for each version of ``cls`` (built once)."""
     lo, hi = cls._valid_versions
     out = {}
     for version in range(lo, hi + 1):
@@ -135,10 +164,10 @@ def _compile(cls: Any) -> dict[int, _Decoder]:
     return out
 
 
-_OFFSET_KEY = _compile(OffsetCommitKey)
-_OFFSET_VALUE = _compile(OffsetCommitValue)
-_GROUP_KEY = _compile(GroupMetadataKey)
-_GROUP_VALUE = _compile(GroupMetadataValue)
+def _compile_encoder(cls: Any, version: int) -> _Encoder:
+    flexible = cls.flexible_version_q(version)
+    encoder: _Encoder = cls._struct.compiled_encode_into(version, compact=flexible, tagged=flexible)
+    return encoder
 
 
 def _decode_struct(decoders: dict[int, _Decoder], data: bytes, version: int, name: str) -> Any:
@@ -163,23 +192,8 @@ def _version_of(data: bytes) -> int:
     return int.from_bytes(data[:2], "big", signed=True)
 
 
-_Encoder = Callable[[Any, Any], None]
-
-
-def _compile_encoder(cls: Any, version: int) -> _Encoder:
-    flexible = cls.flexible_version_q(version)
-    encoder: _Encoder = cls._struct.compiled_encode_into(version, compact=flexible, tagged=flexible)
-    return encoder
-
-
-# kafka-python's generated encoders read fields by name, so our tuples and dataclasses (same field names
-# as the schemas) are encoded directly, with no intermediate message object.
-_GROUP_KEY_ENCODER = _compile_encoder(GroupMetadataKey, GROUP_METADATA_TYPE)
-_GROUP_VALUE_ENCODER = _compile_encoder(GroupMetadataValue, GROUP_VALUE_VERSION)
-
-
 def _encode(encoder: _Encoder, version: int, obj: Any) -> bytes:
-    with EncodeBufferPool.acquire() as out:
+    with _schemas().buffers.acquire() as out:
         out.buf[0:2] = version.to_bytes(2, "big")
         out.pos = 2
         encoder(obj, out)
@@ -243,7 +257,7 @@ def encode_offset_value(value: OffsetAndMetadata) -> bytes:
 
 
 def encode_group_value(value: GroupMetadata) -> bytes:
-    return _encode(_GROUP_VALUE_ENCODER, GROUP_VALUE_VERSION, value)
+    return _encode(_schemas().group_value_encoder, GROUP_VALUE_VERSION, value)
 
 
 def encode_record(record: LiveRecord) -> tuple[bytes, bytes | None]:
@@ -253,13 +267,13 @@ def encode_record(record: LiveRecord) -> tuple[bytes, bytes | None]:
         if commit is None or isinstance(commit, bytes):
             return encode_offset_key(key), commit
         return encode_offset_key(key), encode_offset_value(commit)
-    group_key = _encode(_GROUP_KEY_ENCODER, GROUP_METADATA_TYPE, record)
+    group_key = _encode(_schemas().group_key_encoder, GROUP_METADATA_TYPE, record)
     return group_key, None if record.value is None else encode_group_value(record.value)
 
 
 def _decode_offset_value(data: bytes) -> OffsetAndMetadata:
     version = _version_of(data)
-    v = _decode_struct(_OFFSET_VALUE, data, version, "OffsetCommitValue")
+    v = _decode_struct(_schemas().offset_value, data, version, "OffsetCommitValue")
     # Only touch fields the version has: an absent one goes through kafka-python's slow fallback.
     epoch = v.leader_epoch if version >= 3 else -1
     expire = v.expire_timestamp if version == 1 else -1
@@ -267,7 +281,7 @@ def _decode_offset_value(data: bytes) -> OffsetAndMetadata:
 
 
 def _decode_group_value(data: bytes) -> GroupMetadata:
-    v = _decode_struct(_GROUP_VALUE, data, _version_of(data), "GroupMetadataValue")
+    v = _decode_struct(_schemas().group_value, data, _version_of(data), "GroupMetadataValue")
     members = tuple(
         MemberMetadata(
             member_id=m.member_id,
@@ -350,7 +364,7 @@ def _offset_record(key: bytes, value: bytes | None) -> OffsetCommitRecord:
         return _fast_offset_record(key, value)
     except (struct.error, ValueError, UnicodeDecodeError):
         pass
-    k = _decode_struct(_OFFSET_KEY, key, _version_of(key), "OffsetCommitKey")
+    k = _decode_struct(_schemas().offset_key, key, _version_of(key), "OffsetCommitKey")
     okey = OffsetKey(k.group, k.topic, k.partition)
     return OffsetCommitRecord(okey, None if value is None else _decode_offset_value(value))
 
@@ -363,6 +377,6 @@ def decode_record(key: bytes | None, value: bytes | None) -> Record | UnknownRec
     if record_type in (OFFSET_COMMIT_LEGACY_TYPE, OFFSET_COMMIT_TYPE):
         return _offset_record(key, value)
     if record_type == GROUP_METADATA_TYPE:
-        g = _decode_struct(_GROUP_KEY, key, record_type, "GroupMetadataKey")
+        g = _decode_struct(_schemas().group_key, key, record_type, "GroupMetadataKey")
         return GroupMetadataRecord(g.group, None if value is None else _decode_group_value(value))
     return UnknownRecord(record_type)

@@ -11,8 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CLIENT_MODULES = ("kafka.admin", "kafka.consumer", "kafka.producer", "aiokafka.client", "aiokafka.consumer",
                   "aiokafka.producer")
 # Also left until needed: importlib.metadata (crc32c's __init__), kafka-python's batch reader and codecs
-# (compressed batches, the cleaner's rebuilds)
-UNNEEDED_AT_START = (*CLIENT_MODULES, "importlib.metadata", "kafka.record", "kafka.codec")
+# (compressed batches, the cleaner's rebuilds), and its message classes (protocol.records builds those of
+# our record schemas when a group metadata record is first read or written)
+UNNEEDED_AT_START = (*CLIENT_MODULES, "importlib.metadata", "kafka.record", "kafka.codec", "kafka.protocol.api_data")
 
 
 def run(code: str) -> str:
@@ -33,6 +34,19 @@ def test_the_server_path_imports_no_client() -> None:
         "assert [r.key for r in decode_batch(batch).records] == [b'k']\n"
         f"print(sorted(m for m in {UNNEEDED_AT_START!r} if m in sys.modules))\n")
     assert loaded.strip() == "[]"
+
+
+def test_the_collector_is_paused_only_while_the_cli_imports() -> None:
+    """``coordinator.startup`` pauses cyclic collection; the CLI's imports end the pause, with what
+    they made frozen, so no later collection scans it (and no process is left without a collector)."""
+    out = run(
+        "import gc\n"
+        "assert gc.isenabled()\n"
+        "import coordinator.startup\n"
+        "assert not gc.isenabled()\n"
+        "import coordinator.cli\n"
+        "print(gc.isenabled(), gc.get_freeze_count() > 10000)\n")
+    assert out.strip() == "True True"
 
 
 def test_the_clients_and_package_attributes_are_still_there_when_asked_for() -> None:

@@ -1,6 +1,9 @@
 """Byte vectors from reference section 19.2: our schemas must encode exactly as Kafka does, and the
 hot path's hand-written offset encoders match the schema encoders byte for byte."""
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,7 +132,7 @@ def _reference(cls: Any, version: int, obj: Any) -> bytes:
 @given(group=st.text(max_size=40), topic=st.text(max_size=40), partition=st.integers(-(2**31), 2**31 - 1))
 def test_offset_keys_written_straight_to_bytes_match_the_schema(group: str, topic: str, partition: int) -> None:
     key = OffsetKey(group, topic, partition)
-    assert encode_offset_key(key) == _reference(records.OffsetCommitKey, 1, key)
+    assert encode_offset_key(key) == _reference(records.schema_class("OffsetCommitKey"), 1, key)
 
 
 @settings(max_examples=300)
@@ -140,7 +143,7 @@ def test_offset_values_written_straight_to_bytes_match_the_schema(offset: int, e
                                                                   commit: int, expire: int) -> None:
     value = OffsetAndMetadata(offset, epoch, metadata, commit, expire)
     version = 3 if expire == -1 else 1
-    assert encode_offset_value(value) == _reference(records.OffsetCommitValue, version, value)
+    assert encode_offset_value(value) == _reference(records.schema_class("OffsetCommitValue"), version, value)
 
 
 def test_records_of_one_commit_share_their_commit_timestamp() -> None:
@@ -151,3 +154,25 @@ def test_records_of_one_commit_share_their_commit_timestamp() -> None:
     values = [r.value for r in got if isinstance(r, OffsetCommitRecord) and r.value is not None]
     assert [v.commit_timestamp for v in values] == [ts] * 3
     assert values[1].commit_timestamp is values[0].commit_timestamp is values[2].commit_timestamp
+
+
+def test_the_schema_classes_are_built_once_however_many_threads_ask_first() -> None:
+    """They are built on first use (not at import), possibly by two loader threads at once; every caller
+    must get the same classes. Run in a fresh interpreter, where nothing has asked yet."""
+    code = (
+        "import threading\n"
+        "import protocol.records as records\n"
+        "assert not records._built\n"
+        "barrier = threading.Barrier(8)\n"
+        "seen = []\n"
+        "def ask():\n"
+        "    barrier.wait()\n"
+        "    seen.append(records.schema_class('GroupMetadataValue'))\n"
+        "threads = [threading.Thread(target=ask) for _ in range(8)]\n"
+        "for t in threads: t.start()\n"
+        "for t in threads: t.join()\n"
+        "print(len(seen), len({id(c) for c in seen}), seen[0].__name__)\n")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["8", "1", "GroupMetadataValue"]
