@@ -31,6 +31,7 @@ from protocol.records import (
     RecordError,
     UnknownRecord,
     decode_record,
+    prepare_schemas,
 )
 from storage.log import Damage, list_segments, read_segment
 
@@ -88,11 +89,13 @@ async def _when_loaded(runtime: Runtime) -> None:
     """Once every partition is loaded, the cache built so far is long-lived: freezing it keeps later
     collections from scanning it again (it is still freed normally when entries are replaced). The
     stale-build check waits until then too: it only warns, and reading and scanning the sources of the
-    compiled modules took ~40M instructions (~14 ms) of the start-up a restart waits on."""
+    compiled modules took ~40M instructions (~14 ms) of the start-up a restart waits on. So does building
+    the record schemas' codecs for group metadata (protocol.records), on a thread."""
     await runtime.wait_loaded()
     gc.collect()
     gc.freeze()
     warn_stale_builds()
+    await asyncio.get_running_loop().run_in_executor(None, prepare_schemas)
 
 
 def warn_stale_builds() -> list[str]:

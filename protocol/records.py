@@ -113,7 +113,7 @@ class _Schemas:
     machinery and generating them took ~89M instructions (~30 ms, cachegrind), 10% of a start, and a
     starting server needs none of it before it serves: offset records are read and written by the
     byte-level code below and storage.loadcodec; only group metadata records and offset record versions
-    that code does not read come here (the first of them after a start pays for the build once)."""
+    that code does not read come here (``prepare_schemas``)."""
 
     def __init__(self) -> None:
         from kafka.protocol.api_data import ApiData
@@ -147,6 +147,12 @@ def _schemas() -> _Schemas:
             if not _built:
                 _built.append(_Schemas())
     return _built[0]
+
+
+def prepare_schemas() -> None:
+    """Builds them now (the server asks on a thread once its partitions are loaded, so that neither its
+    start nor its first rebalance waits for them)."""
+    _schemas()
 
 
 def schema_class(name: str) -> Any:
