@@ -87,14 +87,12 @@ def tune_interpreter() -> None:
 
 async def _when_loaded(runtime: Runtime) -> None:
     """Once every partition is loaded, the cache built so far is long-lived: freezing it keeps later
-    collections from scanning it again (it is still freed normally when entries are replaced). The
-    stale-build check waits until then too: it only warns, and reading and scanning the sources of the
-    compiled modules took ~40M instructions (~14 ms) of the start-up a restart waits on. So does building
-    the record schemas' codecs for group metadata (protocol.records), on a thread."""
+    collections from scanning it again (it is still freed normally when entries are replaced). Then the
+    record schemas' codecs for group metadata (protocol.records) are built on a thread, if no loaded
+    record needed them, so that the first rebalance does not wait for them on the loop."""
     await runtime.wait_loaded()
     gc.collect()
     gc.freeze()
-    warn_stale_builds()
     await asyncio.get_running_loop().run_in_executor(None, prepare_schemas)
 
 
@@ -107,6 +105,16 @@ def warn_stale_builds() -> list[str]:
     for name in found:
         log.warning("%s: the compiled module is older than its source; re-run pip install -e .", name)
     return found
+
+
+def _check_builds() -> None:
+    """``warn_stale_builds`` on a thread once the server listens: reading and scanning the compiled
+    modules' sources took ~40M instructions (~14 ms) before it could, and the check only warns. Not
+    later than that: a stale loader is the likeliest reason a load is slow, which is when to say so."""
+    try:
+        warn_stale_builds()
+    except Exception:  # a warning's own failure must not stop the server
+        log.exception("could not check whether the compiled modules are up to date")
 
 
 async def serve(config: Config, event_loop: str = "asyncio") -> int:
@@ -130,9 +138,10 @@ async def serve(config: Config, event_loop: str = "asyncio") -> int:
     exporter.start()
     if config.metrics_listen is not None:
         log.info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)", host, port)
-    after_load = asyncio.get_running_loop().create_task(_when_loaded(runtime))
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    loop.run_in_executor(None, _check_builds)
+    after_load = loop.create_task(_when_loaded(runtime))
+    stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()

@@ -110,10 +110,11 @@ SCHEMA_CLASSES = ("OffsetCommitKey", "OffsetCommitValue", "GroupMetadataKey", "G
 class _Schemas:
     """kafka-python's message classes for our record schemas (``protocol/schemas``) and the decoders and
     encoders it generates from them. Built on first use, not at import: importing kafka-python's schema
-    machinery and generating them took ~89M instructions (~30 ms, cachegrind), 10% of a start, and a
-    starting server needs none of it before it serves: offset records are read and written by the
-    byte-level code below and storage.loadcodec; only group metadata records and offset record versions
-    that code does not read come here (``prepare_schemas``)."""
+    machinery and generating them took ~89M instructions (~30 ms, cachegrind), 10% of a start, and only
+    group metadata records and offset record versions the byte-level code below and storage.loadcodec
+    do not read need them. A log of offset commits alone (consumers that assign their partitions
+    themselves and commit, as Spark and Flink do) is served without them; a log with group metadata
+    builds them while loading, as it did at import before (``prepare_schemas``)."""
 
     def __init__(self) -> None:
         from kafka.protocol.api_data import ApiData
@@ -150,8 +151,9 @@ def _schemas() -> _Schemas:
 
 
 def prepare_schemas() -> None:
-    """Builds them now (the server asks on a thread once its partitions are loaded, so that neither its
-    start nor its first rebalance waits for them)."""
+    """Builds them now. The server asks on a thread once its partitions are loaded, so that its first
+    rebalance does not wait for them on the loop (a log holding group metadata records has had them
+    built by then: its load needed them)."""
     _schemas()
 
 
