@@ -29,7 +29,8 @@ def add_groups_parser(sub: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = sub.add_parser("groups", help="list, describe and administer consumer groups")
     parser.add_argument("--bootstrap", default="127.0.0.1:9092", help="a coordinator or broker (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--timeout-ms", type=int, default=30_000, help="request timeout (default %(default)s)")
+    parser.add_argument("--timeout-ms", type=int, default=30_000,
+                        help="how long to wait to reach it, and for each request (default %(default)s)")
     actions = parser.add_subparsers(dest="action", required=True)
     actions.add_parser("list", help="every group with its state and protocol type")
     for name, what in (("describe", "state, protocol, members and their partitions"),
@@ -59,8 +60,10 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     from kafka.errors import KafkaError
 
     try:
+        # the timeout bounds reaching the coordinator too: kafka-python's bootstrap waits 30 s by default,
+        # so an unreachable address took 30 s to report whatever --timeout-ms said
         admin = KafkaAdminClient(bootstrap_servers=args.bootstrap, request_timeout_ms=args.timeout_ms,
-                                 client_id="kcoord-groups")
+                                 bootstrap_timeout_ms=args.timeout_ms, client_id="kcoord-groups")
     except KafkaError as exc:
         print(f"kcoord groups: cannot reach {args.bootstrap}: {exc}", file=sys.stderr)
         return 1
