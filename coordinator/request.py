@@ -7,6 +7,7 @@ the reply leaves when the last wait is done. There is no future or callback per 
 ``(request, fixup)`` pairs per batch and releases them all when the batch is durable.
 """
 
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from coordinator.server import Connection
 
 Fixup = Callable[[ErrorCode], None]
+log = logging.getLogger(__name__)
 
 
 class ReplySink(Protocol):
@@ -33,6 +35,10 @@ class ReplySink(Protocol):
         ...
 
     def unhold(self) -> None: ...
+
+    def abort(self, why: str, reason: str = "other") -> None:
+        """Close the connection at once (a request of it could not be answered)."""
+        ...
 
 
 class Lazy:
@@ -112,16 +118,33 @@ class Request:
 
     def done(self, fixup: Fixup | None = None, error: ErrorCode | None = None) -> None:
         """One wait is over; with ``error`` the part of the response it guarded becomes an error (through
-        ``fixup``, or the whole response becomes the API's error response)."""
-        if error is not None:
-            if fixup is not None:
-                fixup(error)
-            else:
-                self.response = self.api.error_response(self.body, self.version, error)
-        self.pending -= 1
-        if self.pending == 0 and self.sink is not None and not self.released:
-            self.released = True
-            self.sink.reply_ready(self)
+        ``fixup``, or the whole response becomes the API's error response). Never raises: callers
+        release many requests in a loop (a durable batch's, a rebalance's members), and a bug in one
+        must not leave the others waiting. That request's connection is closed instead, as the server
+        does when a handler fails: its client reconnects and retries."""
+        try:
+            if error is not None:
+                if fixup is not None:
+                    fixup(error)
+                else:
+                    self.response = self.api.error_response(self.body, self.version, error)
+            self.pending -= 1
+            if self.pending == 0 and self.sink is not None and not self.released:
+                self.released = True
+                self.sink.reply_ready(self)
+        except Exception:
+            self._abandon()
+
+    def _abandon(self) -> None:
+        spec: Any = getattr(self.api, "spec", None)  # untyped: this path must not fail on its own account
+        log.exception("%s v%d (correlation id %d) could not be answered; closing its connection",
+                      getattr(spec, "name", "a request"), self.version, self.correlation_id)
+        self.released = True  # whatever completes it later sends nothing
+        if self.sink is not None:
+            try:
+                self.sink.abort("a reply could not be made", "server_error")
+            except Exception:
+                log.exception("closing the connection failed")
 
     def complete(self, response: Any) -> None:
         """Ends a wait by supplying the response itself (a parked JoinGroup or SyncGroup)."""

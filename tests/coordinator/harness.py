@@ -51,12 +51,16 @@ class Holds:
     being applied: coordinator.request.ReplySink)."""
 
     held = 0
+    aborted: str | None = None
 
     def hold(self) -> None:
         self.held += 1
 
     def unhold(self) -> None:
         self.held -= 1
+
+    def abort(self, why: str, reason: str = "other") -> None:
+        self.aborted = reason
 
 
 class FutureSink(Holds):
@@ -73,9 +77,9 @@ def _records_op(data: ShardData, records: list[LiveRecord]) -> OpResult:
     return OpResult(records, OK)
 
 
-def append(shard: Shard, records: list[LiveRecord]) -> "asyncio.Future[Any]":
+def append(shard: Shard, records: list[LiveRecord], sink: FutureSink | None = None) -> "asyncio.Future[Any]":
     """Writes ``records`` as a request would; the future gives OK once durable, else the error code."""
-    sink = FutureSink()
+    sink = sink or FutureSink()
     req = Request(sink, _TestApi(), 0, 0)  # type: ignore[arg-type]
     req.wait()  # as the server does around a handler
     req.response = shard.write(req, _records_op, records)

@@ -19,7 +19,7 @@ import coordinator.compaction
 import coordinator.shard
 import storage.cleaner
 from coordinator.compaction import SwapFailed
-from coordinator.request import ShardUnavailable
+from coordinator.request import Request, ShardUnavailable
 from coordinator.runtime import Runtime
 from coordinator.shard import ShardState
 from coordinator.state import ShardData
@@ -34,7 +34,18 @@ from protocol.records import (
     Record,
 )
 from storage.log import PartitionLog, list_segments
-from tests.coordinator.harness import OK, Faults, append, commit, config, offsets_of, started, stop, wait_state
+from tests.coordinator.harness import (
+    OK,
+    Faults,
+    FutureSink,
+    append,
+    commit,
+    config,
+    offsets_of,
+    started,
+    stop,
+    wait_state,
+)
 
 # every test loads both ways: compiled loadcodec and pure Python (tests/coordinator/conftest.py)
 pytestmark = pytest.mark.usefixtures("both_loader_paths")
@@ -67,6 +78,32 @@ async def test_concurrent_commits_share_batches(tmp_path: Path) -> None:
     flushed = runtime.metrics.flush_records
     assert flushed.total == 200  # records
     assert sum(flushed.counts) <= 2  # batches
+    await stop(runtime)
+
+
+class _BrokenSink(FutureSink):
+    """A connection whose reply path has a bug."""
+
+    def reply_ready(self, request: Request) -> None:
+        raise RuntimeError("a bug in answering one request")
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["durable", "sync-fails"])
+async def test_a_request_that_cannot_be_answered_leaves_the_rest_of_its_batch_answered(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, fails: bool) -> None:
+    """A batch's requests are released in a loop once it is durable (or failed; a rebalance's members
+    likewise): a bug in answering one must close that one's connection, not strand those after it."""
+    faults = Faults()
+    runtime = await started(config(tmp_path), faults.factory)
+    shard = runtime.shards[0]
+    faults.fail_next_sync = fails
+    broken = _BrokenSink()
+    append(shard, [commit("g", 0, 1)], broken)  # the batch's first waiter
+    others = [append(shard, [commit("g", p, 1)]) for p in range(1, 4)]
+    answers = await asyncio.wait_for(asyncio.gather(*others), 10)
+    assert answers == [ErrorCode.NOT_COORDINATOR if fails else OK] * 3
+    assert broken.aborted == "server_error"
+    assert "could not be answered; closing its connection" in caplog.text
     await stop(runtime)
 
 
