@@ -416,7 +416,10 @@ class Connection(asyncio.Protocol):
         self._close_if_finished()
 
     def abort(self, why: str, reason: str = "other") -> None:
-        """Closes the connection at once; ``reason`` is a fixed word for the refused-connections metric."""
+        """Closes the connection at once; ``reason`` is a fixed word for the refused-connections metric.
+        Once only: several of its requests may fail to be answered in one pass (coordinator.request)."""
+        if self.closed:
+            return
         log.warning("%s: closing connection: %s", self.peer, why)
         self._runtime.metrics.connection_refused(reason)
         self.closed = True
