@@ -107,7 +107,7 @@ _collecting = gc.isenabled()
 
 def imports_done() -> None:
     """Ends the cyclic collector's pause over the start-up imports (``gc.disable()`` below): they make
-    ~100k long-lived objects (modules, functions, classes), and young collections kept scanning them
+    ~31,000 long-lived tracked objects (modules, functions, classes), and young collections kept scanning them
     (~40M instructions, ~6% of importing kcoord). What they made is frozen out of its sight instead:
     it lives as long as the process does, after one young collection has freed the cycles they left
     (~570 objects, ~125 kB). The CLI calls this once its own imports are done."""
