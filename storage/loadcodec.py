@@ -119,16 +119,16 @@ def _metadata_end(data: bytes, vpos: i64, vend: i64, check_text: bool = True) ->
     reads back are checked by this one function."""
     if vend - vpos < 12:
         return -1
-    version = int16_at(data, vpos)
-    if not 0 <= version <= 3:
+    version: i64 = (data[vpos] << 8) | data[vpos + 1]  # unsigned: a negative int16 is above 3 too
+    if version > 3:
         return -1
-    mpos = vpos + value_metadata_at(version)
+    mpos = vpos + (16 if version == 3 else 12)  # value_metadata_at(version), in line
     tail: i64 = 16 if version == 1 else 8  # the commit timestamp, and v1's expire timestamp
     if mpos > vend:
         return -1
-    mlen = int16_at(data, mpos - 2)
+    mlen: i64 = (data[mpos - 2] << 8) | data[mpos - 1]
     mend = mpos + mlen
-    if mlen < 0 or mend + tail != vend:
+    if mlen >= 0x8000 or mend + tail != vend:  # 0x8000 and up: a negative int16, a length refused
         return -1
     if mlen and check_text:
         try:
@@ -177,18 +177,47 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
     # bytes left before it moves a position, so a huge one is refused here rather than overflowing.
     for _ in range(count):
         # length, attributes, timestampDelta, offsetDelta, key, value, headers (reference section 8.2)
-        length, pos = _varint(data, pos, size)
+        # Each one-byte varint (nearly every field of an offsets record) is read in line, here and
+        # below: mypyc does not inline calls, and a call to _varint per field cost ~190 instructions
+        # a record of the ~2,860 a loaded record took (cachegrind). Longer ones, and the refusals, are
+        # _varint's.
+        b: i64 = data[pos] if pos < size else 0x80
+        if b < 0x80:
+            length: int = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            length, pos = _varint(data, pos, size)
         if length < 6 or length > size - pos:
             raise RecordsError(f"record of {length} bytes at byte {pos} does not fit the batch")
         end: i64 = pos + length
-        pos = _skip_varint(data, pos, end)  # attributes: an int8, read as a varint as the reference readers do
-        pos = _skip_varint(data, pos, end)  # timestampDelta: every record of a flush carries the batch's time
-        delta, pos = _varint(data, pos, end)
-        klen, pos = _varint(data, pos, end)
+        # attributes (an int8, read as a varint as the reference readers do), then timestampDelta
+        # (every record of a flush carries the batch's time): skipped, one byte each nearly always
+        if pos + 1 < end and data[pos] < 0x80 and data[pos + 1] < 0x80:
+            pos += 2
+        else:
+            pos = _skip_varint(data, pos, end)
+            pos = _skip_varint(data, pos, end)
+        b = data[pos] if pos < end else 0x80
+        if b < 0x80:
+            delta = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            delta, pos = _varint(data, pos, end)
+        b = data[pos] if pos < end else 0x80
+        if b < 0x80:
+            klen = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            klen, pos = _varint(data, pos, end)
         kpos: i64 = pos
         if klen >= 0:
             pos = _advance(pos, klen, end)
-        vlen, pos = _varint(data, pos, end)
+        b = data[pos] if pos < end else 0x80
+        if b < 0x80:
+            vlen = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            vlen, pos = _varint(data, pos, end)
         vpos: i64 = pos
         vend: i64 = -1
         if vlen >= 0:
@@ -196,7 +225,12 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
             vend = pos
         else:
             vpos = -1
-        headers, pos = _varint(data, pos, end)
+        b = data[pos] if pos < end else 0x80
+        if b < 0x80:
+            headers = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            headers, pos = _varint(data, pos, end)
         for _ in range(headers):  # kcoord has no use for them, but they must be well formed
             hlen, pos = _varint(data, pos, end)
             if hlen < 0 or hlen > end - pos:
@@ -216,7 +250,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
             continue  # a corrupt record was found: only the remaining layout is still checked
         record: LoadedRecord | UnknownRecord | None = None
         if klen >= 2:
-            rtype = int16_at(data, kpos)
+            rtype: i64 = (data[kpos] << 8) | data[kpos + 1]  # unsigned: only 0 and 1 are compared
             if rtype == _COMMIT or rtype == _LEGACY_COMMIT:
                 record = _offset_record(data, kpos, kpos + klen, vpos, vend, prev)
         if record is None:
