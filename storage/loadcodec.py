@@ -11,7 +11,7 @@ here, their values checked and kept as bytes (``loaded_value``); every other rec
 ``decode_record`` (same results, same errors).
 """
 
-from typing import Final
+from typing import Final, NoReturn
 
 from mypy_extensions import i64
 
@@ -79,7 +79,7 @@ class _Previous:
 
 
 def _offset_record(
-    data: bytes, kpos: int, kend: int, vpos: int, vend: int, prev: _Previous
+    data: bytes, kpos: i64, kend: i64, vpos: i64, vend: i64, prev: _Previous
 ) -> LoadedCommit | None:
     """The offset commit whose key is ``data[kpos:kend]`` and value ``data[vpos:vend]`` (vpos -1 for a
     tombstone), as one flat tuple (``LoadedCommit``); None for anything it does not read exactly (the
@@ -105,11 +105,19 @@ def _offset_record(
         except UnicodeDecodeError:
             return None
         prev.head, prev.group, prev.topic = head, group, topic
+    # int32_at, in line; each byte is an i64 before it is shifted, or the arithmetic is on boxed ints
+    p0: i64 = data[tend]
+    p1: i64 = data[tend + 1]
+    p2: i64 = data[tend + 2]
+    p3: i64 = data[tend + 3]
+    partition: i64 = (p0 << 24) | (p1 << 16) | (p2 << 8) | p3
+    if partition >= 0x80000000:
+        partition -= 0x100000000
     if vpos < 0:
-        return group, topic, int32_at(data, tend), None
+        return group, topic, partition, None
     if _metadata_end(data, vpos, vend) < 0:
         return None
-    return group, topic, int32_at(data, tend), data[vpos:vend]
+    return group, topic, partition, data[vpos:vend]
 
 
 def _metadata_end(data: bytes, vpos: i64, vend: i64, check_text: bool = True) -> i64:
@@ -119,14 +127,18 @@ def _metadata_end(data: bytes, vpos: i64, vend: i64, check_text: bool = True) ->
     reads back are checked by this one function."""
     if vend - vpos < 12:
         return -1
-    version: i64 = (data[vpos] << 8) | data[vpos + 1]  # unsigned: a negative int16 is above 3 too
+    hi: i64 = data[vpos]
+    lo: i64 = data[vpos + 1]
+    version = (hi << 8) | lo  # unsigned: a negative int16 is above 3 too
     if version > 3:
         return -1
     mpos = vpos + (16 if version == 3 else 12)  # value_metadata_at(version), in line
     tail: i64 = 16 if version == 1 else 8  # the commit timestamp, and v1's expire timestamp
     if mpos > vend:
         return -1
-    mlen: i64 = (data[mpos - 2] << 8) | data[mpos - 1]
+    hi = data[mpos - 2]
+    lo = data[mpos - 1]
+    mlen = (hi << 8) | lo
     mend = mpos + mlen
     if mlen >= 0x8000 or mend + tail != vend:  # 0x8000 and up: a negative int16, a length refused
         return -1
@@ -175,7 +187,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
     pos: i64 = RECORDS_START
     # Positions are i64 (C integers when compiled); a length read from the bytes is checked against the
     # bytes left before it moves a position, so a huge one is refused here rather than overflowing.
-    for _ in range(count):
+    for _i in range(count):
         # length, attributes, timestampDelta, offsetDelta, key, value, headers (reference section 8.2)
         # Each one-byte varint (nearly every field of an offsets record) is read in line, here and
         # below: mypyc does not inline calls, and a call to _varint per field cost ~190 instructions
@@ -185,6 +197,11 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
         if b < 0x80:
             length: int = (b >> 1) ^ -(b & 1)
             pos += 1
+        elif pos + 1 < size and data[pos + 1] < 0x80:  # two bytes: a record of 64-8191 bytes
+            b2: i64 = data[pos + 1]
+            b = (b & 0x7F) | (b2 << 7)
+            length = (b >> 1) ^ -(b & 1)
+            pos += 2
         else:
             length, pos = _varint(data, pos, size)
         if length < 6 or length > size - pos:
@@ -201,6 +218,11 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
         if b < 0x80:
             delta = (b >> 1) ^ -(b & 1)
             pos += 1
+        elif pos + 1 < end and data[pos + 1] < 0x80:  # two bytes: the 64th to 8191st record of a batch
+            b2 = data[pos + 1]
+            b = (b & 0x7F) | (b2 << 7)
+            delta = (b >> 1) ^ -(b & 1)
+            pos += 2
         else:
             delta, pos = _varint(data, pos, end)
         b = data[pos] if pos < end else 0x80
@@ -211,7 +233,9 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
             klen, pos = _varint(data, pos, end)
         kpos: i64 = pos
         if klen >= 0:
-            pos = _advance(pos, klen, end)
+            if klen > end - pos:  # _advance, in line
+                _past_record(klen, pos)
+            pos += klen
         b = data[pos] if pos < end else 0x80
         if b < 0x80:
             vlen = (b >> 1) ^ -(b & 1)
@@ -221,7 +245,9 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
         vpos: i64 = pos
         vend: i64 = -1
         if vlen >= 0:
-            pos = _advance(pos, vlen, end)
+            if vlen > end - pos:
+                _past_record(vlen, pos)
+            pos += vlen
             vend = pos
         else:
             vpos = -1
@@ -231,7 +257,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
             pos += 1
         else:
             headers, pos = _varint(data, pos, end)
-        for _ in range(headers):  # kcoord has no use for them, but they must be well formed
+        for _h in range(headers):  # kcoord has no use for them, but they must be well formed
             hlen, pos = _varint(data, pos, end)
             if hlen < 0 or hlen > end - pos:
                 raise RecordsError(f"record header key of {hlen} bytes at byte {pos}")
@@ -250,7 +276,9 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
             continue  # a corrupt record was found: only the remaining layout is still checked
         record: LoadedRecord | UnknownRecord | None = None
         if klen >= 2:
-            rtype: i64 = (data[kpos] << 8) | data[kpos + 1]  # unsigned: only 0 and 1 are compared
+            hi: i64 = data[kpos]
+            lo: i64 = data[kpos + 1]
+            rtype = (hi << 8) | lo  # unsigned: only 0 and 1 are compared
             if rtype == _COMMIT or rtype == _LEGACY_COMMIT:
                 record = _offset_record(data, kpos, kpos + klen, vpos, vend, prev)
         if record is None:
@@ -286,8 +314,12 @@ def _advance(pos: i64, n: int, end: i64) -> i64:
     the next read would refuse it anyway, before a huge ``n`` (up to 2^63 - 1: ``_varint`` keeps 64
     bits) could overflow the position."""
     if n > end - pos:
-        raise RecordsError(f"field of {n} bytes at byte {pos} runs past its record")
+        _past_record(n, pos)
     return pos + n
+
+
+def _past_record(n: int, pos: i64) -> NoReturn:
+    raise RecordsError(f"field of {n} bytes at byte {pos} runs past its record")
 
 
 def _skip_varint(data: bytes, pos: i64, end: i64) -> i64:
