@@ -51,20 +51,30 @@ def compiled() -> bool:
 
 def int16_at(data: bytes, pos: i64) -> i64:
     """The big-endian int16 at ``pos`` (unchecked: the caller knows the bytes are there). Shared with
-    the loader's record decoder (storage/loadcodec.py), in the same compiled library."""
-    v: i64 = (data[pos] << 8) | data[pos + 1]
+    the loader's record decoder (storage/loadcodec.py), in the same compiled library. Each byte is
+    made an i64 before it is shifted: shifting ``data[pos]`` itself is arithmetic on boxed ints, a call
+    per operator when compiled."""
+    b0: i64 = data[pos]
+    b1: i64 = data[pos + 1]
+    v = (b0 << 8) | b1
     return v - 0x10000 if v >= 0x8000 else v
 
 
+def _uint32_at(data: bytes, pos: i64) -> i64:
+    b0: i64 = data[pos]
+    b1: i64 = data[pos + 1]
+    b2: i64 = data[pos + 2]
+    b3: i64 = data[pos + 3]
+    return (b0 << 24) | (b1 << 16) | (b2 << 8) | b3
+
+
 def int32_at(data: bytes, pos: i64) -> i64:
-    v: i64 = (data[pos] << 24) | (data[pos + 1] << 16) | (data[pos + 2] << 8) | data[pos + 3]
+    v = _uint32_at(data, pos)
     return v - 0x100000000 if v >= 0x80000000 else v
 
 
 def int64_at(data: bytes, pos: i64) -> i64:
-    hi: i64 = int32_at(data, pos)
-    lo: i64 = (data[pos + 4] << 24) | (data[pos + 5] << 16) | (data[pos + 6] << 8) | data[pos + 7]
-    return hi * 0x100000000 + lo
+    return int32_at(data, pos) * 0x100000000 + _uint32_at(data, pos + 4)
 
 
 # An offset-commit value's layout (reference section 7): version int16 | offset int64 at 2 | (v3 only)
@@ -121,7 +131,7 @@ class _Reader:
         """At most 5 bytes, as Kafka's ``readUnsignedVarint``."""
         value: i64 = 0
         shift: i64 = 0
-        for _ in range(5):
+        for _b in range(5):
             if self.pos >= self.end:
                 raise DecodeError("varint runs past the end of the frame")
             b: i64 = self.buf[self.pos]
@@ -174,7 +184,7 @@ class _Reader:
             return
         if n > self.end - self.pos:
             raise DecodeError("more tagged fields than bytes left")
-        for _ in range(n):
+        for _tag in range(n):
             self.uvarint()
             size = self.uvarint()
             self.pos += size
@@ -311,10 +321,10 @@ class OffsetCommitCodec:
             retention = r.int64()
         seen: i64 = 0
         topics: list[tuple[str, list[PartitionCommit]]] = []
-        for _ in range(r.count(flexible, False, "topics")):
+        for _t in range(r.count(flexible, False, "topics")):
             name = r.text(flexible, "name")
             partitions: list[PartitionCommit] = []
-            for _ in range(r.count(flexible, False, "partitions")):
+            for _p in range(r.count(flexible, False, "partitions")):
                 index = r.int32()
                 offset = r.int64()
                 epoch: i64 = r.int32() if version >= 6 else -1
@@ -373,7 +383,7 @@ class OffsetFetchCodec:
 
     def _partitions(self, r: _Reader, flexible: bool) -> list[int]:
         out: list[int] = []
-        for _ in range(r.count(flexible, False, "partition_indexes")):
+        for _i in range(r.count(flexible, False, "partition_indexes")):
             out.append(r.int32())
         return out
 
@@ -392,7 +402,7 @@ class OffsetFetchCodec:
             else:
                 topic_cls = self.topic
                 listed: list[Any] = []
-                for _ in range(n):
+                for _i in range(n):
                     name = r.text(flexible, "name")
                     listed.append(topic_cls(name, self._partitions(r, flexible)))
                     if flexible:
@@ -400,7 +410,7 @@ class OffsetFetchCodec:
                 topics = listed
         else:
             group_cls, topic_cls = self.group, self.group_topic
-            for _ in range(r.count(True, False, "groups")):
+            for _g in range(r.count(True, False, "groups")):
                 gid = r.text(True, "group_id")
                 member_id: str | None = None
                 member_epoch: i64 = -1
@@ -411,7 +421,7 @@ class OffsetFetchCodec:
                 group_topics: list[Any] | None = None
                 if n >= 0:
                     group_topics = []
-                    for _ in range(n):
+                    for _i in range(n):
                         name = r.text(True, "name")
                         group_topics.append(topic_cls(name, _ZERO_UUID, self._partitions(r, True)))
                         r.skip_tags()
