@@ -91,7 +91,8 @@ class Sample:
     unanswered: int = 0
     client_cpu_s: float = 0.0
     server_cpu_s: float | None = None
-    late: int = 0  # paced runs: requests sent after they were due because D were already outstanding
+    late: int = 0  # C-paced runs: measured requests sent more than two pacing ticks (0.2 ms) after they were due
+    held: int = 0  # of the measured requests, how many were due while D were already outstanding on their connection
     client: str = "asyncio"  # the load generator: this module's, or bench/cpacer.py's C program
 
 

@@ -99,6 +99,7 @@ async def measure(program: Path, host: str, port: int, load: Load, checker: Chec
     sample.responses = result["answered"]  # in all phases
     sample.unanswered = result["unanswered"]
     sample.late = result["late"]
+    sample.held = result["held"]
     if server0 is not None and server1 is not None:
         sample.server_cpu_s = server1 - server0
     for slot, body in firsts + odd:

@@ -42,6 +42,7 @@ typedef struct {
     int fd, index;
     uint64_t start;          /* ring position of this connection's first request */
     uint64_t dealt, sent, received;
+    uint64_t held_upto;      /* requests before this one were already counted as held by the in-flight cap */
     char *out; size_t out_len, out_cap;
     char *in; size_t in_len, in_cap;
 } conn_t;
@@ -54,7 +55,7 @@ static double t0, rate;
 static int nconn, inflight;
 static conn_t *conns;
 static double *lat; static size_t lat_len, lat_cap;
-static uint64_t window_responses, late, out_of_order, odd_count, lost;
+static uint64_t window_responses, late, held, out_of_order, odd_count, lost;
 static int recording, stopping;
 static FILE *odd_file;
 
@@ -112,12 +113,19 @@ static void flush_out(conn_t *c) {
 static void pump(conn_t *c, double now) {
     while (!stopping && c->sent < c->dealt && c->sent - c->received < (uint64_t)inflight) {
         uint64_t k = c->sent * nconn + c->index;           /* global request number */
-        if (now - (t0 + k / rate) > 2e-9 * TICK_NS) late++;
+        if (recording && now - (t0 + k / rate) > 2e-9 * TICK_NS) late++;
         uint32_t pos = (uint32_t)((c->start + c->sent) % ring_len);
         c->out = grow(c->out, &c->out_cap, c->out_len + frame_len[pos], 1);
         memcpy(c->out + c->out_len, frames[pos], frame_len[pos]);
         c->out_len += frame_len[pos];
         c->sent++;
+    }
+    /* Due requests left unsent here wait for answers: count each once (measured window only), so the
+       report can tell waiting behind the server from the pacer's own tick. */
+    if (!stopping && c->sent < c->dealt) {
+        uint64_t from = c->held_upto > c->sent ? c->held_upto : c->sent;
+        if (recording && c->dealt > from) held += c->dealt - from;
+        c->held_upto = c->dealt;
     }
     flush_out(c);
 }
@@ -258,9 +266,10 @@ int main(int argc, char **argv) {
                     fwrite(&s, 4, 1, f); fwrite(&first_len[s], 4, 1, f); fwrite(first_body[s], 1, first_len[s], f);
                 }
                 fclose(f);
-                printf("{\"responses\": %llu, \"answered\": %llu, \"late\": %llu, \"unanswered\": %llu, "
-                       "\"out_of_order\": %llu, \"odd\": %llu, \"lost_connections\": %llu}\n",
+                printf("{\"responses\": %llu, \"answered\": %llu, \"late\": %llu, \"held\": %llu, "
+                       "\"unanswered\": %llu, \"out_of_order\": %llu, \"odd\": %llu, \"lost_connections\": %llu}\n",
                        (unsigned long long)window_responses, (unsigned long long)answered, (unsigned long long)late,
+                       (unsigned long long)held,
                        (unsigned long long)outstanding, (unsigned long long)out_of_order,
                        (unsigned long long)odd_count, (unsigned long long)lost);
                 return 0;

@@ -48,6 +48,7 @@ def figures(m: Measurement) -> dict[str, Any]:
         "error_kinds": dict(s.errors),
         "unanswered": s.unanswered,
         "late": s.late if m.rate_target else None,
+        "held": s.held if m.rate_target else None,
         "client": s.client,
         "records_per_fsync": m.records_per_fsync,
         "loadavg_1m": m.loadavg[0],
@@ -159,8 +160,9 @@ def render(rows: list[dict[str, Any]], ratio: dict[str, dict[str, float]], goals
         for r in rows:
             if r["rate_target"]:
                 out(f"{r['scenario']} {r['server']}: paced at {r['rate_target']:,.0f} req/s by the {r['client']} (open "
-                    f"loop, latency from when each request was due); {r['late']} requests went out over two pacing "
-                    f"ticks late, most because {r['inflight']} were already outstanding on their connection")
+                    f"loop, latency from when each request was due); of {r['requests']:,} measured requests, "
+                    f"{r['late']:,} went out over two pacing ticks (0.2 ms) after they were due and {r['held']:,} "
+                    f"waited because {r['inflight']} were already outstanding on their connection")
         out("")
     if ratio:
         out("ratios (req/s; the same for partition-offsets/s):")

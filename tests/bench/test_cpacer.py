@@ -43,3 +43,36 @@ def test_a_wrong_answer_is_counted_as_an_error(kcoord: KcoordProcess) -> None:
     wrong = [Slot("fetch", replace(t, offset=t.offset + 1)) for t in TEMPLATES]  # not what was committed
     sample = paced(kcoord, Load(tuple(wrong), tuple(range(len(wrong)))), Checker(wrong, VERSIONS, Tolerance()))
     assert sum(sample.errors.values()) >= len(wrong)
+
+
+def test_requests_held_back_by_the_in_flight_limit_are_counted() -> None:
+    """A server slower than the pace: requests wait for answers before they go out, and the report says
+    so (``held``) rather than blaming the pacer's tick for them."""
+    program = cpacer.binary()
+    if program is None:
+        pytest.skip("no C compiler")
+    slots = [Slot("fetch", t) for t in TEMPLATES]
+    load = Load(tuple(slots), tuple(range(len(slots))))
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                size = int.from_bytes(await reader.readexactly(4), "big")
+                frame = await reader.readexactly(size)
+                await asyncio.sleep(0.05)  # 4 in flight: 80 answers a second per connection
+                writer.write((4).to_bytes(4, "big") + frame[4:8])  # the correlation id, no body
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def run() -> Sample:
+        server = await asyncio.start_server(slow, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await cpacer.measure(program, "127.0.0.1", port, load, Checker(slots, VERSIONS, Tolerance()),
+                                        connections=2, inflight=4, warmup=0.2, duration=0.5,
+                                        server_cpu=lambda: None, rate=2000)
+
+    sample = asyncio.run(run())
+    assert sample.held > 500  # ~1,000 due in the window, ~80 answered
+    assert sample.held <= 2000 * 0.5 + 1
