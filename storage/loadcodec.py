@@ -216,7 +216,8 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
             pos = _skip_varint(data, pos, end)
         b = data[pos] if pos < end else 0x80
         if b < 0x80:
-            delta = (b >> 1) ^ -(b & 1)
+            # int, not i64: base_offset + delta must not wrap (a corrupt delta near 2^63, CRC intact)
+            delta: int = (b >> 1) ^ -(b & 1)
             pos += 1
         elif pos + 1 < end and data[pos + 1] < 0x80:  # two bytes: the 64th to 8191st record of a batch
             b2 = data[pos + 1]

@@ -353,3 +353,24 @@ def test_varints_of_every_length_read_as_kafka_reads_them(codec: ModuleType, val
     assert codec._varint(data, before, len(data)) == (value, before + len(encoded))
     with pytest.raises(codec.RecordsError):
         codec._varint(data, before, before + len(encoded) - 1)  # the record ends inside it
+
+
+@pytest.mark.parametrize(("base", "deltas"), [(1, [2**63 - 1]), (0, [2**63 - 1, -(2**63)]), (2**63 - 1, [0, 1])])
+def test_offsets_past_64_bits_do_not_wrap(codec: ModuleType, base: int, deltas: list[int]) -> None:
+    """Found by review: reading one-byte varints in line made the offset delta a C integer, and a corrupt
+    delta near 2^63 (CRC intact) wrapped the record's offset in the compiled codec, merging runs that are
+    apart. Offsets are Python ints, as the reference reader's are."""
+    key, _ = encode_record(OffsetCommitRecord(OffsetKey("g", "t", 0), None))
+    raw = bytearray(build_batch(0, [(key, None)], T)[:61])
+    for delta in deltas:
+        body = b"\x00\x00" + _zigzag_varint(delta) + _zigzag_varint(len(key)) + key + _zigzag_varint(-1) + b"\x00"
+        raw += _zigzag_varint(len(body)) + body
+    struct.pack_into(">i", raw, 57, len(deltas))
+    runs, unknown = codec.decode_records(bytes(raw), base)
+    expected: list[tuple[int, int]] = []
+    for delta in deltas:
+        if expected and expected[-1][0] + expected[-1][1] == base + delta:
+            expected[-1] = (expected[-1][0], expected[-1][1] + 1)
+        else:
+            expected.append((base + delta, 1))
+    assert [(start, len(run)) for start, run in runs] == expected and unknown == 0
