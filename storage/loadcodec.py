@@ -105,14 +105,7 @@ def _offset_record(
         except UnicodeDecodeError:
             return None
         prev.head, prev.group, prev.topic = head, group, topic
-    # int32_at, in line; each byte is an i64 before it is shifted, or the arithmetic is on boxed ints
-    p0: i64 = data[tend]
-    p1: i64 = data[tend + 1]
-    p2: i64 = data[tend + 2]
-    p3: i64 = data[tend + 3]
-    partition: i64 = (p0 << 24) | (p1 << 16) | (p2 << 8) | p3
-    if partition >= 0x80000000:
-        partition -= 0x100000000
+    partition = int32_at(data, tend)
     if vpos < 0:
         return group, topic, partition, None
     if _metadata_end(data, vpos, vend) < 0:
@@ -127,20 +120,16 @@ def _metadata_end(data: bytes, vpos: i64, vend: i64, check_text: bool = True) ->
     reads back are checked by this one function."""
     if vend - vpos < 12:
         return -1
-    hi: i64 = data[vpos]
-    lo: i64 = data[vpos + 1]
-    version = (hi << 8) | lo  # unsigned: a negative int16 is above 3 too
-    if version > 3:
+    version = int16_at(data, vpos)
+    if not 0 <= version <= 3:
         return -1
-    mpos = vpos + (16 if version == 3 else 12)  # value_metadata_at(version), in line
+    mpos = vpos + value_metadata_at(version)
     tail: i64 = 16 if version == 1 else 8  # the commit timestamp, and v1's expire timestamp
     if mpos > vend:
         return -1
-    hi = data[mpos - 2]
-    lo = data[mpos - 1]
-    mlen = (hi << 8) | lo
+    mlen = int16_at(data, mpos - 2)
     mend = mpos + mlen
-    if mlen >= 0x8000 or mend + tail != vend:  # 0x8000 and up: a negative int16, a length refused
+    if mlen < 0 or mend + tail != vend:
         return -1
     if mlen and check_text:
         try:
@@ -277,9 +266,7 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
             continue  # a corrupt record was found: only the remaining layout is still checked
         record: LoadedRecord | UnknownRecord | None = None
         if klen >= 2:
-            hi: i64 = data[kpos]
-            lo: i64 = data[kpos + 1]
-            rtype = (hi << 8) | lo  # unsigned: only 0 and 1 are compared
+            rtype = int16_at(data, kpos)
             if rtype == _COMMIT or rtype == _LEGACY_COMMIT:
                 record = _offset_record(data, kpos, kpos + klen, vpos, vend, prev)
         if record is None:
