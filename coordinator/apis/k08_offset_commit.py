@@ -50,14 +50,17 @@ class CommitAnswer:
     stays tuples until encoded (``encode``): the generated objects of a 100-partition answer cost ~18%
     of its event-loop time, and the compiled codec writes the tuples directly."""
 
-    __slots__ = ("results",)
+    __slots__ = ("counted", "results")
 
-    def __init__(self, results: TopicErrors) -> None:
+    def __init__(self, results: TopicErrors, counted: tuple[int, int] | None = None) -> None:
         self.results = results
+        # ``outcome``, when the preparation counted it (the walk cost ~2% of a 100-partition commit)
+        self.counted = counted
 
     def written_failed(self, error: ErrorCode) -> None:
         """The fix-up when the write fails: only the partitions that were written get its error;
         refused ones keep their own."""
+        self.counted = None
         self.results = [(name, [(p, error if e == ErrorCode.NONE else e) for p, e in parts])
                         for name, parts in self.results]
 
@@ -91,7 +94,8 @@ def prepare(runtime: Runtime, commit: CommitRequest, version: int) -> _Prepared:
     if bad_group:
         return _Prepared(None, bad_group, CommitAnswer(refuse_all(commit, bad_group)))
     prepared = prepare_commit(commit, runtime.clock.now_ms(), runtime.config.offset_metadata_max_bytes)
-    return _Prepared(prepared, bad_group, CommitAnswer(prepared.results))
+    return _Prepared(prepared, bad_group,
+                     CommitAnswer(prepared.results, (prepared.first_error, len(prepared.records))))
 
 
 def error_response(commit: CommitRequest, version: int, error: ErrorCode) -> Any:
@@ -116,6 +120,8 @@ def _commit(data: ShardData, prepared: _Prepared, membership: Membership) -> OpR
 
 def outcome(answer: CommitAnswer) -> tuple[int, int]:
     """(first partition error, partitions committed)."""
+    if answer.counted is not None:
+        return answer.counted
     first, ok = 0, 0
     for _, parts in answer.results:
         for _, error in parts:
