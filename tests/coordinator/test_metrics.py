@@ -52,6 +52,16 @@ def test_outcome_counts_successful_leaves_and_reports_the_first_error() -> None:
         assert APIS[8].outcome(CommitAnswer([("t", [(i, ErrorCode(e)) for i, e in enumerate(errors)])])) == expected
 
 
+def test_a_commits_counted_outcome_is_dropped_when_its_write_fails() -> None:
+    """The preparation counts a commit's outcome; a failed write's fix-up changes the errors, and the
+    outcome is then walked from the fixed answer."""
+    answer = CommitAnswer([("t", [(0, ErrorCode.NONE), (1, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                                  (2, ErrorCode.NONE)])], (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, 2))
+    assert APIS[8].outcome(answer) == (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, 2)
+    answer.written_failed(ErrorCode.NOT_COORDINATOR)
+    assert APIS[8].outcome(answer) == (ErrorCode.NOT_COORDINATOR, 0)
+
+
 def test_outcome_skips_the_leaves_of_a_failed_parent() -> None:
     """The generic walker over the generated objects, and OffsetFetch's own over the tuples its handler
     answers with (k09's FetchAnswer), of the same answers."""

@@ -303,6 +303,10 @@ def test_prepare_commit_compiled_and_interpreted_agree(topics: list[tuple[str, l
     assert compiled_one.encoded == pure_one.encoded == reference_bytes(req, NOW)
     # plain (key, value bytes) pairs with a plain key tuple (protocol.records.CommitPair), as replay takes them
     assert all(type(r) is tuple and type(r[0]) is tuple and type(r[1]) is bytes for r in compiled_one.records)
+    # what the preparation counts for the metrics (OffsetCommit's outcome) is what walking its errors finds
+    walked = [error for _, parts in compiled_one.results for _, error in parts]
+    assert compiled_one.first_error == pure_one.first_error == next((e for e in walked if e), 0)
+    assert len(compiled_one.records) == sum(1 for e in walked if not e)
 
 
 def test_a_huge_commit_lets_other_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
