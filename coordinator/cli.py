@@ -51,8 +51,8 @@ def install_event_loop() -> str:
 
 EXIT_ABANDONED = -1  # serve() stopped at its deadline with work abandoned
 SWITCH_INTERVAL_S = 0.0002  # GIL hand-off: how long the event loop may wait on a busy worker thread
-# Young collections every 50,000 net allocations instead of CPython's 700, full ones 100x rarer.
-GC_THRESHOLDS = (50_000, 10, 1000)
+# Young collections every 25,000 net allocations instead of CPython's 700, full ones 100x rarer.
+GC_THRESHOLDS = (25_000, 10, 1000)
 
 
 def tune_interpreter() -> None:
@@ -69,16 +69,19 @@ def tune_interpreter() -> None:
     - a full cyclic-GC pass holds the GIL while it scans every tracked object, and such a request
       creates about a million. Full passes are made rare.
     The young generation's threshold is for the request path: 64 pipelined 100-partition commits hold
-    ~25-40k tracked objects in flight (their tuples and lists), and a threshold below that makes each
-    young collection find nearly all of them alive, scan them, promote them (so the next middle
-    collection scans them again) only for them to die a moment later. At CPython's 700 a collection ran
-    nearly every request: 235 ms of collections per 3,000 such commits in ``bench.request_path`` (~16%
-    of their CPU). At 10,000 it was still 51 young collections for 3,000 commits, 100 ms in all (p50
-    1.4 ms, up to 9 ms each), plus 13 ms of middle ones; at 50,000, 22 young collections, 2 ms in all
-    (at most 0.18 ms each), and one middle one of 1.6 ms: ~8% fewer instructions per 100-partition
-    commit (cachegrind), the same for 1-partition commits and 100-partition fetches. Above the working
-    set the threshold barely matters (25,000 and 100,000 cost the same as 50,000); 50,000 leaves room
-    over it."""
+    ~25-40k tracked objects in flight (their tuples and lists), and CPython counts *net* allocations, so
+    a threshold below that makes each swing of the working set start a collection that finds nearly
+    all of it alive, scans it, promotes it (a middle collection then scans it again) just before it
+    dies. At CPython's 700 a collection ran nearly every request: 235 ms of collections per 3,000 such
+    commits in ``bench.request_path`` (~16% of their CPU). Against a kcoord under the harness's
+    commit-100 (~6 s): at 10,000, 101 young collections, 266 ms in all (up to 5.7 ms each); at
+    25,000, 3 and 5 ms; at 50,000, 2 and 0.2 ms. Cachegrind put 25,000 and 50,000 level: ~8% fewer
+    instructions per 100-partition commit than 10,000, and the same for 1-partition requests.
+    The price is the pause when young objects do survive, which grows with the threshold: while the
+    state grows (a fleet's members joining 1,000 groups, 64 connections committing to 12,800 new
+    groups) the longest young collection was 7.8-14 ms at 10,000, 15-17 ms at 25,000 and 22-55 ms at
+    50,000 (in total 53-950 ms, 39-130 ms and 38-78 ms). 25,000 keeps the commit path's gain and the
+    growth pauses near 10,000's."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     gc.set_threshold(*GC_THRESHOLDS)
     # Every connection is a file descriptor; running out makes log writes fail. Use what is allowed.
