@@ -64,8 +64,9 @@ def check_data_dir(data_dir: Path, partitions: int) -> None:
     if meta.exists():
         try:
             recorded = int(json.loads(meta.read_text())["offsets_partitions"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigMismatch(f"{meta} is damaged ({exc!r}); restore it or remove it to re-create it") from exc
+        except (ValueError, KeyError, TypeError) as damaged:  # compiled: not the OSError's name above
+            raise ConfigMismatch(f"{meta} is damaged ({damaged!r}); restore it or remove it to re-create it") \
+                from damaged
         if recorded != partitions:
             raise ConfigMismatch(
                 f"{data_dir} holds an offsets topic of {recorded} partitions; "

@@ -292,8 +292,8 @@ class Connection(asyncio.Protocol):
             return
         try:
             req.client_id, body = (api.decode or api.decode_request)(frame, version)  # no interpreted frame
-        except DecodeError as exc:
-            self.abort(f"malformed request: {exc}", "malformed")
+        except DecodeError as bad:  # not ``exc``: compiled, one name holds one type (the HeaderError above)
+            self.abort(f"malformed request: {bad}", "malformed")
             return
         self._run(req, body, api.prepare(self._runtime, body, version) if api.prepare else body)
 

@@ -456,20 +456,20 @@ class Shard:
                 records = await loop.run_in_executor(self._loader, self._replay_log, data, durable_only)
             except LoadCancelled:
                 return
-            except TailNotCut as exc:
+            except TailNotCut as torn:  # each handler its own name: compiled, one name holds one type
                 # What precedes the damage was replayed: serve it read-only; the tail is cut before writing.
                 if self.state is not ShardState.LOADING:
                     return
                 log.error("partition %d: %s; serving the %d offsets before it read-only until it can be set aside",
-                          self.partition, exc, data.num_offsets)
+                          self.partition, torn, data.num_offsets)
                 self.data = data
                 self._tail_dirty = True
                 if self._transition(ShardState.READ_ONLY):
                     self._task = asyncio.get_running_loop().create_task(self._probe_until_writable())
                 return
-            except (LogCorruptError, RecordError, BatchError) as exc:
+            except (LogCorruptError, RecordError, BatchError) as corrupt:
                 log.error("partition %d: FAILED to load, not serving its groups until the log is repaired: %s",
-                          self.partition, exc)
+                          self.partition, corrupt)
                 self._transition(ShardState.FAILED)
                 return
             except OSError as exc:

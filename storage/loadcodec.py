@@ -253,8 +253,8 @@ def decode_records(data: bytes, base_offset: int) -> tuple[list[Run], int]:
                 raise RecordsError(f"record header key of {hlen} bytes at byte {pos}")
             try:
                 data[pos : pos + hlen].decode()
-            except UnicodeDecodeError as exc:
-                raise RecordsError(f"record header key at byte {pos} is not UTF-8") from exc
+            except UnicodeDecodeError as not_utf8:  # compiled, one name holds one type: ``exc`` is below
+                raise RecordsError(f"record header key at byte {pos} is not UTF-8") from not_utf8
             pos += hlen
             hlen, pos = _varint(data, pos, end)
             if hlen > 0:

@@ -97,3 +97,22 @@ def test_every_listed_module_is_compiled_and_up_to_date(name: str) -> None:
 def test_serve_warns_of_nothing_on_a_fresh_install() -> None:
     skip_unless_the_machine_compiles()
     assert warn_stale_builds() == []
+
+
+@pytest.mark.parametrize("name", compiled.MODULES)
+def test_a_compiled_function_names_each_handlers_exception_once(name: str) -> None:
+    """mypyc gives a local one type, the first it is bound to: a second ``except Other as exc`` in the
+    same function then raises TypeError instead of handling ``Other`` (a malformed request closed its
+    connection as an internal error that way, tests/integration/test_bad_input.py)."""
+    source = ROOT / (name.replace(".", "/") + ".py")
+    clashes = []
+    for func in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        bound: dict[str, set[str]] = {}
+        for node in ast.walk(func):
+            if isinstance(node, ast.ExceptHandler) and node.name:
+                bound.setdefault(node.name, set()).add(ast.unparse(node.type) if node.type else "BaseException")
+        clashes += [f"{func.name} (line {func.lineno}): {var} as {sorted(types)}"
+                    for var, types in bound.items() if len(types) > 1]
+    assert not clashes, f"{source}: {clashes}"
