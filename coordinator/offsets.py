@@ -114,7 +114,7 @@ class PreparedCommit:
         self.records = records
         self.encoded = encoded
         self.results = results
-        self.first_error = first_error  # the first partition's error in ``results`` (0: none refused)
+        self.first_error = first_error  # the first non-zero error in ``results`` (0: none refused)
 
 
 def legal_topic(name: str) -> bool:
