@@ -30,14 +30,10 @@ from typing import Any
 import confluent_kafka as ck
 import confluent_kafka.admin
 
+from bench.kcoord_api import free_port
+
 PARTITIONS = 4
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_port(port: int, timeout: float = 30.0) -> None:

