@@ -2,13 +2,14 @@
 wait on, and the batch a flush cycle has taken. Compiled with the shard (setup.py)."""
 
 from collections.abc import Callable
+from typing import Final
 
 from coordinator.request import Fixup, Request
 from protocol.errors import ErrorCode
 from storage.batchwriter import Entry, build_batches
 from storage.log import PartitionLog
 
-MAX_BATCH_BYTES = 1024 * 1024  # Kafka's max.message.bytes for the offsets topic, about 1 MiB
+MAX_BATCH_BYTES: Final = 1024 * 1024  # Kafka's max.message.bytes for the offsets topic, about 1 MiB
 
 
 class Batch:

@@ -10,7 +10,7 @@ the reply leaves when the last wait is done. There is no future or callback per 
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from protocol.errors import ErrorCode
 
@@ -55,7 +55,7 @@ class Lazy:
         return self._build(*self._args)
 
 
-PARKED: Any = object()  # a handler's return value when its response arrives later through ``complete``
+PARKED: Final[Any] = object()  # a handler's return value when its response arrives later through ``complete``
 
 
 class ShardUnavailable(Exception):

@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Final
 
 from coordinator.compaction import Compactor
 from coordinator.config import Config
@@ -26,9 +27,9 @@ from storage.synchelper import SyncHelper
 log = logging.getLogger(__name__)
 
 LogFactory = Callable[[Path, int], PartitionLog]  # tests pass one that injects faults
-OFFSETS_TOPIC = "__consumer_offsets"
-META_FILE = "kcoord.meta.json"
-LOADER_THREADS = 2
+OFFSETS_TOPIC: Final = "__consumer_offsets"
+META_FILE: Final = "kcoord.meta.json"
+LOADER_THREADS: Final = 2
 
 
 PARTITION_CACHE = 1 << 16  # group ids whose partition is remembered (cleared when full)

@@ -36,7 +36,7 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from coordinator import gcpause
 from coordinator.apis import APIS, load_all
@@ -51,18 +51,18 @@ from protocol.registry import API_VERSIONS, REGISTRY, DecodeError, api_versions_
 
 log = logging.getLogger(__name__)
 
-MAX_IN_FLIGHT = 16
-FRAMES_PER_TURN = 16
-FRAMES_PER_PASS = 32
-READ_BACKLOG_BYTES = 256 * 1024
-SMALL_FRAME_BYTES = 256 * 1024  # frames up to this size never wait for the buffered-bytes budget
-LARGE_FRAME_BASE_S = 30.0
-LARGE_FRAME_MIN_RATE = 1024 * 1024  # bytes/s a large frame must arrive at, after LARGE_FRAME_BASE_S
-BULK_FRAME_BYTES = 64 * 1024
-WRITE_BUFFER_HIGH = 256 * 1024
-MAX_IDLE_S = 600.0  # Kafka's connections.max.idle.ms
-IDLE_SWEEP_S = 30.0
-GC_CHECK_S = 1.0
+MAX_IN_FLIGHT: Final = 16
+FRAMES_PER_TURN: Final = 16
+FRAMES_PER_PASS: Final = 32
+READ_BACKLOG_BYTES: Final = 256 * 1024
+SMALL_FRAME_BYTES: Final = 256 * 1024  # frames up to this size never wait for the buffered-bytes budget
+LARGE_FRAME_BASE_S: Final = 30.0
+LARGE_FRAME_MIN_RATE: Final = 1024 * 1024  # bytes/s a large frame must arrive at, after LARGE_FRAME_BASE_S
+BULK_FRAME_BYTES: Final = 64 * 1024
+WRITE_BUFFER_HIGH: Final = 256 * 1024
+MAX_IDLE_S: Final = 600.0  # Kafka's connections.max.idle.ms
+IDLE_SWEEP_S: Final = 30.0
+GC_CHECK_S: Final = 1.0
 
 
 class Connection(asyncio.Protocol):

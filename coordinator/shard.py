@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from enum import Enum
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from mypy_extensions import mypyc_attr
 
@@ -44,16 +44,16 @@ from storage.log import LogCorruptError, PartitionLog, TailNotCut
 
 log = logging.getLogger(__name__)
 
-APPEND_SLICE = 1024  # records replayed per loop pass for a huge operation (~1 ms)
+APPEND_SLICE: Final = 1024  # records replayed per loop pass for a huge operation (~1 ms)
 # A huge operation's next slice waits while this many of the shard's records are not yet durable: the
 # loop replays faster than the writer appends, and unbounded, one flush cycle would take on tens of
 # thousands of records (~130 ms measured) that every other partition's commit then waits behind.
-SLICES_AHEAD = 2 * APPEND_SLICE
-GC_FREEZE_EVERY = 50_000  # records loaded between gc.freeze() calls
-RETRY_BACKOFF_S = 0.5
-RETRY_BACKOFF_MAX_S = 30.0
-PROBE_INTERVAL_S = 1.0  # how soon a READ_ONLY partition notices the disk is writable again
-REPEAT_LOG_S = 60.0  # a failure that persists is logged again at most this often
+SLICES_AHEAD: Final = 2 * APPEND_SLICE
+GC_FREEZE_EVERY: Final = 50_000  # records loaded between gc.freeze() calls
+RETRY_BACKOFF_S: Final = 0.5
+RETRY_BACKOFF_MAX_S: Final = 30.0
+PROBE_INTERVAL_S: Final = 1.0  # how soon a READ_ONLY partition notices the disk is writable again
+REPEAT_LOG_S: Final = 60.0  # a failure that persists is logged again at most this often
 
 
 class ShardState(Enum):
@@ -75,7 +75,7 @@ class ShardState(Enum):
     CLOSED = "closed"
 
 
-_FROM: dict[ShardState, frozenset[ShardState]] = {
+_FROM: Final[dict[ShardState, frozenset[ShardState]]] = {
     ShardState.INITIAL: frozenset(),
     ShardState.LOADING: frozenset({ShardState.INITIAL, ShardState.FAILED}),
     ShardState.ACTIVE: frozenset({ShardState.LOADING, ShardState.READ_ONLY}),
@@ -86,13 +86,13 @@ _FROM: dict[ShardState, frozenset[ShardState]] = {
                                   ShardState.READ_ONLY, ShardState.FAILED}),
 }
 
-_READ_ERRORS = {
+_READ_ERRORS: Final = {
     ShardState.INITIAL: ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
     ShardState.LOADING: ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
     ShardState.FAILED: ErrorCode.NOT_COORDINATOR,
     ShardState.CLOSED: ErrorCode.NOT_COORDINATOR,
 }
-_WRITE_ERRORS = {**_READ_ERRORS, ShardState.READ_ONLY: ErrorCode.NOT_COORDINATOR}
+_WRITE_ERRORS: Final = {**_READ_ERRORS, ShardState.READ_ONLY: ErrorCode.NOT_COORDINATOR}
 
 
 class OpResult(NamedTuple):

@@ -23,12 +23,12 @@ attribute names; handlers build responses from the same classes (keyword argumen
 import struct
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from protocol.schema import FIXED, ZERO_UUID, FieldSpec, MessageSpec, StructSpec
 
 MAX_UVARINT_BYTES = 5
-MAX_COMPACT_STRING = 0x7FFF  # Kafka refuses longer compact strings, as int16-length ones cannot be
+MAX_COMPACT_STRING: Final = 0x7FFF  # Kafka refuses longer compact strings, as int16-length ones cannot be
 
 
 class DecodeError(ValueError):

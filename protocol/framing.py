@@ -9,11 +9,12 @@ or memoryview (interpreted it would take any buffer).
 """
 
 import struct
+from typing import Final
 
-DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
-_SIZE = struct.Struct(">i")
-CHUNKED_BYTES = 64 * 1024
-SMALL_COPY_BYTES = 4096
+DEFAULT_MAX_FRAME_BYTES: Final = 100 * 1024 * 1024
+_SIZE: Final = struct.Struct(">i")
+CHUNKED_BYTES: Final = 64 * 1024
+SMALL_COPY_BYTES: Final = 4096
 
 
 class FrameError(Exception):

@@ -9,9 +9,10 @@ or memoryview (interpreted it would take any buffer).
 """
 
 import struct
+from typing import Final
 
-_PEEK = struct.Struct(">hhi")
-_CORRELATION = struct.Struct(">i")
+_PEEK: Final = struct.Struct(">hhi")
+_CORRELATION: Final = struct.Struct(">i")
 
 
 class HeaderError(Exception):

@@ -11,16 +11,16 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
-OFFSET_COMMIT_LEGACY_TYPE = 0
-OFFSET_COMMIT_TYPE = 1
-GROUP_METADATA_TYPE = 2
+OFFSET_COMMIT_LEGACY_TYPE: Final = 0
+OFFSET_COMMIT_TYPE: Final = 1
+GROUP_METADATA_TYPE: Final = 2
 
 # Value versions Kafka writes today: v3, or v1 when the commit carries an explicit expire timestamp.
-OFFSET_VALUE_VERSION = 3
-OFFSET_VALUE_VERSION_WITH_EXPIRY = 1
-GROUP_VALUE_VERSION = 3
+OFFSET_VALUE_VERSION: Final = 3
+OFFSET_VALUE_VERSION_WITH_EXPIRY: Final = 1
+GROUP_VALUE_VERSION: Final = 3
 
 
 class RecordError(Exception):

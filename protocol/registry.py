@@ -10,7 +10,7 @@ ceiling enforced here are ours, checked before anything is decoded.
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from protocol import compiled, hotcodec
 from protocol.codec import DecodeError, MessageCodec, read_uvarint
@@ -22,13 +22,13 @@ __all__ = ["API_VERSIONS", "REGISTRY", "ApiSpec", "DecodeError", "api_versions_f
 
 T = TypeVar("T")
 
-API_VERSIONS = 18
-_SIZE = struct.Struct(">i")
-_INT16 = struct.Struct(">h")
-_HEADER_FIXED = 8  # api key, api version, correlation id
+API_VERSIONS: Final = 18
+_SIZE: Final = struct.Struct(">i")
+_INT16: Final = struct.Struct(">h")
+_HEADER_FIXED: Final = 8  # api key, api version, correlation id
 # The hand-written codecs of the hottest APIs (protocol/hotcodec.py) replace the generated ones only
 # compiled and up to date (interpreted they are no faster); KCOORD_PURE_PYTHON=1 turns them off too.
-HOT_CODECS = (hotcodec.compiled() and not compiled.stale(hotcodec)
+HOT_CODECS: Final = (hotcodec.compiled() and not compiled.stale(hotcodec)
               and not compiled.pure_python_forced())
 
 
@@ -113,7 +113,7 @@ def skip_tagged_fields(buf: bytes, pos: int) -> int:
     return pos
 
 
-REGISTRY: dict[int, ApiSpec] = {}
+REGISTRY: Final[dict[int, ApiSpec]] = {}
 
 
 def register(key: int, name: str, min_version: int, max_version: int) -> ApiSpec:

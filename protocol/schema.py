@@ -11,7 +11,7 @@ import re
 import uuid
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Final
 
 from kafka.protocol.schemas.load_json import load_json
 
@@ -34,7 +34,7 @@ FIXED: dict[str, tuple[str, int]] = {
     "uuid": ("16s", 16),
 }
 VARIABLE = ("string", "bytes", "records")
-ZERO_UUID = uuid.UUID(int=0)
+ZERO_UUID: Final = uuid.UUID(int=0)
 
 
 def parse_versions(spec: str | None) -> Versions | None:

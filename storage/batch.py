@@ -13,7 +13,7 @@ partitionLeaderEpoch, so both are stamped after the batch is built.
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from protocol import compiled
 from protocol.records import LoadedRecord, UnknownRecord, decode_record
@@ -62,7 +62,7 @@ _MAGIC_OFFSET = 16
 
 ControlType = int
 ABORT: ControlType = 0
-COMMIT: ControlType = 1
+COMMIT: Final[ControlType] = 1
 
 
 class BatchError(Exception):

@@ -15,7 +15,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 MAGIC: Final = 2
 LOG_OVERHEAD: Final = 12  # baseOffset + batchLength
 _BASE_OFFSET_AND_EPOCH: Final = struct.Struct(">qii")
-_NO_HEADERS: list[tuple[str, bytes]] = []  # passed to every append; the builder only reads it
+_NO_HEADERS: Final[list[tuple[str, bytes]]] = []  # passed to every append; the builder only reads it
 UNLIMITED: Final = 1 << 62
 
 Entry = tuple[bytes, bytes | None]

@@ -45,7 +45,7 @@ def compiled() -> bool:
     return not __file__.endswith(".py")
 
 
-COMPILED = compiled()
+COMPILED: Final = compiled()
 
 # Final: mypyc keeps these in C statics instead of looking them up in the module's dict on every use.
 _names: Final[dict[bytes, str]] = {}

@@ -27,7 +27,7 @@ from protocol.commit import CommitRequest, from_message
 from protocol.errors import ErrorCode
 from protocol.registry import register
 
-SPEC = register(8, "OffsetCommit", 0, 9)
+SPEC: Final = register(8, "OffsetCommit", 0, 9)
 Response = SPEC.response.cls
 Topic = Response.OffsetCommitResponseTopic
 Partition = Topic.OffsetCommitResponsePartition

@@ -10,7 +10,7 @@ v0-v1 have no group-level error field: a group error is put on every requested p
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final
 
 from coordinator.apis import handles
 from coordinator.offsets import OffsetsCopy, TopicOffsets, copied_offsets, read_offsets
@@ -22,7 +22,7 @@ from protocol.hotcodec import YIELD_EVERY, offer_gil
 from protocol.registry import register
 from protocol.schema import ZERO_UUID
 
-SPEC = register(9, "OffsetFetch", 0, 9)
+SPEC: Final = register(9, "OffsetFetch", 0, 9)
 Response = SPEC.response.cls
 Group = Response.OffsetFetchResponseGroup
 GroupTopic = Group.OffsetFetchResponseTopics
@@ -173,7 +173,7 @@ class _Groups:
 
 # Up to this many groups a v8+ request is answered group by group, as cheaply as a v7 one; beyond it
 # the groups are bucketed by shard so that each shard is read once (and, when large, one per loop pass).
-_DIRECT_GROUPS = 16
+_DIRECT_GROUPS: Final = 16
 
 
 def prepare(runtime: Runtime, body: Any, version: int) -> Any:

@@ -4,6 +4,7 @@ build (compiled code reads an imported NamedTuple's fields by position)."""
 import ast
 import importlib
 import os
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -116,3 +117,44 @@ def test_a_compiled_function_names_each_handlers_exception_once(name: str) -> No
         clashes += [f"{func.name} (line {func.lineno}): {var} as {sorted(types)}"
                     for var, types in bound.items() if len(types) > 1]
     assert not clashes, f"{source}: {clashes}"
+
+
+# Module constants of compiled modules that stay plain names, and why.
+NOT_FINAL = {
+    "coordinator.metrics.LATENCY_BUCKETS": "read in a dataclass field's lambda, where mypyc loses a Final tuple",
+    "coordinator.metrics.BATCH_RECORD_BUCKETS": "the same",
+    "coordinator.runtime.PARTITION_CACHE": "tests/coordinator/test_runtime.py lowers it",
+    "coordinator.state.INTERNED_PARTITIONS_MAX": "tests/coordinator/test_state.py lowers it",
+}
+_CONSTANT = re.compile(r"_?[A-Z][A-Z0-9_]+")  # not a one-letter TypeVar
+
+
+def _constants(source: Path) -> dict[str, bool]:
+    """The module's top-level ALL_CAPS names, each with whether it is declared Final."""
+    found = {}
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            found[node.target.id] = "Final" in ast.unparse(node.annotation)
+        elif isinstance(node, ast.Assign):
+            found |= {t.id: False for t in node.targets if isinstance(t, ast.Name)}
+    return {name: final for name, final in found.items() if _CONSTANT.fullmatch(name)}
+
+
+@pytest.mark.parametrize("name", compiled.MODULES)
+def test_a_compiled_module_reads_its_constants_natively(name: str) -> None:
+    """Compiled code reads a name that is not Final from the module's dictionary at every use: ~150
+    instructions, three of them per partition of a commit before the record value's version numbers
+    became Final (5% of a 100-partition commit). So the constants a compiled module defines or imports
+    from a kcoord module are Final (a literal is then inlined, anything else kept in a C variable)."""
+    source = ROOT / (name.replace(".", "/") + ".py")
+    plain = [f"{name}.{const}" for const, final in _constants(source).items() if not final]
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.split(".")[0] in ("coordinator", "protocol", "storage"):
+            origin = ROOT / (node.module.replace(".", "/") + ".py")
+            defined = _constants(origin) if origin.exists() else {}
+            plain += [f"{node.module}.{alias.name}" for alias in node.names
+                      if alias.name in defined and not defined[alias.name]]
+    unlisted = [const for const in plain if const not in NOT_FINAL]
+    assert not unlisted, f"compiled {name} reads these through a dictionary: make them Final (or list them in " \
+                         f"NOT_FINAL): {unlisted}"
