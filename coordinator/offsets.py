@@ -24,6 +24,22 @@ from protocol.records import (
     offset_key_prefix,
 )
 
+# Enum members as C variables, not class attributes (tests/protocol/test_compiled.py says why).
+_ERR_COORDINATOR_NOT_AVAILABLE: Final = ErrorCode.COORDINATOR_NOT_AVAILABLE
+_ERR_FENCED_INSTANCE_ID: Final = ErrorCode.FENCED_INSTANCE_ID
+_ERR_GROUP_ID_NOT_FOUND: Final = ErrorCode.GROUP_ID_NOT_FOUND
+_ERR_ILLEGAL_GENERATION: Final = ErrorCode.ILLEGAL_GENERATION
+_ERR_INVALID_GROUP_ID: Final = ErrorCode.INVALID_GROUP_ID
+_ERR_NONE: Final = ErrorCode.NONE
+_ERR_OFFSET_METADATA_TOO_LARGE: Final = ErrorCode.OFFSET_METADATA_TOO_LARGE
+_ERR_REBALANCE_IN_PROGRESS: Final = ErrorCode.REBALANCE_IN_PROGRESS
+_ERR_UNKNOWN_MEMBER_ID: Final = ErrorCode.UNKNOWN_MEMBER_ID
+_ERR_UNKNOWN_TOPIC_OR_PARTITION: Final = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+_ERR_UNSTABLE_OFFSET_COMMIT: Final = ErrorCode.UNSTABLE_OFFSET_COMMIT
+_GROUP_COMPLETING_REBALANCE: Final = GroupState.COMPLETING_REBALANCE
+_GROUP_DEAD: Final = GroupState.DEAD
+_GROUP_EMPTY: Final = GroupState.EMPTY
+
 TopicErrors = list[tuple[str, list[tuple[int, ErrorCode]]]]
 
 INT64_MIN: Final = -(2**63)
@@ -36,21 +52,21 @@ _key_prefixes: dict[tuple[str, str], bytes] = {}
 def partition_error(topic: str, partition: int) -> ErrorCode:
     """UNKNOWN_TOPIC_OR_PARTITION for a partition that cannot exist in any Kafka cluster."""
     if partition < 0 or not legal_topic(topic):
-        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-    return ErrorCode.NONE
+        return _ERR_UNKNOWN_TOPIC_OR_PARTITION
+    return _ERR_NONE
 
 
 def group_id_error(group_id: str) -> ErrorCode:
     """INVALID_GROUP_ID for a group id that cannot be written into an offsets record key."""
     if len(group_id) * 3 > MAX_KEY_STRING_BYTES and len(group_id.encode()) > MAX_KEY_STRING_BYTES:
-        return ErrorCode.INVALID_GROUP_ID
-    return ErrorCode.NONE
+        return _ERR_INVALID_GROUP_ID
+    return _ERR_NONE
 
 
 def refuse_all(req: CommitRequest, error: ErrorCode) -> TopicErrors:
     """Every partition gets ``error``, except those that cannot exist, which keep their own error
     (``partition_error``). Offers the GIL as it goes, as ``prepare_commit`` does."""
-    unknown = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    unknown = _ERR_UNKNOWN_TOPIC_OR_PARTITION
     out: TopicErrors = []
     seen = 0
     for name, parts in req.topics:
@@ -76,28 +92,28 @@ def validate_commit(group: ClassicGroup | None, req: CommitRequest) -> ErrorCode
     """The group-level checks, in Kafka's order; an error here applies to every partition."""
     if group is None:
         if req.generation < 0:
-            return ErrorCode.NONE  # a simple commit creates the group
-        return ErrorCode.GROUP_ID_NOT_FOUND if req.version >= 9 else ErrorCode.ILLEGAL_GENERATION
-    if group.state is GroupState.DEAD:
-        return ErrorCode.COORDINATOR_NOT_AVAILABLE
-    if req.generation < 0 and group.state is GroupState.EMPTY:
-        return ErrorCode.NONE
+            return _ERR_NONE  # a simple commit creates the group
+        return _ERR_GROUP_ID_NOT_FOUND if req.version >= 9 else _ERR_ILLEGAL_GENERATION
+    if group.state is _GROUP_DEAD:
+        return _ERR_COORDINATOR_NOT_AVAILABLE
+    if req.generation < 0 and group.state is _GROUP_EMPTY:
+        return _ERR_NONE
     if req.generation >= 0 or req.member_id or req.group_instance_id is not None:
         if req.group_instance_id is not None:
             owner = group.static_members.get(req.group_instance_id)
             if owner is None:
-                return ErrorCode.UNKNOWN_MEMBER_ID
+                return _ERR_UNKNOWN_MEMBER_ID
             if owner != req.member_id:
-                return ErrorCode.FENCED_INSTANCE_ID
+                return _ERR_FENCED_INSTANCE_ID
         if req.member_id not in group.members:
-            return ErrorCode.UNKNOWN_MEMBER_ID
+            return _ERR_UNKNOWN_MEMBER_ID
         if req.generation != group.generation:
-            return ErrorCode.ILLEGAL_GENERATION
-    elif group.state is not GroupState.EMPTY:
-        return ErrorCode.UNKNOWN_MEMBER_ID
-    if group.state is GroupState.COMPLETING_REBALANCE:
-        return ErrorCode.REBALANCE_IN_PROGRESS
-    return ErrorCode.NONE
+            return _ERR_ILLEGAL_GENERATION
+    elif group.state is not _GROUP_EMPTY:
+        return _ERR_UNKNOWN_MEMBER_ID
+    if group.state is _GROUP_COMPLETING_REBALANCE:
+        return _ERR_REBALANCE_IN_PROGRESS
+    return _ERR_NONE
 
 
 class PreparedCommit:
@@ -185,9 +201,9 @@ def prepare_commit(req: CommitRequest, now_ms: int, max_metadata: int) -> Prepar
     encoded: list[tuple[bytes, bytes | None]] = []
     results: TopicErrors = []
     group_id = req.group_id
-    ok = ErrorCode.NONE
-    unknown_partition = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-    too_large = ErrorCode.OFFSET_METADATA_TOO_LARGE
+    ok = _ERR_NONE
+    unknown_partition = _ERR_UNKNOWN_TOPIC_OR_PARTITION
+    too_large = _ERR_OFFSET_METADATA_TOO_LARGE
     # The partitions of one commit nearly always share their metadata: each distinct one is measured
     # and encoded once (None: too large).
     metadata_bytes: dict[str, bytes | None] = {}
@@ -236,7 +252,7 @@ def check_group(data: ShardData, prepared: PreparedCommit) -> tuple[list[LiveRec
     """The group-level checks against current state: the prepared records, or none and the group's
     error on every partition (partitions that cannot exist keep their own error)."""
     error = validate_commit(data.groups.get(prepared.request.group_id), prepared.request)
-    if error is not ErrorCode.NONE:
+    if error is not _ERR_NONE:
         return [], refuse_all(prepared.request, error)
     return prepared.records, prepared.results
 
@@ -268,12 +284,12 @@ def fetch_offsets(
         return [(topic, _partition_offsets(committed, topic, partitions)) for topic, partitions in topics]
     result: TopicOffsets = []
     get = committed.get
-    none = ErrorCode.NONE
+    none = _ERR_NONE
     for topic, partitions in topics:
         entries: list[PartitionOffset] = []
         for p in partitions:
             if data.has_pending(OffsetKey(group_id, topic, p)):
-                entries.append((p, None, ErrorCode.UNSTABLE_OFFSET_COMMIT))
+                entries.append((p, None, _ERR_UNSTABLE_OFFSET_COMMIT))
             else:
                 entries.append((p, get((topic, p)), none))
         result.append((topic, entries))
@@ -357,5 +373,5 @@ def _every_partition(committed: dict[tuple[str, int], StoredOffset], yielding: b
 def _partition_offsets(committed: dict[tuple[str, int], StoredOffset], topic: str,
                        partitions: list[int]) -> list[PartitionOffset]:
     get = committed.get
-    none = ErrorCode.NONE
+    none = _ERR_NONE
     return [(p, get((topic, p)), none) for p in partitions]

@@ -24,6 +24,11 @@ from storage.log import PartitionLog, fsync_path
 from storage.sync import make_sync
 from storage.synchelper import SyncHelper
 
+# Enum members as C variables, not class attributes (tests/protocol/test_compiled.py says why).
+_SHARD_ACTIVE: Final = ShardState.ACTIVE
+_SHARD_FAILED: Final = ShardState.FAILED
+_SHARD_READ_ONLY: Final = ShardState.READ_ONLY
+
 log = logging.getLogger(__name__)
 
 LogFactory = Callable[[Path, int], PartitionLog]  # tests pass one that injects faults
@@ -145,8 +150,8 @@ class Runtime:
         await self.wait_loaded()
         states = self.states()
         log.info("all %d partitions loaded in %d ms (%d active, %d read-only, %d failed)", len(self.shards),
-                 (asyncio.get_running_loop().time() - started) * 1000, states[ShardState.ACTIVE],
-                 states[ShardState.READ_ONLY], states[ShardState.FAILED])
+                 (asyncio.get_running_loop().time() - started) * 1000, states[_SHARD_ACTIVE],
+                 states[_SHARD_READ_ONLY], states[_SHARD_FAILED])
 
     async def _clean_periodically(self) -> None:
         """Kafka's cleaner backoff: look at every partition each interval; each shard decides."""

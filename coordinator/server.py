@@ -49,6 +49,9 @@ from protocol.framing import FrameError, FrameReader
 from protocol.header import HeaderError, peek_header
 from protocol.registry import API_VERSIONS, REGISTRY, DecodeError, api_versions_fallback
 
+# Enum members as C variables, not class attributes (tests/protocol/test_compiled.py says why).
+_ERR_UNSUPPORTED_VERSION: Final = ErrorCode.UNSUPPORTED_VERSION
+
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT: Final = 16
@@ -270,7 +273,7 @@ class Connection(asyncio.Protocol):
                 req = Request(self, api, 0, correlation_id)
                 req.released = True
                 req.data = api_versions_fallback(correlation_id)
-                self._runtime.metrics.request(API_VERSIONS, version, ErrorCode.UNSUPPORTED_VERSION, 0, 0.0)
+                self._runtime.metrics.request(API_VERSIONS, version, _ERR_UNSUPPORTED_VERSION, 0, 0.0)
                 self._queue.append(req)
                 self._server.want_write(self)
                 return

@@ -94,6 +94,16 @@ _READ_ERRORS: Final = {
 }
 _WRITE_ERRORS: Final = {**_READ_ERRORS, ShardState.READ_ONLY: ErrorCode.NOT_COORDINATOR}
 
+# Enum members as C variables, not class attributes (tests/protocol/test_compiled.py says why).
+_ERR_NOT_COORDINATOR: Final = ErrorCode.NOT_COORDINATOR
+_ERR_UNKNOWN_SERVER_ERROR: Final = ErrorCode.UNKNOWN_SERVER_ERROR
+_SHARD_ACTIVE: Final = ShardState.ACTIVE
+_SHARD_CLOSED: Final = ShardState.CLOSED
+_SHARD_FAILED: Final = ShardState.FAILED
+_SHARD_INITIAL: Final = ShardState.INITIAL
+_SHARD_LOADING: Final = ShardState.LOADING
+_SHARD_READ_ONLY: Final = ShardState.READ_ONLY
+
 
 class OpResult(NamedTuple):
     """What an operation returns: records to append, the response, a fix-up for the response if the
@@ -140,7 +150,7 @@ class Shard:
     ) -> None:
         self.partition = partition
         self.log = partition_log
-        self.state = ShardState.INITIAL
+        self.state = _SHARD_INITIAL
         self.data = ShardData()
         self.clock = clock
         self.timers = Timers(clock)
@@ -166,14 +176,14 @@ class Shard:
         so a close racing a reload ends CLOSED, never LOADING."""
         if self.state not in _FROM[to]:
             return False
-        was_active = self.state is ShardState.ACTIVE
+        was_active = self.state is _SHARD_ACTIVE
         self.state = to
         self._metrics.shard_state(self.partition, to.value)
         try:
             if was_active:
                 self.timers.cancel_all()
                 self.hooks.on_unloaded(self)
-            if to is ShardState.ACTIVE:
+            if to is _SHARD_ACTIVE:
                 self.hooks.on_loaded(self)
         except Exception:  # a hook's bug must not leave requests unanswered or the shard half-changed
             log.exception("partition %d: %s hook failed", self.partition, "unload" if was_active else "load")
@@ -189,13 +199,13 @@ class Shard:
     def write(self, req: Request | None, op: Callable[..., OpResult], *args: Any) -> Any:
         """Runs ``op(self.data, *args)``; its records are replayed and appended, and ``req`` waits until
         they (or, with no records, all earlier writes) are durable. Raises ShardUnavailable unless ACTIVE."""
-        if self.state is not ShardState.ACTIVE:
+        if self.state is not _SHARD_ACTIVE:
             raise ShardUnavailable(_WRITE_ERRORS[self.state])
         result = op(self.data, *args)
         batch: Batch | None
         if len(result.records) > APPEND_SLICE:
             if self._closing:  # its slices would be refused: refused whole, through the handler's caller
-                raise ShardUnavailable(ErrorCode.NOT_COORDINATOR)
+                raise ShardUnavailable(_ERR_NOT_COORDINATOR)
             self._append_sliced(req, result, 0)
             return result.response
         if result.records:
@@ -235,16 +245,16 @@ class Shard:
                 raise
             log.exception("partition %d: a slice of a huge operation failed", self.partition)
             if req is not None:
-                req.done(result.fixup, ErrorCode.UNKNOWN_SERVER_ERROR)
+                req.done(result.fixup, _ERR_UNKNOWN_SERVER_ERROR)
             over = True
         if over and sink is not None:
             sink.unhold()
 
     def _append_slice(self, req: Request | None, result: OpResult, start: int) -> bool:
         """One slice; True once the operation is over (its last slice appended, or refused)."""
-        if self.state is not ShardState.ACTIVE or self._closing:
+        if self.state is not _SHARD_ACTIVE or self._closing:
             if req is not None:
-                req.done(result.fixup, ErrorCode.NOT_COORDINATOR)
+                req.done(result.fixup, _ERR_NOT_COORDINATOR)
             return True
         end = start + APPEND_SLICE
         encoded = result.encoded[start:end] if result.encoded is not None else None
@@ -265,7 +275,7 @@ class Shard:
         """Runs ``op(self.data, *args)`` for its response; ``req`` waits for the newest pending write, if
         any (``fixup`` turns its part of the response into an error should that write fail)."""
         state = self.state  # an Enum hashes in Python: look it up only when not plainly ACTIVE
-        if state is not ShardState.ACTIVE and (error := _READ_ERRORS.get(state)) is not None:
+        if state is not _SHARD_ACTIVE and (error := _READ_ERRORS.get(state)) is not None:
             raise ShardUnavailable(error)
         response = op(self.data, *args)
         batch = self._open or self._inflight
@@ -319,7 +329,7 @@ class Shard:
         """Flusher, on the loop: the open batch becomes the one in flight, unless one already is (its
         completion asks again) or the shard stopped serving writes."""
         batch = self._open
-        if self._inflight is not None or batch is None or self.state is not ShardState.ACTIVE:
+        if self._inflight is not None or batch is None or self.state is not _SHARD_ACTIVE:
             return None
         self._open, self._inflight = None, batch
         return Flush(batch, self._next_offset - len(batch.entries), self.clock.now_ms())
@@ -339,7 +349,7 @@ class Shard:
         segment (the sync in flight would not cover its directory entry): that is left to the cycle.
         A failure is kept for the cycle, which fails the batch as if its append had failed there."""
         batch = self._open
-        if batch is None or batch.error is not None or self.state is not ShardState.ACTIVE \
+        if batch is None or batch.error is not None or self.state is not _SHARD_ACTIVE \
                 or batch.written == len(batch.entries):
             return
         try:
@@ -365,7 +375,7 @@ class Shard:
         batch = work.batch
         if isinstance(outcome, BaseException):
             self._inflight = None
-            batch.fail(ErrorCode.NOT_COORDINATOR)
+            batch.fail(_ERR_NOT_COORDINATOR)
             self.fail_write(outcome)
             return
         for callback in batch.callbacks:
@@ -390,10 +400,10 @@ class Shard:
         log.error("partition %d: write failed (%s); failing the requests waiting on it, dropping what was not "
                   "durable and reloading", self.partition, describe_error(exc))
         self._metrics.write_failed(self.partition)
-        if not self._transition(ShardState.FAILED):
-            self._fail_pending(ErrorCode.NOT_COORDINATOR)
+        if not self._transition(_SHARD_FAILED):
+            self._fail_pending(_ERR_NOT_COORDINATOR)
             return
-        self._fail_pending(ErrorCode.NOT_COORDINATOR)
+        self._fail_pending(_ERR_NOT_COORDINATOR)
         if not self._closing and (self._task is None or self._task.done()):
             self._task = asyncio.get_running_loop().create_task(self._recover())
 
@@ -449,7 +459,7 @@ class Shard:
         disk, and serve it READ_ONLY (the tail past it could not be cut)."""
         loop = asyncio.get_running_loop()
         delay = RETRY_BACKOFF_S
-        while self._transition(ShardState.LOADING):
+        while self._transition(_SHARD_LOADING):
             data = ShardData()
             started = time.perf_counter()
             try:
@@ -458,33 +468,33 @@ class Shard:
                 return
             except TailNotCut as torn:  # each handler its own name: compiled, one name holds one type
                 # What precedes the damage was replayed: serve it read-only; the tail is cut before writing.
-                if self.state is not ShardState.LOADING:
+                if self.state is not _SHARD_LOADING:
                     return
                 log.error("partition %d: %s; serving the %d offsets before it read-only until it can be set aside",
                           self.partition, torn, data.num_offsets)
                 self.data = data
                 self._tail_dirty = True
-                if self._transition(ShardState.READ_ONLY):
+                if self._transition(_SHARD_READ_ONLY):
                     self._task = asyncio.get_running_loop().create_task(self._probe_until_writable())
                 return
             except (LogCorruptError, RecordError, BatchError) as corrupt:
                 log.error("partition %d: FAILED to load, not serving its groups until the log is repaired: %s",
                           self.partition, corrupt)
-                self._transition(ShardState.FAILED)
+                self._transition(_SHARD_FAILED)
                 return
             except OSError as exc:
                 self._trouble.report(logging.ERROR, "partition %d: cannot load its log (%s); retrying every %.1f s",
                                      self.partition, describe_error(exc), delay)
-                self._transition(ShardState.FAILED)
+                self._transition(_SHARD_FAILED)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_BACKOFF_MAX_S)
                 continue
             except Exception:
                 log.exception("partition %d: FAILED to load (unexpected error), not serving its groups",
                               self.partition)
-                self._transition(ShardState.FAILED)
+                self._transition(_SHARD_FAILED)
                 return
-            if self.state is not ShardState.LOADING:
+            if self.state is not _SHARD_LOADING:
                 return  # closed meanwhile
             self._trouble.reset()
             elapsed = time.perf_counter() - started
@@ -496,7 +506,7 @@ class Shard:
                     self.partition, records, data.num_offsets, len(data.groups), elapsed * 1000)
             if durable_only:
                 self._tail_dirty = True
-                if self._transition(ShardState.READ_ONLY):
+                if self._transition(_SHARD_READ_ONLY):
                     self._task = asyncio.get_running_loop().create_task(self._probe_until_writable())
                 return
             await self._serve_if_writable()
@@ -505,9 +515,9 @@ class Shard:
     async def _serve_if_writable(self) -> None:
         problem = await asyncio.get_running_loop().run_in_executor(self.writer, self._probe)
         if problem is None:
-            self._transition(ShardState.ACTIVE)
+            self._transition(_SHARD_ACTIVE)
             return
-        if self._transition(ShardState.READ_ONLY):
+        if self._transition(_SHARD_READ_ONLY):
             log.error("partition %d: its log cannot be written (%s): serving reads only, commits to its groups "
                       "get NOT_COORDINATOR until writing works again (checked every %.0f s)",
                       self.partition, problem, PROBE_INTERVAL_S)
@@ -524,15 +534,15 @@ class Shard:
     async def _probe_until_writable(self) -> None:
         loop = asyncio.get_running_loop()
         trouble = Repeated(log, REPEAT_LOG_S)
-        while self.state is ShardState.READ_ONLY and not self._closing:
+        while self.state is _SHARD_READ_ONLY and not self._closing:
             await asyncio.sleep(PROBE_INTERVAL_S)
             problem = await loop.run_in_executor(self.writer, self._probe)
             if problem is None:
                 if self._tail_dirty:  # first cut the unacknowledged tail, then reload and serve
                     self._tail_dirty = False
-                    if self._transition(ShardState.FAILED):
+                    if self._transition(_SHARD_FAILED):
                         self._task = asyncio.get_running_loop().create_task(self._recover())
-                elif self._transition(ShardState.ACTIVE):
+                elif self._transition(_SHARD_ACTIVE):
                     log.warning("partition %d: its log is writable again; serving commits", self.partition)
                 return
             trouble.report(logging.WARNING, "partition %d: still cannot write its log (%s)", self.partition, problem)
@@ -574,12 +584,12 @@ class Shard:
         a write was still stuck in its thread (the process should not wait for it at exit)."""
         self._closing = True
         loop = asyncio.get_running_loop()
-        while self.state is ShardState.ACTIVE and not self.idle and loop.time() < deadline:
+        while self.state is _SHARD_ACTIVE and not self.idle and loop.time() < deadline:
             await asyncio.sleep(0.005)
-        clean = self.idle and self.state in (ShardState.ACTIVE, ShardState.READ_ONLY)
+        clean = self.idle and self.state in (_SHARD_ACTIVE, _SHARD_READ_ONLY)
         stuck = self._inflight is not None
-        self._transition(ShardState.CLOSED)
-        self._fail_pending(ErrorCode.NOT_COORDINATOR)
+        self._transition(_SHARD_CLOSED)
+        self._fail_pending(_ERR_NOT_COORDINATOR)
         self.timers.cancel_all()
         if stuck:
             log.warning("partition %d: a write was still running at the shutdown deadline", self.partition)

@@ -27,6 +27,9 @@ from protocol.commit import CommitRequest, from_message
 from protocol.errors import ErrorCode
 from protocol.registry import register
 
+# Enum members as C variables, not class attributes (tests/protocol/test_compiled.py says why).
+_ERR_NONE: Final = ErrorCode.NONE
+
 SPEC: Final = register(8, "OffsetCommit", 0, 9)
 Response = SPEC.response.cls
 Topic = Response.OffsetCommitResponseTopic
@@ -61,7 +64,7 @@ class CommitAnswer:
         """The fix-up when the write fails: only the partitions that were written get its error;
         refused ones keep their own."""
         self.counted = None
-        self.results = [(name, [(p, error if e == ErrorCode.NONE else e) for p, e in parts])
+        self.results = [(name, [(p, error if e == _ERR_NONE else e) for p, e in parts])
                         for name, parts in self.results]
 
 

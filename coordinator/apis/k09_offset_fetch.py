@@ -22,6 +22,10 @@ from protocol.hotcodec import YIELD_EVERY, offer_gil
 from protocol.registry import register
 from protocol.schema import ZERO_UUID
 
+# Enum members as C variables, not class attributes (tests/protocol/test_compiled.py says why).
+_ERR_NONE: Final = ErrorCode.NONE
+_ERR_UNKNOWN_SERVER_ERROR: Final = ErrorCode.UNKNOWN_SERVER_ERROR
+
 SPEC: Final = register(9, "OffsetFetch", 0, 9)
 Response = SPEC.response.cls
 Group = Response.OffsetFetchResponseGroup
@@ -130,7 +134,7 @@ def error_response(body: Any, version: int, error: ErrorCode) -> FetchAnswer:
         return FetchAnswer([[body.group_id, error, []]])
     # v0-v1 carry a group error on every requested partition (offset -1), as older Kafka did.
     requested = _requested(body.topics) or []
-    return FetchAnswer([[body.group_id, ErrorCode.NONE, [(name, [(p, None, error) for p in parts])
+    return FetchAnswer([[body.group_id, _ERR_NONE, [(name, [(p, None, error) for p in parts])
                                                          for name, parts in requested]]])
 
 
@@ -149,7 +153,7 @@ class _Groups:
             shard = runtime.partition_of(g.group_id)
             self.by_shard.setdefault(shard, []).append((i, g.group_id, _requested(g.topics)))
             offer_gil(i + 1)  # on the bulk thread for a large request
-        self.results: list[tuple[ErrorCode, TopicOffsets | OffsetsCopy]] = [(ErrorCode.NONE, [])] * len(self.ids)
+        self.results: list[tuple[ErrorCode, TopicOffsets | OffsetsCopy]] = [(_ERR_NONE, [])] * len(self.ids)
 
     def fail(self, indexes: list[int]) -> Any:
         def fail(error: ErrorCode) -> None:
@@ -217,14 +221,14 @@ def offset_fetch(runtime: Runtime, req: Request, prepared: Any) -> Any:
     stable = bool(body.require_stable) if v >= 7 else False
     shard = runtime.shard_for(body.group_id)
     offsets = shard.read(req, None, read_offsets, body.group_id, _requested(body.topics), stable)
-    return _answer(req, [[body.group_id, ErrorCode.NONE, offsets]])
+    return _answer(req, [[body.group_id, _ERR_NONE, offsets]])
 
 
 def _fetch_few_groups(runtime: Runtime, req: Request, body: Any, stable: bool) -> Any:
     """The common case (a consumer asks for its own group): each group read directly into its part."""
     groups: list[list[Any]] = []
     for g in body.groups:
-        entry: list[Any] = [g.group_id, ErrorCode.NONE, []]
+        entry: list[Any] = [g.group_id, _ERR_NONE, []]
         groups.append(entry)
         try:
             entry[2] = runtime.shard_for(g.group_id).read(req, _failer(entry), read_offsets, g.group_id,
@@ -302,7 +306,7 @@ class _ShardReads:
             _read_shard(self.runtime, self.req, self.groups, partition, members, self.stable)
         except Exception:
             log.exception("OffsetFetch: reading %d groups of offsets partition %d failed", len(members), partition)
-            self.groups.fail([j for j, _, _ in members])(ErrorCode.UNKNOWN_SERVER_ERROR)
+            self.groups.fail([j for j, _, _ in members])(_ERR_UNKNOWN_SERVER_ERROR)
         if i + 1 < len(self.shards):
             asyncio.get_running_loop().call_soon(self.step, i + 1)
         else:
@@ -318,6 +322,6 @@ def _read_shard(runtime: Runtime, req: Request, groups: _Groups, partition: int,
         groups.fail(indexes)(exc.error)
         return
     for i, offsets in zip(indexes, fetched, strict=True):
-        groups.results[i] = (ErrorCode.NONE, offsets)
+        groups.results[i] = (_ERR_NONE, offsets)
         if type(offsets) is OffsetsCopy:
             req.large = True  # the answer is built from the copy where it is encoded, off the event loop
