@@ -31,20 +31,21 @@ def fetch_request(group: str, partitions: dict[str, list[int]] | None) -> Any:
 
 
 class RawClient:
-    def __init__(self, port: int, timeout: float = 10.0) -> None:
+    def __init__(self, port: int, timeout: float = 10.0, client_id: str = "kcoord-tests") -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self.correlation = 0
+        self.client_id = client_id
 
     def send(self, request: Any, version: int) -> int:
         self.correlation += 1
-        request.with_header(correlation_id=self.correlation, client_id="kcoord-tests")
+        request.with_header(correlation_id=self.correlation, client_id=self.client_id)
         self.sock.sendall(bytes(request.encode(version=version, header=True, framed=True)))
         return self.correlation
 
     def encode(self, request: Any, version: int) -> tuple[int, bytes]:
         """A framed request for later sending (pipelining)."""
         self.correlation += 1
-        request.with_header(correlation_id=self.correlation, client_id="kcoord-tests")
+        request.with_header(correlation_id=self.correlation, client_id=self.client_id)
         return self.correlation, bytes(request.encode(version=version, header=True, framed=True))
 
     def read_frame(self) -> bytes:

@@ -34,6 +34,7 @@ from protocol.records import GroupMetadataRecord, LiveRecord
 
 log = logging.getLogger(__name__)
 
+MEMBER_ID_MAX_BYTES = 32767  # an int16-length string: JoinGroup v0-v5 and the group's records carry it
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000  # Kafka's classicGroupNewMemberJoinTimeoutMs (KAFKA-7610)
 
 
@@ -135,12 +136,12 @@ class Membership:
         if not group.supports(j.protocol_type, j.protocols):
             return OpResult([], JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL))
         if j.group_instance_id is not None:
-            new_id = f"{j.group_instance_id}-{uuid.uuid4()}"
+            new_id = new_member_id(j.group_instance_id)
             previous = group.static_members.get(j.group_instance_id)
             if previous is None:
                 return self._add_member_and_rebalance(data, req, group, j, new_id)
             return self._replace_static_member(data, req, group, j, previous, new_id)
-        new_id = f"{j.client_id}-{uuid.uuid4()}"
+        new_id = new_member_id(j.client_id)
         if j.require_known_member_id:
             # KIP-394: hand out an id and wait for the member to rejoin with it; an id never used
             # again is dropped after the session timeout.
@@ -568,3 +569,15 @@ class Membership:
 
 def _inconsistent(requested: str | None, current: str | None) -> bool:
     return requested is not None and current is not None and requested != current
+
+
+def new_member_id(prefix: str) -> str:
+    """Kafka's ``<client or instance id>-<uuid>``, with the prefix cut (at a character) so the id fits an
+    int16-length string: a 32767-byte client id would otherwise make an id that no JoinGroup v0-v5 or
+    DescribeGroups answer can carry, and that v6+ decoders (ours too) refuse when the member sends it back."""
+    suffix = f"-{uuid.uuid4()}"
+    raw = prefix.encode()
+    room = MEMBER_ID_MAX_BYTES - len(suffix)
+    if len(raw) > room:
+        prefix = raw[:room].decode(errors="ignore")
+    return prefix + suffix

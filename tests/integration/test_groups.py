@@ -212,3 +212,34 @@ def test_the_group_survives_a_kcoord_restart_and_its_members_stay(server: Kcoord
     group = describe(server, "survivor")
     assert group["group_state"] == "Stable" and len(group["members"]) == 2
     assert all(m.proc.poll() is None for m in members)
+
+
+@pytest.mark.parametrize("version", [3, 5, 6])
+def test_a_32767_byte_client_id_gets_a_member_id_every_answer_can_carry(server: KcoordProcess, version: int) -> None:
+    """Kafka's member id is ``<client id>-<uuid>``: from a client id at the header's limit that is too
+    long for an int16 string. The JoinGroup answer could not be encoded (a traceback, the connection
+    closed), the member stayed in the group and broke every DescribeGroups of it, and on v6+ the id was
+    handed out and then refused as malformed when the member sent it back. The client id part is cut."""
+    from kafka.protocol.admin.groups import DescribeGroupsRequest
+    from kafka.protocol.consumer.group import JoinGroupRequest
+
+    group = f"long-client-id-v{version}"
+    protocol = JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"x")
+
+    def join(member_id: str) -> Any:
+        return JoinGroupRequest(group_id=group, session_timeout_ms=30000, rebalance_timeout_ms=5000,
+                                member_id=member_id, group_instance_id=None, protocol_type="consumer",
+                                protocols=[protocol], reason=None)
+
+    member = RawClient(server.port, client_id="c" * 32767)
+    answer = member.call(join(""), version)
+    if version >= 4:  # KIP-394: the id first, then a join with it
+        assert answer.error_code == 79
+        answer = member.call(join(answer.member_id), version)
+    assert answer.error_code == 0
+    assert answer.member_id.startswith("ccc") and len(answer.member_id.encode()) <= 32767
+    described = RawClient(server.port).call(DescribeGroupsRequest(groups=[group], include_authorized_operations=False),
+                                            4)
+    assert described.groups[0].error_code == 0
+    assert [m.member_id for m in described.groups[0].members] == [answer.member_id]
+    assert "Traceback" not in server.log()
