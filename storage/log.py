@@ -219,6 +219,7 @@ class PartitionLog:
                 self._set_aside(later, "written after a torn write")
             del self.segments[i + 1 :]
             break
+        self._check_reaches(known_base, known_position)
         for seg in self.segments:
             if seg.base_offset >= known_base:
                 fsync_path(seg.path)
@@ -230,6 +231,22 @@ class PartitionLog:
         except OSError as exc:  # a read-only directory can still be served; the claim is just not recorded
             log.warning("%s: could not record the recovery point (%s); the log is intact", self.directory,
                         exc.strerror or exc)
+
+    def _check_reaches(self, known_base: int, known_position: int) -> None:
+        """Raises LogCorruptError when the log ends before its recovery point: its newest segments
+        removed, or the active one cut short at a batch boundary (which reads as a clean end). Served,
+        acknowledged commits would silently go back to older offsets, and the next claim recorded
+        would hide it. A closed segment that a compaction has since merged is shorter than a claim
+        recorded in it and is not checked (a cut of the active segment is: no compaction touches it)."""
+        if known_base < 0:
+            return
+        last = self.segments[-1] if self.segments else None
+        if last is None or last.base_offset < known_base:
+            raise LogCorruptError(f"{self.directory}: no segment at or after the recovery point's "
+                                  f"{segment_name(known_base)}: segments were removed")
+        if last.base_offset == known_base and last.size < known_position:
+            raise LogCorruptError(f"{last.path} ends at byte {last.size}, before the recovery point's byte "
+                                  f"{known_position}: acknowledged batches were removed")
 
     def read_durable(self, replayable: bool = False) -> Iterator[Batch]:
         """The batches below ``durable_offset``, read without writing anything: how a partition whose
@@ -372,11 +389,16 @@ class PartitionLog:
         return True
 
     def recorded_claim(self) -> tuple[int, int]:
-        """The claim on disk, (-1, 0) if none is readable."""
+        """The claim on disk, (-1, 0) if none is readable (an unreadable file is logged: everything past
+        the first segment's start then counts as a possible torn tail)."""
+        path = self.directory / RECOVERY_POINT
         try:
-            base, position = (self.directory / RECOVERY_POINT).read_text().split()
+            base, position = path.read_text().split()
             return int(base), int(position)
-        except (OSError, ValueError):
+        except FileNotFoundError:
+            return -1, 0
+        except (OSError, ValueError) as exc:
+            log.warning("%s is unreadable (%s): recovering as if the log had no recovery point", path, exc)
             return -1, 0
 
     def truncate_to_durable(self) -> None:

@@ -343,3 +343,53 @@ def test_a_checkpoint_that_cannot_be_written_does_not_fail_a_durable_sync(tmp_pa
     monkeypatch.setattr(PartitionLog, "checkpoint", no_fds)
     write(plog, 2)  # sync() must not raise
     assert plog.durable_offset == 2
+
+
+def segments_of(directory: Path, count: int, segment_bytes: int = 300) -> list[Path]:
+    """``count`` one-record batches in segments of ~2 batches, closed cleanly (checkpointed at the end)."""
+    plog = PartitionLog(directory, segment_bytes)
+    write(plog, count)
+    plog.checkpoint()
+    plog.close()
+    paths = sorted(directory.glob("*.log"))
+    assert len(paths) > 2
+    return paths
+
+
+def test_a_removed_newest_segment_is_corruption_not_a_shorter_log(tmp_path: Path) -> None:
+    """A fault campaign deleted the newest segment of a cleanly stopped log: it loaded without a word,
+    served older offsets for acknowledged commits, and recorded a recovery point further back."""
+    segments_of(tmp_path, 7)[-1].unlink()
+    claim = (tmp_path / RECOVERY_POINT).read_text()
+    with pytest.raises(LogCorruptError, match="segments were removed"):
+        offsets(tmp_path, 300)
+    assert (tmp_path / RECOVERY_POINT).read_text() == claim
+
+
+def test_an_active_segment_cut_at_a_batch_boundary_below_the_recovery_point_is_corruption(tmp_path: Path) -> None:
+    newest = segments_of(tmp_path, 8)[-1]
+    data = newest.read_bytes()
+    first = 12 + int.from_bytes(data[8:12], "big")
+    assert first < len(data)
+    newest.write_bytes(data[:first])  # a clean end, one batch short
+    with pytest.raises(LogCorruptError, match="acknowledged batches were removed"):
+        offsets(tmp_path, 300)
+
+
+def test_a_claim_in_a_closed_segment_that_compaction_shortened_still_loads(tmp_path: Path) -> None:
+    """The cleaner rewrites closed segments smaller; a claim recorded in one of them (its durable end
+    was there when it was recorded) is older than the log's end, not past it."""
+    paths = segments_of(tmp_path, 7)
+    closed = paths[-2]
+    data = closed.read_bytes()
+    (tmp_path / RECOVERY_POINT).write_text(f"{int(closed.name[:20])} {len(data)}\n")
+    first = 12 + int.from_bytes(data[8:12], "big")
+    closed.write_bytes(data[:first])  # as if compacted to its first batch
+    assert len(offsets(tmp_path, 300)) == 6
+
+
+def test_an_unreadable_recovery_point_is_logged(tmp_path: Path, caplog: Any) -> None:
+    segments_of(tmp_path, 5)
+    (tmp_path / RECOVERY_POINT).write_text("not a claim\n")
+    assert offsets(tmp_path, 300) == list(range(5))
+    assert "recovery-point is unreadable" in caplog.text
