@@ -72,6 +72,7 @@ class Relayed:
 
     __slots__ = ("data",)
     holds_gc = False
+    large = False  # never a reason to stop starting requests behind it (coordinator.server)
 
     def __init__(self) -> None:
         self.data: bytes | None = None

@@ -11,10 +11,11 @@ Fairness and bounded memory (a client that pipelines without reading must not st
   starts at most ``FRAMES_PER_PASS`` requests per pass before letting the loop poll sockets again,
   shared round robin by the connections waiting (one each when many wait, up to ``FRAMES_PER_TURN``
   for a lone one).
-* A connection stops starting requests while ``MAX_IN_FLIGHT`` of its replies are unsent, while its
-  transport's send buffer is over the high-water mark or while it is held (one of its huge writes is
-  still being applied, a slice per pass: coordinator.shard), and stops *reading* while it also has a
-  backlog of ``READ_BACKLOG_BYTES`` of complete frames, so its socket buffers push back on the client.
+* A connection stops starting requests while ``MAX_IN_FLIGHT`` of its replies are unsent, while a
+  large request's reply is, while its transport's send buffer is over the high-water mark or while it
+  is held (one of its huge writes is still being applied, a slice per pass: coordinator.shard), and
+  stops *reading* while it also has a backlog of ``READ_BACKLOG_BYTES`` of complete frames, so its
+  socket buffers push back on the client.
 * Frames over ``SMALL_FRAME_BYTES`` are read only while their declared size fits in
   ``max_buffered_bytes`` (first come first served) and must arrive within a deadline; smaller frames
   never wait for that budget, so nobody's large (or never-sent) request blocks small requests.
@@ -208,8 +209,13 @@ class Connection(asyncio.Protocol):
         return True
 
     def _can_start(self) -> bool:
-        return (not self._send_blocked and self._bulk is None and len(self._queue) < MAX_IN_FLIGHT
-                and not self.held and not self._server.stopping)
+        """Not behind a large request (a huge frame, or an answer of thousands of offsets) until its reply
+        is written: as a Kafka broker mutes a connection for each request, so a client pipelining large
+        fetches without reading holds one such answer, not MAX_IN_FLIGHT of them (80-97 MiB each
+        measured for 20 pipelined fetches of a 100k-partition group)."""
+        queue = self._queue
+        return (not self._send_blocked and self._bulk is None and len(queue) < MAX_IN_FLIGHT
+                and not (queue and queue[-1].large) and not self.held and not self._server.stopping)
 
     def _update_reading(self) -> None:
         """Reads unless memory is short or a backlog of complete frames waits for the dispatcher (which

@@ -15,7 +15,7 @@ from kafka.protocol.metadata import MetadataRequest
 from tests.conftest import Report
 from tests.integration.load import Bystander
 from tests.kcoord_process import REPO, KcoordProcess
-from tests.rawclient import RawClient, commit_request
+from tests.rawclient import RawClient, commit_request, fetch_request
 
 NON_READERS = 20
 
@@ -210,3 +210,44 @@ def test_a_frame_as_large_as_the_budget_from_a_lone_client_is_read(tmp_path: Pat
 
 if __name__ == "__main__":
     flood_from_stdin()
+
+
+def answered_fetches(server: KcoordProcess) -> int:
+    """OffsetFetch requests the server has answered (replies made, sent or not), from its metrics."""
+    import re
+    import urllib.request
+
+    text = urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10).read().decode()
+    return sum(int(float(n)) for n in re.findall(r'^kcoord_requests_total\{api="OffsetFetch"[^}]*\} (\S+)$', text,
+                                                 re.M))
+
+
+def test_a_client_pipelining_large_fetches_without_reading_holds_one_answer(kcoord: KcoordProcess,
+                                                                             report: Report) -> None:
+    """A fault campaign's find: 20 pipelined fetches of a 100k-partition group from a client that never
+    reads made 16 answers of ~2.6 MB at once (80-97 MiB of RSS per connection). Behind a large
+    request nothing more is started until its reply is written, as a Kafka broker mutes a connection
+    per request; the socket then pushes back. So the answers made stay few whatever is pipelined."""
+    assert kcoord.proc is not None
+    partitions = 50_000  # a ~1.3 MB answer: a large fetch (coordinator.offsets.LARGE_FETCH)
+    writer = RawClient(kcoord.port, timeout=60)
+    committed = writer.call(commit_request("wide", {(f"topic-{p % 50}", p): p for p in range(partitions)}), 8)
+    assert all(p.error_code == 0 for t in committed.topics for p in t.partitions)
+    _, fetch = writer.encode(fetch_request("wide", None), 7)
+    writer.close()
+    before = answered_fetches(kcoord)
+    rss_before = memory_kib(kcoord.proc.pid, "VmRSS")
+    pipelined = 16
+    with socket.create_connection(("127.0.0.1", kcoord.port)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(fetch * pipelined)
+        time.sleep(4)
+        answered = answered_fetches(kcoord) - before
+        grown = memory_kib(kcoord.proc.pid, "VmRSS") - rss_before
+        bystander = RawClient(kcoord.port)
+        assert bystander.call(commit_request("other", {("t", 0): 1}), 8).topics[0].partitions[0].error_code == 0
+        bystander.close()
+    report.figure(f"answers made for {pipelined} pipelined, unread large fetches", answered, "")
+    report.figure("server RSS growth meanwhile", grown / 1024, "MiB")
+    # the first answer, and one more per answer the socket buffers absorb (a few MB here): not all 16
+    assert 1 <= answered <= pipelined // 2, answered
