@@ -431,8 +431,10 @@ class PartitionLog:
                         self.directory, dropped, self.durable_offset)
 
     def probe(self) -> None:
-        """Raises OSError unless a small file can be created, written and fsynced in the directory:
-        how a partition that failed to write finds out that space or permission is back."""
+        """Raises OSError unless a small file can be created, written and fsynced in the directory, and
+        the active segment opened for appending: how a partition that failed to write finds out that
+        space or permission is back (a segment that cannot be opened, in a writable directory, failed
+        every commit with a reload each, unthrottled, before it was checked here)."""
         probe = self.directory / PROBE_FILE
         try:
             with open(probe, "wb") as f:
@@ -441,6 +443,8 @@ class PartitionLog:
                 os.fsync(f.fileno())
         finally:
             probe.unlink(missing_ok=True)
+        if self.segments and self.segments[-1].path.exists():
+            os.close(os.open(self.segments[-1].path, os.O_WRONLY | os.O_APPEND))
 
     def close(self) -> None:
         if self._fd is not None:

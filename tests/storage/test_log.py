@@ -393,3 +393,24 @@ def test_an_unreadable_recovery_point_is_logged(tmp_path: Path, caplog: Any) -> 
     (tmp_path / RECOVERY_POINT).write_text("not a claim\n")
     assert offsets(tmp_path, 300) == list(range(5))
     assert "recovery-point is unreadable" in caplog.text
+
+
+def test_the_probe_fails_while_the_active_segment_cannot_be_opened(tmp_path: Path) -> None:
+    """The directory takes new files, the active segment refuses appends (immutable here; owned by
+    another user in a container): the partition must stay read-only, not reload on every commit."""
+    import shutil
+    import subprocess
+
+    plog = PartitionLog(tmp_path)
+    write(plog, 2)
+    plog.close()
+    active = tmp_path / segment_name(0)
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(active)],
+                                                        capture_output=True).returncode != 0:
+        pytest.skip("no chattr +i here")
+    try:
+        with pytest.raises(PermissionError):
+            plog.probe()
+    finally:
+        subprocess.run(["chattr", "-i", str(active)], check=True)
+    plog.probe()
