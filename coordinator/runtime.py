@@ -107,6 +107,8 @@ class Runtime:
         self.clock: Clock = clock or SystemClock()
         self.shards: list[Shard] = []
         self.groups: list[GroupHooks] = []  # the group side of each shard
+        # gateway mode: whether ListGroups on the listener of a node names the groups of a partition
+        self.lists_partition: Callable[[int | None, int], bool] | None = None
         self._log_factory = log_factory
         self._writer = WriterThread()
         self.flusher = Flusher(self._writer, make_sync(config.sync_mode), self.metrics,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from coordinator.config import Config
 from coordinator.gateway import rewrite
 from coordinator.gateway.upstream import LinkOwner, UpstreamLink
+from protocol.partitioning import partition_for
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +64,24 @@ class Cluster:
     def nodes(self) -> list[int]:
         return sorted(self.listeners)
 
-    def coordinator_for(self, node: int | None) -> tuple[int, str, int] | None:
-        """The node given for group keys: the listener the client asked on, else the lowest node id."""
-        if node is None or node not in self.listeners:
-            if not self.listeners:
-                return None
-            node = min(self.listeners)
+    def coordinator_of(self, group_id: str) -> tuple[int, str, int] | None:
+        """The node given for a group key, the same from every listener, as Kafka has one coordinator
+        per group: the group's offsets partition spread over the nodes (every listener serves every
+        group; this is what clients are told, and what ListGroups on each listener names)."""
+        nodes = self.nodes()
+        if not nodes:
+            return None
+        node = nodes[partition_for(group_id, self.config.offsets_partitions) % len(nodes)]
         return node, self.advertised_host, self.listeners[node]
+
+    def lists_partition(self, node: int | None, partition: int) -> bool:
+        """Whether ListGroups on the listener of ``node`` names the groups of offsets ``partition``: those
+        it coordinates (``coordinator_of``), so admin clients, which ask every broker and merge the
+        answers, get each group once. The bootstrap listener, no broker's, names every group."""
+        nodes = self.nodes()
+        if node is None or node not in self.listeners:
+            return True
+        return nodes[partition % len(nodes)] == node
 
     def target(self, node: int | None) -> tuple[str, int] | None:
         """The upstream address a listener relays to: its node's, or for the bootstrap listener the

@@ -88,6 +88,7 @@ class Gateway:
         self.timeout_s = config.upstream_timeout_ms / 1000.0
         self.metrics = metrics or GatewayMetrics()
         self.cluster = Cluster(config, self._serve_listener)
+        server.runtime.lists_partition = self.cluster.lists_partition
         self.metrics.upstream_brokers = lambda: len(self.cluster.brokers)
         self._tasks: list[asyncio.Task[None]] = []
         self._starting: set[asyncio.Task[None]] = set()  # listeners being set up (a task needs a reference)
@@ -214,7 +215,7 @@ class Gateway:
             return
         keys = list(body.coordinator_keys) if version >= 4 else [body.key]
         if key_type == k10.GROUP:
-            answer = rewrite.find_coordinator_local(version, keys, self.cluster.coordinator_for(conn.node))
+            answer = rewrite.find_coordinator_local(version, keys, self.cluster.coordinator_of)
         else:
             error, message = k10.resolve(key_type)
             answer = k10.answer(version, keys, error, message, (-1, "", -1))

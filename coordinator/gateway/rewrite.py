@@ -166,13 +166,22 @@ def rewrite_find_coordinator(frame: bytes, version: int, address: Address) -> by
     return _encode(codec, body, version, correlation)
 
 
-def find_coordinator_local(version: int, keys: list[str], node: tuple[int, str, int] | None) -> Any:
-    """Group keys, answered by kcoord: ``node`` is a node of the Metadata answers with exactly the
-    address kcoord gives it there; None while no upstream broker is known (a retriable error)."""
-    if node is None:
-        return k10.answer(version, keys, ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                          "the gateway knows no upstream broker yet", (-1, "", -1))
-    return k10.answer(version, keys, ErrorCode.NONE, None, node)
+def find_coordinator_local(version: int, keys: list[str], locate: Callable[[str], tuple[int, str, int] | None]) -> Any:
+    """Group keys, answered by kcoord: ``locate`` gives a key's node, a node of the Metadata answers with
+    exactly the address kcoord gives it there; None while no upstream broker is known (a retriable error)."""
+    answers = []
+    for key in keys:
+        node = locate(key)
+        answers.append(k10.answer(version, [key], ErrorCode.NONE, None, node) if node is not None else
+                       k10.answer(version, [key], ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                  "the gateway knows no upstream broker yet", (-1, "", -1)))
+    if not answers:
+        return k10.answer(version, keys, ErrorCode.NONE, None, (-1, "", -1))
+    if version < 4 or len(answers) == 1:
+        return answers[0]
+    first = answers[0]
+    first.coordinators = [c for answer in answers for c in answer.coordinators]
+    return first
 
 
 def api_versions(upstream: dict[int, tuple[int, int]]) -> list[tuple[int, int, int]]:

@@ -18,7 +18,7 @@ from protocol.registry import REGISTRY
 from tests.gateway.conftest import Upstream, node_ports, relayed_apis, scrape, start_gateway
 from tests.gateway.mock_cluster import MockCluster
 from tests.kcoord_process import KcoordProcess, free_port
-from tests.rawclient import RawClient
+from tests.rawclient import RawClient, commit_request
 
 
 def api_versions(port: int, version: int = 3) -> dict[int, tuple[int, int]]:
@@ -181,6 +181,52 @@ def test_send_offsets_to_transaction_is_refused(tmp_path: Path) -> None:
         producer.abort_transaction(30)
         consumer.close()
         assert "TxnOffsetCommit" not in relayed_apis(kcoord)
+    finally:
+        kcoord.stop()
+        mock.stop()
+
+
+def test_every_listener_names_one_coordinator_per_group_and_lists_it_once(tmp_path: Path) -> None:
+    """A compatibility sweep's find: every listener answered FindCoordinator with itself and ListGroups
+    with every group, so admin clients (which ask every broker and merge the answers, as Kafka's brokers
+    each list their own groups) got each group once per broker: kafka-python, kafkajs and
+    ``kcoord groups list`` showed duplicates. A group's coordinator is now one node, whichever listener
+    is asked, and each node's listener lists the groups it coordinates."""
+    from kafka import KafkaAdminClient
+    from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
+
+    mock = MockCluster(3)
+    kcoord = start_gateway(tmp_path, mock.bootstrap)
+    try:
+        groups = [f"listed-{i}" for i in range(12)]
+        committer = RawClient(kcoord.port)
+        for group in groups:
+            assert committer.call(commit_request(group, {("t", 0): 1}), 8).topics[0].partitions[0].error_code == 0
+        committer.close()
+        ports = node_ports(kcoord)
+        assert len(ports) == 3
+
+        def coordinators(port: int) -> dict[str, int]:
+            client = RawClient(port)
+            try:
+                one = {g: client.call(FindCoordinatorRequest(key=g, key_type=0), 3).node_id for g in groups[:3]}
+                batch = client.call(FindCoordinatorRequest(key_type=0, coordinator_keys=groups), 4)
+            finally:
+                client.close()
+            assert all(c.error_code == 0 for c in batch.coordinators)
+            many = {c.key: c.node_id for c in batch.coordinators}
+            assert {g: many[g] for g in one} == one
+            return many
+
+        answers = [coordinators(port) for port in [kcoord.port, *ports.values()]]
+        assert all(answer == answers[0] for answer in answers)
+        assert len(set(answers[0].values())) > 1  # spread over the nodes, not all on one
+        admin = KafkaAdminClient(bootstrap_servers=kcoord.bootstrap)
+        try:
+            listed = [g["group_id"] for g in admin.list_groups()]
+        finally:
+            admin.close()
+        assert sorted(listed) == sorted(groups)
     finally:
         kcoord.stop()
         mock.stop()
