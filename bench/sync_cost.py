@@ -4,7 +4,10 @@ For k logs with one small append each: one ``syncfs`` of their file system (what
 or more), an ``fdatasync`` per log one after another, ``fdatasync`` per log from k threads at once,
 and two ``syncfs`` calls overlapping (the second started while the first runs, each over k fresh
 logs; the time is for both). Tells whether syncs that overlap could shorten a commit's wait: they do
-not if two overlapping calls take as long as two in a row.
+not if two overlapping calls take as long as two in a row. Then the same 200 B written into logs
+preallocated with zeros (written over in place: no file grows, no block is allocated, so a sync has
+no size to journal), made durable by one ``syncfs`` or by ``fdatasync`` from k threads: whether
+preallocated segments would make the syncs cheaper (they did not here: bench/README.md).
 
 Run from the repository root: ``python -m bench.sync_cost [--logs 1,4,14] [--rounds 1500] [--dir D]``.
 """
@@ -36,6 +39,13 @@ def measure(directory: Path, counts: list[int], rounds: int) -> list[str]:
     most = max(counts)
     fds = [os.open(directory / f"log{i}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) for i in range(2 * most)]
     dir_fd = os.open(directory, os.O_RDONLY)
+    pre = [os.open(directory / f"pre{i}", os.O_RDWR | os.O_CREAT, 0o600) for i in range(most)]
+    room = len(RECORD) * rounds * (len(counts) * 2)
+    for fd in pre:
+        os.write(fd, bytes(room))
+        os.fsync(fd)
+    os.fsync(dir_fd)
+    written = [0] * most
     pool = ThreadPoolExecutor(most)
     lines = []
     try:
@@ -72,14 +82,27 @@ def measure(directory: Path, counts: list[int], rounds: int) -> list[str]:
             for _ in pool.map(os.fdatasync, logs):
                 pass
 
+        def preallocated(name: str, k: int, sync: Callable[[list[int]], None]) -> None:
+            times = []
+            for _ in range(rounds):
+                for i, fd in enumerate(pre[:k]):
+                    os.pwrite(fd, RECORD, written[i])
+                    written[i] += len(RECORD)
+                start = time.perf_counter()
+                sync(pre[:k])
+                times.append(time.perf_counter() - start)
+            lines.append(f"{name:<34} {k:>3} logs: {summary(times)}")
+
         for k in counts:
             timed("one syncfs", k, lambda _: syncfs(dir_fd))
             timed("fdatasync per log, in turn", k, in_turn)
             timed("fdatasync per log, k threads", k, in_threads)
             overlapping(k)
+            preallocated("preallocated, one syncfs", k, lambda _: syncfs(dir_fd))
+            preallocated("preallocated, fdatasync k threads", k, in_threads)
     finally:
         pool.shutdown()
-        for fd in fds:
+        for fd in fds + pre:
             os.close(fd)
         os.close(dir_fd)
     return lines
