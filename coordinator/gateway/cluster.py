@@ -41,6 +41,7 @@ class Cluster:
         self.config = config
         self.brokers: dict[int, tuple[str, int]] = {}  # upstream addresses
         self.listeners: dict[int, int] = {}  # node id -> kcoord's port for it
+        self.live: list[int] = []  # the node ids of the last broker list seen (a left broker keeps its listener)
         self.offered: list[tuple[int, int, int]] | None = None  # ApiVersions answer, once known
         self.upstream_versions: dict[int, tuple[int, int]] = {}
         self.advertised_host = config.broker_host or config.advertised[0]
@@ -64,11 +65,17 @@ class Cluster:
     def nodes(self) -> list[int]:
         return sorted(self.listeners)
 
+    def group_nodes(self) -> list[int]:
+        """The nodes groups are spread over: the upstream's brokers as last seen (clients ask only
+        those for ListGroups), each with a listener; every listener's node before any list is seen."""
+        live = [node for node in self.live if node in self.listeners]
+        return live or self.nodes()
+
     def coordinator_of(self, group_id: str) -> tuple[int, str, int] | None:
         """The node given for a group key, the same from every listener, as Kafka has one coordinator
         per group: the group's offsets partition spread over the nodes (every listener serves every
         group; this is what clients are told, and what ListGroups on each listener names)."""
-        nodes = self.nodes()
+        nodes = self.group_nodes()
         if not nodes:
             return None
         node = nodes[partition_for(group_id, self.config.offsets_partitions) % len(nodes)]
@@ -77,11 +84,14 @@ class Cluster:
     def lists_partition(self, node: int | None, partition: int) -> bool:
         """Whether ListGroups on the listener of ``node`` names the groups of offsets ``partition``: those
         it coordinates (``coordinator_of``), so admin clients, which ask every broker and merge the
-        answers, get each group once. The bootstrap listener, no broker's, names every group."""
-        nodes = self.nodes()
-        if node is None or node not in self.listeners:
+        answers, get each group once. The bootstrap listener, no broker's, names every group; a
+        listener whose broker has left names none (its groups have moved to the brokers left). While
+        brokers join or leave, a listing merged before the clients' next Metadata may miss or repeat
+        groups whose node moved."""
+        if node is None:
             return True
-        return nodes[partition % len(nodes)] == node
+        nodes = self.group_nodes()
+        return node in nodes and nodes[partition % len(nodes)] == node
 
     def target(self, node: int | None) -> tuple[str, int] | None:
         """The upstream address a listener relays to: its node's, or for the bootstrap listener the
@@ -103,7 +113,9 @@ class Cluster:
         return sorted(addresses, key=lambda a: now - self._down.get(a, float("-inf")) < DOWN_S)
 
     def learn(self, brokers: Iterable[tuple[int, str, int]]) -> None:
-        """Upstream brokers seen in a Metadata (or DescribeCluster) answer."""
+        """Upstream brokers seen in a Metadata (or DescribeCluster) answer: all of them, each time."""
+        brokers = list(brokers)
+        self.live = sorted({node for node, _, _ in brokers})
         for node, host, port in brokers:
             if self.brokers.get(node) != (host, port):
                 log.info("upstream broker %d at %s:%d", node, host, port)
