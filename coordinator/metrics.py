@@ -19,7 +19,7 @@ from storage.cleaner import CleanStats
 # Upper bounds (seconds): from a page-cache fsync (~0.2 ms here) to a stuck disk.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0)
-BATCH_RECORD_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
+BATCH_RECORD_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
 API_KEYS: Final = 128  # above every Kafka API key; per-API figures live in lists indexed by key
 
 

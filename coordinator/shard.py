@@ -52,7 +52,7 @@ SLICES_AHEAD: Final = 2 * APPEND_SLICE
 GC_FREEZE_EVERY: Final = 50_000  # records loaded between gc.freeze() calls
 RETRY_BACKOFF_S: Final = 0.5
 RETRY_BACKOFF_MAX_S: Final = 30.0
-PROBE_INTERVAL_S: Final = 1.0  # how soon a READ_ONLY partition notices the disk is writable again
+PROBE_INTERVAL_S = 1.0  # how soon a READ_ONLY partition notices the disk is writable again
 REPEAT_LOG_S: Final = 60.0  # a failure that persists is logged again at most this often
 
 
