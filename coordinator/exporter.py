@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 BEAT_S = 1.0
 STALLED_AFTER_S = 10.0
+METRICS_IDLE_S = 10.0  # a metrics connection idle this long is closed
 LOADED = (ShardState.ACTIVE, ShardState.READ_ONLY)
 # What an API's ``outcome`` counts, exported under a name of its own (coordinator.apis.outcome).
 DONE_BY_API = {
@@ -274,12 +275,17 @@ class Health:
 
 
 class _Handler(WSGIRequestHandler):
+    # A connection that sends nothing (or half a request) for this long is closed: each one holds a
+    # thread, and 200 half-sent requests held 200 threads for ever (a fault campaign's find).
+    timeout = METRICS_IDLE_S
+
     def log_message(self, format: str, *args: Any) -> None:  # scrapes are not worth a log line each
         pass
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    request_queue_size = 128  # the listen backlog (socketserver's 5 made a burst of connects wait 1 s each)
 
 
 class Exporter:

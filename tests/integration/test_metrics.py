@@ -2,6 +2,7 @@
 /readyz tell a live but unready server apart, and ``--log-format json`` writes one object per line."""
 
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -143,3 +144,27 @@ def test_json_log_format_writes_one_object_per_line(tmp_path: Path) -> None:
     warning: Any = next(line for line in lines if "closing connection" in line["message"])
     assert warning["level"] == "WARNING" and warning["logger"] == "coordinator.server"
     assert warning["time"].endswith("Z")
+
+
+def test_idle_metrics_connections_are_closed_and_do_not_block_scrapes(kcoord: KcoordProcess) -> None:
+    """A fault campaign's find: every connection to the metrics listener held a thread, and one that
+    sent half a request held it for ever (200 of them, 200 threads); a burst of connects also waited
+    on a listen backlog of 5. Now an idle connection is closed (coordinator.exporter.METRICS_IDLE_S)."""
+    from urllib.parse import urlsplit
+
+    assert kcoord.proc is not None
+    url = urlsplit(kcoord.metrics_url)
+    idle = []
+    for _ in range(100):
+        sock = socket.create_connection((url.hostname, url.port), timeout=60)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n")  # half a request, never finished
+        idle.append(sock)
+    assert get(kcoord.metrics_url + "/healthz")[0] == 200  # answered meanwhile
+    threads_during = len(os.listdir(f"/proc/{kcoord.proc.pid}/task"))
+    assert all(sock.recv(1024) == b"" for sock in idle)  # closed by the server, not by us
+    for sock in idle:
+        sock.close()
+    deadline = time.monotonic() + 30
+    while len(os.listdir(f"/proc/{kcoord.proc.pid}/task")) >= threads_during - 50 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(os.listdir(f"/proc/{kcoord.proc.pid}/task")) < threads_during - 50  # their threads ended
