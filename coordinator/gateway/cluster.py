@@ -75,11 +75,12 @@ class Cluster:
         """The node given for a group key, the same from every listener, as Kafka has one coordinator
         per group: the group's offsets partition spread over the nodes (every listener serves every
         group; this is what clients are told, and what ListGroups on each listener names)."""
+        node = self._coordinator_of_partition(partition_for(group_id, self.config.offsets_partitions))
+        return None if node is None else (node, self.advertised_host, self.listeners[node])
+
+    def _coordinator_of_partition(self, partition: int) -> int | None:
         nodes = self.group_nodes()
-        if not nodes:
-            return None
-        node = nodes[partition_for(group_id, self.config.offsets_partitions) % len(nodes)]
-        return node, self.advertised_host, self.listeners[node]
+        return nodes[partition % len(nodes)] if nodes else None
 
     def lists_partition(self, node: int | None, partition: int) -> bool:
         """Whether ListGroups on the listener of ``node`` names the groups of offsets ``partition``: those
@@ -88,10 +89,7 @@ class Cluster:
         listener whose broker has left names none (its groups have moved to the brokers left). While
         brokers join or leave, a listing merged before the clients' next Metadata may miss or repeat
         groups whose node moved."""
-        if node is None:
-            return True
-        nodes = self.group_nodes()
-        return node in nodes and nodes[partition % len(nodes)] == node
+        return node is None or self._coordinator_of_partition(partition) == node
 
     def target(self, node: int | None) -> tuple[str, int] | None:
         """The upstream address a listener relays to: its node's, or for the bootstrap listener the

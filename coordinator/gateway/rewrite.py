@@ -169,19 +169,14 @@ def rewrite_find_coordinator(frame: bytes, version: int, address: Address) -> by
 def find_coordinator_local(version: int, keys: list[str], locate: Callable[[str], tuple[int, str, int] | None]) -> Any:
     """Group keys, answered by kcoord: ``locate`` gives a key's node, a node of the Metadata answers with
     exactly the address kcoord gives it there; None while no upstream broker is known (a retriable error)."""
-    answers = []
-    for key in keys:
+
+    def outcome(key: str) -> k10.Outcome:
         node = locate(key)
-        answers.append(k10.answer(version, [key], ErrorCode.NONE, None, node) if node is not None else
-                       k10.answer(version, [key], ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                                  "the gateway knows no upstream broker yet", (-1, "", -1)))
-    if not answers:
-        return k10.answer(version, keys, ErrorCode.NONE, None, (-1, "", -1))
-    if version < 4 or len(answers) == 1:
-        return answers[0]
-    first = answers[0]
-    first.coordinators = [c for answer in answers for c in answer.coordinators]
-    return first
+        if node is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, "the gateway knows no upstream broker yet", (-1, "", -1)
+        return ErrorCode.NONE, None, node
+
+    return k10.answer_each(version, keys, outcome)
 
 
 def api_versions(upstream: dict[int, tuple[int, int]]) -> list[tuple[int, int, int]]:
