@@ -186,6 +186,10 @@ class PartitionLog:
         self.recovered = False
         self.segments = list_segments(self.directory)  # a retry after a failed recovery starts afresh
         known_base, known_position = self.recorded_claim()
+        if known_base < 0 and os.path.lexists(self.directory / RECOVERY_POINT):
+            # Logged here, once per load, not by every reader of the claim (the recorder reads it too).
+            log.warning("%s is unreadable: recovering as if the log had no recovery point (everything past "
+                        "the first segment's start may be cut as a torn tail)", self.directory / RECOVERY_POINT)
         self.next_offset = self.segments[0].base_offset if self.segments else 0
         for i, seg in enumerate(self.segments):
             self.next_offset = max(self.next_offset, seg.base_offset)
@@ -389,16 +393,11 @@ class PartitionLog:
         return True
 
     def recorded_claim(self) -> tuple[int, int]:
-        """The claim on disk, (-1, 0) if none is readable (an unreadable file is logged: everything past
-        the first segment's start then counts as a possible torn tail)."""
-        path = self.directory / RECOVERY_POINT
+        """The claim on disk, (-1, 0) if none is readable."""
         try:
-            base, position = path.read_text().split()
+            base, position = (self.directory / RECOVERY_POINT).read_text().split()
             return int(base), int(position)
-        except FileNotFoundError:
-            return -1, 0
-        except (OSError, ValueError) as exc:
-            log.warning("%s is unreadable (%s): recovering as if the log had no recovery point", path, exc)
+        except (OSError, ValueError):
             return -1, 0
 
     def truncate_to_durable(self) -> None:

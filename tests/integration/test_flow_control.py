@@ -14,6 +14,7 @@ from kafka.protocol.metadata import MetadataRequest
 
 from tests.conftest import Report
 from tests.integration.load import Bystander
+from tests.integration.test_metrics import scrape
 from tests.kcoord_process import REPO, KcoordProcess
 from tests.rawclient import RawClient, commit_request, fetch_request
 
@@ -214,12 +215,8 @@ if __name__ == "__main__":
 
 def answered_fetches(server: KcoordProcess) -> int:
     """OffsetFetch requests the server has answered (replies made, sent or not), from its metrics."""
-    import re
-    import urllib.request
-
-    text = urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10).read().decode()
-    return sum(int(float(n)) for n in re.findall(r'^kcoord_requests_total\{api="OffsetFetch"[^}]*\} (\S+)$', text,
-                                                 re.M))
+    return int(sum(n for (name, labels), n in scrape(server).items()
+                   if name == "kcoord_requests_total" and ("api", "OffsetFetch") in labels))
 
 
 def test_a_client_pipelining_large_fetches_without_reading_holds_one_answer(kcoord: KcoordProcess,
