@@ -49,13 +49,21 @@ def measure(directory: Path, counts: list[int], rounds: int) -> list[str]:
     pool = ThreadPoolExecutor(most)
     lines = []
     try:
-        def timed(name: str, k: int, sync: Callable[[list[int]], None]) -> None:
+        def append(i: int, fd: int) -> None:
+            os.write(fd, RECORD)
+
+        def overwrite(i: int, fd: int) -> None:  # into a preallocated log, in place
+            os.pwrite(fd, RECORD, written[i])
+            written[i] += len(RECORD)
+
+        def timed(name: str, k: int, sync: Callable[[list[int]], None], logs: list[int] = fds,
+                  write: Callable[[int, int], None] = append) -> None:
             times = []
             for _ in range(rounds):
-                for fd in fds[:k]:
-                    os.write(fd, RECORD)
+                for i, fd in enumerate(logs[:k]):
+                    write(i, fd)
                 start = time.perf_counter()
-                sync(fds[:k])
+                sync(logs[:k])
                 times.append(time.perf_counter() - start)
             lines.append(f"{name:<34} {k:>3} logs: {summary(times)}")
 
@@ -82,24 +90,13 @@ def measure(directory: Path, counts: list[int], rounds: int) -> list[str]:
             for _ in pool.map(os.fdatasync, logs):
                 pass
 
-        def preallocated(name: str, k: int, sync: Callable[[list[int]], None]) -> None:
-            times = []
-            for _ in range(rounds):
-                for i, fd in enumerate(pre[:k]):
-                    os.pwrite(fd, RECORD, written[i])
-                    written[i] += len(RECORD)
-                start = time.perf_counter()
-                sync(pre[:k])
-                times.append(time.perf_counter() - start)
-            lines.append(f"{name:<34} {k:>3} logs: {summary(times)}")
-
         for k in counts:
             timed("one syncfs", k, lambda _: syncfs(dir_fd))
             timed("fdatasync per log, in turn", k, in_turn)
             timed("fdatasync per log, k threads", k, in_threads)
             overlapping(k)
-            preallocated("preallocated, one syncfs", k, lambda _: syncfs(dir_fd))
-            preallocated("preallocated, fdatasync k threads", k, in_threads)
+            timed("preallocated, one syncfs", k, lambda _: syncfs(dir_fd), pre, overwrite)
+            timed("preallocated, fdatasync k threads", k, in_threads, pre, overwrite)
     finally:
         pool.shutdown()
         for fd in fds + pre:
