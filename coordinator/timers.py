@@ -86,6 +86,12 @@ class _Timer:
         self.args = args
         self.handle: Cancellable | None = None
 
+    def disarm(self) -> None:
+        """Cancels the armed callback, if any, and drops it (no cycle left behind: ``Timers._fire``)."""
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
 
 class Timers:
     """Keyed timers of one shard. A key holds at most one timer; scheduling it again replaces it."""
@@ -101,9 +107,8 @@ class Timers:
         if timer is not None and timer.handle is not None and timer.fire_at <= deadline:
             timer.deadline, timer.fn, timer.args = deadline, fn, args  # the armed callback re-arms
             return
-        if timer is not None and timer.handle is not None:
-            timer.handle.cancel()
-            timer.handle = None
+        if timer is not None:
+            timer.disarm()
         timer = _Timer(deadline, fn, args)
         self._timers[key] = timer
         self._arm(key, timer)
@@ -127,15 +132,12 @@ class Timers:
 
     def cancel(self, key: str) -> None:
         timer = self._timers.pop(key, None)
-        if timer is not None and timer.handle is not None:
-            timer.handle.cancel()
-            timer.handle = None
+        if timer is not None:
+            timer.disarm()
 
     def cancel_all(self) -> None:
         for timer in self._timers.values():
-            if timer.handle is not None:
-                timer.handle.cancel()
-                timer.handle = None
+            timer.disarm()
         self._timers.clear()
 
     def deadline(self, key: str) -> int | None:
