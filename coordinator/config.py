@@ -45,6 +45,7 @@ class Config:
     offset_metadata_max_bytes: int = 4096
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_buffered_bytes: int = 2 * DEFAULT_MAX_FRAME_BYTES
+    max_connections: int | None = None  # None: only the open-files limit caps them (coordinator.admission)
     delete_retention_ms: int = 24 * 3600 * 1000
     shutdown_timeout_ms: int = 10_000
     group_initial_rebalance_delay_ms: int = 3000
@@ -188,6 +189,9 @@ OPTIONS: list[Option] = [
     Option("--max-buffered-bytes", "KCOORD_MAX_BUFFERED_BYTES", bounded_int(MIN_FRAME_BYTES, INT63),
            _field("max_buffered_bytes"),
            "request bytes buffered across all connections before reading pauses (default 209715200)"),
+    Option("--max-connections", "KCOORD_MAX_CONNECTIONS", bounded_int(1, INT31), _field("max_connections"),
+           "most client connections open at once; more are closed as they arrive (default: as many as the "
+           "open-files limit allows, less what the logs keep)"),
     Option("--delete-retention-ms", "KCOORD_DELETE_RETENTION_MS", bounded_int(0, INT63),
            _field("delete_retention_ms"), "how long the cleaner keeps tombstones (default 86400000)"),
     Option("--shutdown-timeout-ms", "KCOORD_SHUTDOWN_TIMEOUT_MS", bounded_int(0, 3_600_000),

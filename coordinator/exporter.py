@@ -216,7 +216,8 @@ class KcoordCollector(Collector):
                                   value=m.connections_accepted)
         aborted = CounterMetricFamily("kcoord_connections_aborted", "Connections kcoord closed at once, by "
                                       "reason: bad input (frame, header, unknown_api, unsupported_version, "
-                                      "malformed), too_slow, server_error, stopping.", labels=["reason"])
+                                      "malformed), too_slow, server_error, stopping; or as soon as made: "
+                                      "max_connections, file_descriptors.", labels=["reason"])
         for reason, n in sorted(m.connections_refused.copy().items()):
             aborted.add_metric([reason], n)
         yield aborted

@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, cast
 
 from coordinator import gcpause
+from coordinator.admission import Admission
 from coordinator.apis import APIS, load_all
 from coordinator.budget import MemoryBudget
 from coordinator.handoff import on_loop
@@ -91,15 +92,23 @@ class Connection(asyncio.Protocol):
         self._slow_timer: asyncio.TimerHandle | None = None
         self._eof = False  # the peer closed its side: serve the complete requests read, then close
         self.last_active = 0.0
+        self.refused = False  # closed as soon as made (coordinator.admission)
 
     # -- asyncio callbacks ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
         self._transport = cast(asyncio.Transport, transport)
-        self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        refusal = self._server.admission.refusal(transport.get_extra_info("socket").fileno(),
+                                                 len(self._server.connections))
+        if refusal is not None:  # coordinator.admission: logged there, at most once a minute
+            self._runtime.metrics.connection_refused(refusal)
+            self.closed = self.refused = True
+            self._transport.close()
+            return
+        self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         self._server.connections.add(self)
         self._runtime.metrics.connection_accepted()
         self.last_active = self._server.loop.time()
@@ -108,6 +117,8 @@ class Connection(asyncio.Protocol):
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.refused:  # closed when made: nothing was set up
+            return
         self.closed = True
         self._server.connections.discard(self)
         held = sum(req.holds_gc for req in self._queue)
@@ -467,6 +478,7 @@ class Server:
         self.debug = log.isEnabledFor(logging.DEBUG)
         self.bulk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-bulk")
         self.memory = MemoryBudget(runtime.config.max_buffered_bytes)
+        self.admission = Admission(runtime.config.offsets_partitions, runtime.config.max_connections)
         self._ready: deque[Connection] = deque()
         self._writes: list[Connection] = []
         self._dispatch_scheduled = False

@@ -2,6 +2,7 @@
 
 import os
 import random
+import resource
 import signal
 import socket
 import subprocess
@@ -64,8 +65,9 @@ def wait_port(port: int, proc: "subprocess.Popen[bytes] | None", log: Path | Non
 class KcoordProcess:
     """One kcoord server process; ``restart()`` keeps the data directory and the port."""
 
-    def __init__(self, data_dir: Path, *extra: str, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path, *extra: str, port: int | None = None, open_files: int | None = None) -> None:
         self.data_dir = data_dir
+        self.open_files = open_files  # the server's RLIMIT_NOFILE, soft and hard (None: inherited)
         self.port = port or free_port()
         self.extra = list(extra)
         self.metrics_port = free_port()
@@ -91,13 +93,18 @@ class KcoordProcess:
         # KCOORD_TEST_PYTHONPATH: more paths for the server, e.g. a sitecustomize with profiling hooks.
         paths = [str(REPO), os.environ.get("KCOORD_TEST_PYTHONPATH", "")]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+                                     preexec_fn=None if self.open_files is None else self._limit_open_files)
         log.close()
         if wait:
             self.wait_listening()
             if loaded:
                 self.wait_loaded()
         return self
+
+    def _limit_open_files(self) -> None:
+        assert self.open_files is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.open_files, self.open_files))
 
     def wait_loaded(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
