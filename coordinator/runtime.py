@@ -20,6 +20,7 @@ from coordinator.shard import Shard, ShardState
 from coordinator.timers import Clock, SystemClock
 from coordinator.writer import WriterThread
 from protocol.partitioning import partition_for
+from storage.dirlock import DirectoryInUse, lock_directory
 from storage.log import PartitionLog, fsync_path
 from storage.sync import make_sync
 from storage.synchelper import SyncHelper
@@ -45,10 +46,26 @@ class ConfigMismatch(Exception):
     offsets would be stranded; Kafka forbids this too, KAFKA-14418), or its record of it is damaged."""
 
 
-def check_data_dir(data_dir: Path, partitions: int) -> None:
-    """Creates the data directory or checks the one there: writable, and holding the same partition
+def check_data_dir(data_dir: Path, partitions: int) -> int | None:
+    """Creates the data directory or checks the one there: not in use by another process (the
+    returned descriptor holds its lock, storage.dirlock), writable, and holding the same partition
     count (recorded in ``kcoord.meta.json``)."""
     data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = lock_directory(data_dir)
+    except DirectoryInUse as exc:
+        raise ConfigMismatch(f"data directory {exc}: two servers on one data directory overwrite each other's "
+                             "logs; stop the other one first") from None
+    try:
+        _check_contents(data_dir, partitions)
+    except BaseException:
+        if lock is not None:
+            os.close(lock)
+        raise
+    return lock
+
+
+def _check_contents(data_dir: Path, partitions: int) -> None:
     meta = data_dir / META_FILE
     probe = data_dir / ".kcoord-write-probe"
     try:
@@ -83,6 +100,12 @@ def check_data_dir(data_dir: Path, partitions: int) -> None:
     highest = max((int(p.name.rsplit("-", 1)[1]) for p in existing), default=-1)
     if highest >= partitions:
         raise ConfigMismatch(f"{data_dir} has partition {highest}, beyond --offsets-partitions {partitions}")
+    if highest >= 0 and highest + 1 != partitions:
+        # Every partition's directory is made at the first start, right after the meta file: logs
+        # without it still tell the count. More partitions would re-map every group as surely as fewer.
+        raise ConfigMismatch(f"{data_dir} has no {META_FILE} but holds the logs of an offsets topic of "
+                             f"{highest + 1} partitions; --offsets-partitions {partitions} would re-map every "
+                             f"group. Start with {highest + 1}.")
     tmp = meta.with_suffix(".tmp")
     with open(tmp, "w") as f:
         f.write(json.dumps({"offsets_partitions": partitions}) + "\n")
@@ -119,12 +142,13 @@ class Runtime:
         self._loads: list[asyncio.Task[None]] = []
         self._cleaner: asyncio.Task[None] | None = None
         self._load_report: asyncio.Task[None] | None = None
+        self._lock: int | None = None  # the data directory's lock, held until stopped (storage.dirlock)
 
     def open(self) -> None:
         """Checks the data directory and creates every shard (INITIAL). Separate from ``start`` so a
         server can refuse to start (port in use) before anything is created on disk."""
         cfg = self.config
-        check_data_dir(cfg.data_dir, cfg.offsets_partitions)
+        self._lock = check_data_dir(cfg.data_dir, cfg.offsets_partitions)
         for p in range(cfg.offsets_partitions):
             plog = self._log_factory(cfg.data_dir / f"{OFFSETS_TOPIC}-{p}", cfg.segment_bytes)
             shard = Shard(p, plog, self._writer, self.flusher, self._loader, self.metrics, self.clock, None,
@@ -207,4 +231,7 @@ class Runtime:
         self._writer.shutdown(wait=False, cancel_futures=True)
         self.flusher.close()
         self._loader.shutdown(wait=False, cancel_futures=True)
+        if self._lock is not None and all(closed):  # a stuck write keeps it: the process is about to end
+            os.close(self._lock)
+            self._lock = None
         return all(closed)

@@ -1,5 +1,6 @@
 """Start-up and shutdown as an operator sees them."""
 
+import json
 import signal
 import socket
 import subprocess
@@ -71,6 +72,49 @@ def test_a_damaged_meta_file_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "kcoord.meta.json is damaged" in result.stderr
+
+
+def test_a_second_server_on_the_same_data_directory_is_refused(tmp_path: Path) -> None:
+    """Two servers on one directory overwrite each other's logs (a fault campaign lost one's
+    acknowledged commits): the second exits 2, the first keeps serving, and the lock goes with the
+    process that held it, kill -9 included."""
+    first = KcoordProcess(tmp_path / "data").start()
+    assert first.proc is not None
+    client = RawClient(first.port)
+    assert client.call(commit_request("locked", {("t", 0): 5}), 8).topics[0].partitions[0].error_code == 0
+    result = subprocess.run(
+        [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(tmp_path / "data"),
+         "--listen", "127.0.0.1:0", "--metrics-listen", "off"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"in use by another process (pid {first.proc.pid})" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert client.call(commit_request("locked", {("t", 0): 6}), 8).topics[0].partitions[0].error_code == 0
+    client.close()
+    first.kill()
+    second = KcoordProcess(tmp_path / "data").start()
+    reader = RawClient(second.port)
+    assert reader.call(fetch_request("locked", {"t": [0]}), 7).topics[0].partitions[0].committed_offset == 6
+    reader.close()
+    assert second.stop() == 0
+
+
+def test_logs_without_their_meta_file_keep_their_partition_count(tmp_path: Path) -> None:
+    """Removing the meta file (as the damaged-meta message suggests) must not let a larger partition
+    count re-map every group: the logs say how many partitions the topic had."""
+    data = tmp_path / "data"
+    KcoordProcess(data, "--offsets-partitions", "8").start().stop()
+    (data / "kcoord.meta.json").unlink()
+    result = subprocess.run(
+        [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(data), "--listen", "127.0.0.1:0",
+         "--offsets-partitions", "12", "--metrics-listen", "off"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert "offsets topic of 8 partitions" in result.stderr and "Start with 8" in result.stderr
+    KcoordProcess(data, "--offsets-partitions", "8").start().stop()
+    assert json.loads((data / "kcoord.meta.json").read_text()) == {"offsets_partitions": 8}
 
 
 class _AckTracker(threading.Thread):

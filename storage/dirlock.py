@@ -1,0 +1,67 @@
+"""One process per data directory: an exclusive ``flock`` on ``<data-dir>/.lock``, as Kafka locks each
+of its log directories.
+
+Two servers on one directory append to the same segments, and each rolls, truncates and sets aside
+what the other wrote (a fault campaign lost every acknowledged commit of one of them that way: a
+restart racing a process that had not exited yet is enough). The lock is held by an open descriptor,
+so the kernel releases it however the process ends, kill -9 included; the descriptor is
+close-on-exec, so the sync helper process never holds it.
+"""
+
+import errno
+import fcntl
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+_HELD = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+
+
+class DirectoryInUse(Exception):
+    """Another process holds the directory's lock."""
+
+
+def lock_directory(directory: Path) -> int | None:
+    """The descriptor that holds ``directory``'s lock until it is closed or the process ends;
+    DirectoryInUse if another process holds it. None on a full disk that leaves no room for a first
+    lock file (a directory made by a kcoord that had none): serving reads beats not starting."""
+    path = directory / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        writable = True
+    except OSError as exc:
+        try:  # a read-only descriptor locks as well (a directory that cannot be written is refused later)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            writable = False
+        except FileNotFoundError:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                log.warning("%s: cannot create %s (%s): starting without the lock that keeps a second server "
+                            "off this directory", directory, LOCK_FILE, exc.strerror)
+                return None
+            raise exc from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = _holder(fd)
+        os.close(fd)
+        if exc.errno in _HELD:
+            raise DirectoryInUse(f"{directory} is in use by another process{holder} (it holds {path})") from None
+        raise
+    if writable:
+        try:  # who holds it, for the next one's message; only a hint
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
+    return fd
+
+
+def _holder(fd: int) -> str:
+    try:
+        pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    return f" (pid {pid})" if pid.isdigit() else ""
