@@ -2,7 +2,8 @@
 
 Every connection holds a descriptor, and so does every partition's active segment (opened when the
 partition is first written), a compaction's files, a probe, the metrics listener's connections and,
-in gateway mode, each client connection's upstream links. A flood of connections that used up the
+in gateway mode, each client connection's upstream links; the metrics listener has a cap of its own
+(``METRICS_MAX_CONNECTIONS``, kept in the reserve). A flood of connections that used up the
 process's open-files limit would make the next segment roll or first write of a partition fail, and
 that partition would go read-only. So a connection whose descriptor number is within
 ``fd_reserve(partitions)`` of the limit is closed at once (descriptors are handed out lowest first, so
@@ -22,7 +23,8 @@ import time
 
 log = logging.getLogger(__name__)
 
-FD_RESERVE_BASE = 64  # the loop, the helper, the exporter's threads and their connections, probes
+METRICS_MAX_CONNECTIONS = 32  # the metrics listener's open connections (coordinator.exporter)
+FD_RESERVE_BASE = 64 + METRICS_MAX_CONNECTIONS  # the loop, the helper, the metrics listener, probes
 FD_RESERVE_PER_PARTITION = 2  # the active segment, and a cleaner's or probe's file beside it
 REFUSAL_LOG_INTERVAL_S = 60.0
 

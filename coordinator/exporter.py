@@ -9,9 +9,11 @@ or failed. The listener is a small threaded WSGI server, so a scrape never waits
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import platform
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -23,6 +25,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from coordinator.admission import METRICS_MAX_CONNECTIONS
 from coordinator.apis import APIS
 from coordinator.groups.model import GroupState
 from coordinator.metrics import Histogram, Metrics
@@ -285,8 +288,54 @@ class _Handler(WSGIRequestHandler):
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most METRICS_MAX_CONNECTIONS open: a new one past that closes the
+    oldest (its thread's read ends), so a probe or scrape is still answered while something floods the
+    port. Uncapped, 300 idle connections took the descriptors the logs needed and commits failed (a
+    fault campaign's find); refusing the newcomers instead would have failed the health probes."""
+
     daemon_threads = True
     request_queue_size = 128  # the listen backlog (socketserver's 5 made a burst of connects wait 1 s each)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lock = threading.Lock()
+        self._open: dict[Any, None] = {}  # the connections being served, oldest first
+        self.evicted = 0
+        self._logged_at = float("-inf")
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        oldest = None
+        with self._lock:
+            if len(self._open) >= METRICS_MAX_CONNECTIONS:
+                oldest = next(iter(self._open))
+                del self._open[oldest]
+                self.evicted += 1
+                now = time.monotonic()
+                loud = now - self._logged_at >= 60
+                if loud:
+                    self._logged_at = now
+            self._open[request] = None
+        if oldest is not None:
+            if loud:
+                log.warning("metrics listener: %d connections open; closing the oldest for each new one "
+                            "(%d closed so far)", METRICS_MAX_CONNECTIONS, self.evicted)
+            with contextlib.suppress(OSError):
+                oldest.shutdown(socket.SHUT_RDWR)  # its thread reads the end and closes it
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._served(request)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._served(request)
+
+    def _served(self, request: Any) -> None:
+        with self._lock:
+            self._open.pop(request, None)
 
 
 class Exporter:

@@ -103,3 +103,31 @@ def test_a_connection_flood_leaves_descriptors_for_every_partition(tmp_path: Pat
         for sock in flood:
             sock.close()
         server.stop()
+
+
+def test_a_metrics_port_flood_neither_starves_the_logs_nor_the_probes(tmp_path: Path) -> None:
+    """300 idle connections to the metrics listener took the descriptors segment rolls needed (a fault
+    campaign: 141 ERROR lines and NOT_COORDINATOR for most commits at nofile 200). The listener keeps
+    at most 32 open, closing the oldest, so commits that roll segments keep succeeding and the health
+    probes keep answering."""
+    server = KcoordProcess(tmp_path / "data", "--offsets-partitions", str(PARTITIONS), "--segment-bytes", "2048",
+                           open_files=256).start()
+    host, port = server.metrics_url.removeprefix("http://").split(":")
+    flood = [socket.create_connection((host, int(port)), timeout=10) for _ in range(300)]
+    try:
+        time.sleep(2)  # the listener takes them all meanwhile: uncapped, every descriptor
+        committer = RawClient(server.port)
+        groups = list(group_per_partition())
+        for offset in range(40):  # ~20 commits fill a 2 KiB segment: every partition rolls
+            for group in groups:
+                assert answers(committer, group, offset), (group, offset)
+        assert get(server.metrics_url + "/healthz")[0] == 200
+        assert get(server.metrics_url + "/readyz")[0] == 200
+        log = server.log_since_start()
+        assert " ERROR " not in log and "Too many open files" not in log
+        assert "metrics listener: 32 connections open; closing the oldest" in log
+        committer.close()
+    finally:
+        for sock in flood:
+            sock.close()
+        server.stop()
