@@ -150,7 +150,7 @@ async def serve(config: Config, event_loop: str = "asyncio") -> int:
     loop.run_in_executor(None, _check_builds)
     after_load = loop.create_task(_when_loaded(runtime))
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the JVM's shutdown too, as Kafka's
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("signal received: stopping (no new requests; pending writes get %d ms to finish)",

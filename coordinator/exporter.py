@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BEAT_S = 1.0
+SYNC_STUCK_S = 5.0  # a sync pending this long is logged (a healthy one takes milliseconds)
 STALLED_AFTER_S = 10.0
 METRICS_IDLE_S = 10.0  # a metrics connection idle this long is closed
 LOADED = (ShardState.ACTIVE, ShardState.READ_ONLY)
@@ -240,6 +241,7 @@ class Health:
         self._beat = time.monotonic()
         self._late = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._sync_stuck = False
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._heartbeat())
@@ -254,6 +256,19 @@ class Health:
             await asyncio.sleep(BEAT_S)
             self._beat = time.monotonic()
             self._late = max(0.0, self._beat - before - BEAT_S)
+            self._watch_sync()
+
+    def _watch_sync(self) -> None:
+        """A sync that does not come back holds every commit without an error anywhere (a hung disk, or
+        a stopped sync helper: a fault campaign saw 25 s of silence): say so once, and when it ends."""
+        pending = self.runtime.flusher.sync_pending_s()
+        if pending >= SYNC_STUCK_S and not self._sync_stuck:
+            self._sync_stuck = True
+            log.warning("a flush cycle's sync has been pending for %.0f s: every commit waits for it (a hung disk, "
+                        "or a stopped sync helper process); kcoord_sync_pending_seconds shows how long", pending)
+        elif pending < SYNC_STUCK_S and self._sync_stuck:
+            self._sync_stuck = False
+            log.warning("syncs complete again")
 
     def lag(self) -> float:
         return max(self._late, time.monotonic() - self._beat - BEAT_S, 0.0)

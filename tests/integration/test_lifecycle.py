@@ -74,6 +74,19 @@ def test_a_damaged_meta_file_is_a_clear_error(tmp_path: Path) -> None:
     assert "kcoord.meta.json is damaged" in result.stderr
 
 
+def test_sighup_stops_gracefully(tmp_path: Path) -> None:
+    """As SIGTERM (the JVM runs its shutdown hooks on SIGHUP, so a Kafka broker stops cleanly): a
+    closed terminal must not kill the server mid-request."""
+    server = KcoordProcess(tmp_path / "data").start()
+    assert server.proc is not None
+    client = RawClient(server.port)
+    assert client.call(commit_request("hup", {("t", 0): 3}), 8).topics[0].partitions[0].error_code == 0
+    client.close()
+    server.proc.send_signal(signal.SIGHUP)
+    assert server.proc.wait(30) == 0
+    assert "signal received: stopping" in server.log_since_start() and "kcoord stopped" in server.log_since_start()
+
+
 def test_a_second_server_on_the_same_data_directory_is_refused(tmp_path: Path) -> None:
     """Two servers on one directory overwrite each other's logs (a fault campaign lost one's
     acknowledged commits): the second exits 2, the first keeps serving, and the lock goes with the

@@ -196,3 +196,37 @@ def test_commits_made_while_the_helper_syncs_are_appended_ahead_and_acknowledged
     finally:
         if server.proc is not None and server.proc.poll() is None:
             server.kill()
+
+
+def test_a_sync_that_does_not_come_back_is_logged_once_and_its_end_too(tmp_path: Path) -> None:
+    """A stopped helper held a commit for 25 s with nothing logged and both probes at 200 (a fault
+    campaign's find): now a WARNING says so after 5 s, and another when syncs complete again."""
+    server = KcoordProcess(tmp_path / "data").start()
+    try:
+        client = RawClient(server.port)
+        for offset in range(1, 4):
+            assert commit(client, offset) == 0
+        pid = helper_pid(server)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            client.send(commit_request("sync-helper", {("t", 0): 4}), 8)
+            deadline = time.monotonic() + 30
+            while "sync has been pending for" not in server.log_since_start():
+                assert time.monotonic() < deadline, server.log_since_start()
+                time.sleep(0.2)
+            assert unanswered(client, 0.1)  # still held: nothing acknowledged early
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        _, reply = client.receive(8, 8)
+        assert reply.topics[0].partitions[0].error_code == 0
+        deadline = time.monotonic() + 10
+        while "syncs complete again" not in server.log_since_start():
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert server.log_since_start().count("sync has been pending for") == 1
+        assert committed(client) == 4
+        client.close()
+        assert server.stop() == 0
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
