@@ -100,9 +100,10 @@ def _check_contents(data_dir: Path, partitions: int) -> None:
     highest = max((int(p.name.rsplit("-", 1)[1]) for p in existing), default=-1)
     if highest >= partitions:
         raise ConfigMismatch(f"{data_dir} has partition {highest}, beyond --offsets-partitions {partitions}")
-    if highest >= 0 and highest + 1 != partitions:
-        # Every partition's directory is made at the first start, right after the meta file: logs
-        # without it still tell the count. More partitions would re-map every group as surely as fewer.
+    if len(existing) == highest + 1 > 1 and highest + 1 != partitions:
+        # Every partition's directory is made at the first start, right after the meta file: a full set
+        # without it still tells the count (more partitions re-map every group as surely as fewer). A
+        # sparse set is logs placed by hand (a partition copied from Kafka, a benchmark's): allowed.
         raise ConfigMismatch(f"{data_dir} has no {META_FILE} but holds the logs of an offsets topic of "
                              f"{highest + 1} partitions; --offsets-partitions {partitions} would re-map every "
                              f"group. Start with {highest + 1}.")
