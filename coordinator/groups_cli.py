@@ -124,8 +124,11 @@ def _describe_action(admin: Any, args: argparse.Namespace) -> Result:
     members = []
     for m in d["members"]:
         assignment = m.get("member_assignment") or {}
-        partitions = sorted(f"{entry['topic']}-{p}" for entry in (assignment.get("assigned_partitions") or [])
-                            for p in entry["partitions"])
+        if isinstance(assignment, dict):
+            partitions = sorted(f"{entry['topic']}-{p}" for entry in (assignment.get("assigned_partitions") or [])
+                                for p in entry["partitions"])
+        else:  # not a consumer's assignment (another protocol type's bytes, or damaged): kafka-python's raw value
+            partitions = ["(not a consumer assignment)"]
         members.append({"member_id": m["member_id"], "group_instance_id": m.get("group_instance_id"),
                         "client_id": m["client_id"], "host": m["client_host"], "partitions": partitions})
     data = {"group": args.group, "state": d["group_state"], "protocol_type": d["protocol_type"],

@@ -429,8 +429,8 @@ class Shard:
                               "durable, read-only, until it can", self.partition, describe_error(exc))
                     await self._load(durable_only=True)
                     return
-                trouble.report(logging.ERROR, "partition %d: cannot reopen its log (%s); retrying every %.1f s",
-                               self.partition, describe_error(exc), delay)
+                trouble.report(logging.ERROR, "partition %d: cannot reopen its log (%s); retrying in %.1f s, backing "
+                               "off to every 30 s", self.partition, describe_error(exc), delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_BACKOFF_MAX_S)
         else:
@@ -483,8 +483,8 @@ class Shard:
                 self._transition(_SHARD_FAILED)
                 return
             except OSError as exc:
-                self._trouble.report(logging.ERROR, "partition %d: cannot load its log (%s); retrying every %.1f s",
-                                     self.partition, describe_error(exc), delay)
+                self._trouble.report(logging.ERROR, "partition %d: cannot load its log (%s); retrying in %.1f s, "
+                                     "backing off to every 30 s", self.partition, describe_error(exc), delay)
                 self._transition(_SHARD_FAILED)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_BACKOFF_MAX_S)

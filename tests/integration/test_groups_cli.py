@@ -17,6 +17,7 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from tests.integration.test_group_admin import simple_offsets
 from tests.integration.test_groups import Member
 from tests.kcoord_process import REPO, KcoordProcess, free_port
+from tests.rawclient import RawClient
 from tests.tansu_process import TansuProcess
 
 
@@ -114,3 +115,26 @@ def test_against_a_kafka_compatible_broker(tansu: TansuProcess) -> None:
         assert result.returncode in (0, 1) and "Traceback" not in result.stderr, result.stderr
     assert parsed(groups(tansu, "delete", "elsewhere")) == {"group": "elsewhere", "deleted": True}
     assert "elsewhere" not in [g["group"] for g in parsed(groups(tansu, "list"))]
+
+
+def test_describe_shows_an_assignment_that_is_not_a_consumers(server: KcoordProcess) -> None:
+    """A "consumer" group whose leader handed out bytes that are no consumer assignment (a fault
+    campaign's find: `describe` died with an AttributeError): the member is shown, marked."""
+    from kafka.protocol.consumer.group import JoinGroupRequest, SyncGroupRequest
+
+    member = RawClient(server.port)
+    protocol = JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"")
+    join = JoinGroupRequest(group_id="odd", session_timeout_ms=30000, rebalance_timeout_ms=5000, member_id="",
+                            group_instance_id=None, protocol_type="consumer", protocols=[protocol], reason=None)
+    joined = member.call(join, 3)
+    assert joined.error_code == 0
+    sync = SyncGroupRequest(group_id="odd", generation_id=joined.generation_id, member_id=joined.member_id,
+                            group_instance_id=None, protocol_type=None, protocol_name=None,
+                            assignments=[SyncGroupRequest.SyncGroupRequestAssignment(
+                                member_id=joined.member_id, assignment=b"\x01" * 600)])
+    assert member.call(sync, 2).error_code == 0
+    described = parsed(groups(server, "describe", "odd"))
+    assert [m["partitions"] for m in described["members"]] == [["(not a consumer assignment)"]]
+    table = groups(server, "describe", "odd", json_out=False)
+    assert table.returncode == 0 and "Traceback" not in table.stderr
+    member.close()
