@@ -20,7 +20,9 @@ retry would no longer see. The flusher then syncs from its writer thread for the
 This file is also the helper's program (``python -I -S synchelper.py FD``): it imports only the
 standard library, and ignores SIGINT and SIGTERM, ending when the server's end of the socket closes
 (its exit, even by SIGKILL, closes it), so a terminal's Ctrl-C or a service manager signalling the
-whole group cannot end it under a clean shutdown that still syncs.
+whole group cannot end it under a clean shutdown that still syncs. On Linux it also asks the kernel
+to kill it when the server's process ends (``PR_SET_PDEATHSIG``), stopped or not. The signal follows
+the thread that started it: the event loop's, which lives as long as the process.
 """
 
 import array
@@ -206,9 +208,28 @@ def serve(sock: socket.socket) -> None:
         sock.send(_REPLY.pack(code, time.perf_counter() - started))
 
 
+def _end_with_the_server() -> None:
+    """Linux: the kernel kills this process when the server's process ends. The socket's end already
+    ends it, but only if it runs: a stopped helper (SIGSTOP, a debugger) outlived a kill -9 of the
+    server for ever (a fault campaign's find). Elsewhere the socket is all there is."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the server ended before the call: nothing would send the signal
+        os._exit(0)
+
+
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        _end_with_the_server()
     try:
         serve(socket.socket(fileno=int(sys.argv[1])))
     except (BrokenPipeError, ConnectionResetError):  # the server is gone

@@ -230,3 +230,27 @@ def test_a_sync_that_does_not_come_back_is_logged_once_and_its_end_too(tmp_path:
     finally:
         if server.proc is not None and server.proc.poll() is None:
             server.kill()
+
+
+def test_a_stopped_helper_does_not_outlive_a_killed_server(tmp_path: Path) -> None:
+    """A stopped helper cannot read the end of its socket: after a kill -9 of the server it stayed,
+    stopped, for ever (a fault campaign's find). The kernel kills it with the server now."""
+    server = KcoordProcess(tmp_path / "data").start()
+    pid = helper_pid(server)
+    os.kill(pid, signal.SIGSTOP)
+    server.kill()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # killed and reaped
+            break
+        if stat[0] == "Z":  # killed; waiting for init to reap it
+            break
+        assert time.monotonic() < deadline, f"helper {pid} still there, state {stat[0]}"
+        time.sleep(0.05)
+    server.start()  # and the data directory's lock went with the server
+    client = RawClient(server.port)
+    assert commit(client, 1) == 0
+    client.close()
+    assert server.stop() == 0
