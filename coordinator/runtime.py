@@ -96,7 +96,8 @@ def _check_contents(data_dir: Path, partitions: int) -> None:
                 f"--offsets-partitions {partitions} would re-map every group. Start with {recorded}."
             )
         return
-    existing = [p for p in data_dir.glob(f"{OFFSETS_TOPIC}-*") if p.is_dir()]
+    # Only ``__consumer_offsets-N``: a Kafka directory copied in may carry ``-N.<id>-delete`` ones too.
+    existing = [p for p in data_dir.glob(f"{OFFSETS_TOPIC}-*") if p.is_dir() and p.name.rsplit("-", 1)[1].isdigit()]
     highest = max((int(p.name.rsplit("-", 1)[1]) for p in existing), default=-1)
     if highest >= partitions:
         raise ConfigMismatch(f"{data_dir} has partition {highest}, beyond --offsets-partitions {partitions}")

@@ -26,8 +26,9 @@ class DirectoryInUse(Exception):
 
 def lock_directory(directory: Path) -> int | None:
     """The descriptor that holds ``directory``'s lock until it is closed or the process ends;
-    DirectoryInUse if another process holds it. None on a full disk that leaves no room for a first
-    lock file (a directory made by a kcoord that had none): serving reads beats not starting."""
+    DirectoryInUse if another process holds it. None where no first lock file can be made: a
+    directory that cannot be written (refused by the caller's own check, with its message), or a full
+    disk (a directory made by a kcoord that had none): serving reads beats not starting, unlocked."""
     path = directory / LOCK_FILE
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -37,6 +38,8 @@ def lock_directory(directory: Path) -> int | None:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             writable = False
         except FileNotFoundError:
+            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                return None  # nothing can be written there: the caller's write check refuses it, saying so
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 log.warning("%s: cannot create %s (%s): starting without the lock that keeps a second server "
                             "off this directory", directory, LOCK_FILE, exc.strerror)

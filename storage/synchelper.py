@@ -18,7 +18,7 @@ sync in flight fails that cycle rather than retrying it: the sync may have consu
 retry would no longer see. The flusher then syncs from its writer thread for the rest of the process.
 
 This file is also the helper's program (``python -I -S synchelper.py FD``): it imports only the
-standard library, and ignores SIGINT and SIGTERM, ending when the server's end of the socket closes
+standard library, and ignores SIGINT, SIGTERM and SIGHUP, ending when the server's end of the socket closes
 (its exit, even by SIGKILL, closes it), so a terminal's Ctrl-C or a service manager signalling the
 whole group cannot end it under a clean shutdown that still syncs. On Linux it also asks the kernel
 to kill it when the server's process ends (``PR_SET_PDEATHSIG``), stopped or not. The signal follows
@@ -228,6 +228,7 @@ def _end_with_the_server() -> None:
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a terminal's hangup stops the server gracefully too
     if sys.platform.startswith("linux"):
         _end_with_the_server()
     try:

@@ -52,7 +52,7 @@ class ClientLinks(LinkOwner):
     def link_for(self, addr: tuple[str, int], node: int) -> UpstreamLink:
         link = self.links.get(addr)
         if link is None or link.failed is not None:
-            link = UpstreamLink(addr, self, self.gateway.timeout_s, node)
+            link = UpstreamLink(addr, self, self.gateway.timeout_s, node, self.gateway.server.admission.highest_fd)
             self.links[addr] = link
         return link
 

@@ -13,6 +13,7 @@ owner stops reading requests from its client), and can be paused while the clien
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 import struct
@@ -46,8 +47,12 @@ class LinkOwner:
 class UpstreamLink(asyncio.Protocol):
     """A connection to one upstream broker; ``send`` may be called before it is connected."""
 
-    def __init__(self, addr: tuple[str, int], owner: LinkOwner, timeout_s: float, node: int = -1) -> None:
+    def __init__(self, addr: tuple[str, int], owner: LinkOwner, timeout_s: float, node: int = -1,
+                 highest_fd: int | None = None) -> None:
         self.addr = addr
+        # A client's link may not take a descriptor past this one (coordinator.admission: the rest are
+        # the logs'); None for the gateway's own discovery links, which it cannot do without.
+        self.highest_fd = highest_fd
         self.node = node
         self.owner = owner
         self.timeout_s = timeout_s
@@ -67,7 +72,10 @@ class UpstreamLink(asyncio.Protocol):
         try:
             await asyncio.wait_for(self._loop.create_connection(lambda: self, *self.addr), self.timeout_s)
         except (TimeoutError, OSError) as exc:
-            self.fail(f"cannot connect to upstream {self.addr[0]}:{self.addr[1]}: {exc!r}")
+            if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):  # ours, not the broker's
+                self.fail(f"no file descriptor for a link to upstream {self.addr[0]}:{self.addr[1]}: {exc!r}")
+            else:
+                self.fail(f"cannot connect to upstream {self.addr[0]}:{self.addr[1]}: {exc!r}")
 
     # -- asyncio callbacks ---------------------------------------------------------------------
 
@@ -76,8 +84,14 @@ class UpstreamLink(asyncio.Protocol):
         if self.failed is not None:
             self._transport.abort()
             return
-        self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         sock = self._transport.get_extra_info("socket")
+        if self.highest_fd is not None and sock is not None and sock.fileno() > self.highest_fd:
+            # Checked when connected: a link opens on a client's first relayed request, long after the
+            # client's own connection was admitted, and each client may open one per broker.
+            self.fail(f"no file descriptor to spare for a link to upstream {self.addr[0]}:{self.addr[1]} "
+                      f"(descriptor {sock.fileno()} is past {self.highest_fd}: the rest are kept for the logs)")
+            return
+        self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         if sock is not None:  # a relayed Produce request of ~1 MB goes to the kernel in one write
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)

@@ -92,25 +92,31 @@ def test_a_second_server_on_the_same_data_directory_is_refused(tmp_path: Path) -
     acknowledged commits): the second exits 2, the first keeps serving, and the lock goes with the
     process that held it, kill -9 included."""
     first = KcoordProcess(tmp_path / "data").start()
-    assert first.proc is not None
-    client = RawClient(first.port)
-    assert client.call(commit_request("locked", {("t", 0): 5}), 8).topics[0].partitions[0].error_code == 0
-    result = subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(tmp_path / "data"),
-         "--listen", "127.0.0.1:0", "--metrics-listen", "off"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )
-    assert result.returncode == 2, result.stderr
-    assert f"in use by another process (pid {first.proc.pid})" in result.stderr
-    assert "Traceback" not in result.stderr
-    assert client.call(commit_request("locked", {("t", 0): 6}), 8).topics[0].partitions[0].error_code == 0
-    client.close()
-    first.kill()
-    second = KcoordProcess(tmp_path / "data").start()
-    reader = RawClient(second.port)
-    assert reader.call(fetch_request("locked", {"t": [0]}), 7).topics[0].partitions[0].committed_offset == 6
-    reader.close()
-    assert second.stop() == 0
+    second = KcoordProcess(tmp_path / "data")
+    try:
+        assert first.proc is not None
+        client = RawClient(first.port)
+        assert client.call(commit_request("locked", {("t", 0): 5}), 8).topics[0].partitions[0].error_code == 0
+        result = subprocess.run(
+            [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(tmp_path / "data"),
+             "--listen", "127.0.0.1:0", "--metrics-listen", "off"],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )
+        assert result.returncode == 2, result.stderr
+        assert f"in use by another process (pid {first.proc.pid})" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert client.call(commit_request("locked", {("t", 0): 6}), 8).topics[0].partitions[0].error_code == 0
+        client.close()
+        first.kill()
+        second.start()
+        reader = RawClient(second.port)
+        assert reader.call(fetch_request("locked", {"t": [0]}), 7).topics[0].partitions[0].committed_offset == 6
+        reader.close()
+        assert second.stop() == 0
+    finally:
+        for server in (first, second):
+            if server.proc is not None and server.proc.poll() is None:
+                server.kill()
 
 
 def test_logs_without_their_meta_file_keep_their_partition_count(tmp_path: Path) -> None:
@@ -128,6 +134,16 @@ def test_logs_without_their_meta_file_keep_their_partition_count(tmp_path: Path)
     assert "offsets topic of 8 partitions" in result.stderr and "Start with 8" in result.stderr
     KcoordProcess(data, "--offsets-partitions", "8").start().stop()
     assert json.loads((data / "kcoord.meta.json").read_text()) == {"offsets_partitions": 8}
+
+
+def test_a_kafka_deleted_partition_directory_is_ignored(tmp_path: Path) -> None:
+    """Kafka renames a deleted partition's directory ``<topic>-<n>.<id>-delete``; one copied in with
+    a partition's logs made the start-up's partition count check die with a traceback."""
+    data = tmp_path / "data"
+    (data / "__consumer_offsets-3.8f1e2d-delete").mkdir(parents=True)
+    server = KcoordProcess(data).start()
+    assert server.stop() == 0
+    assert "Traceback" not in server.log()
 
 
 class _AckTracker(threading.Thread):

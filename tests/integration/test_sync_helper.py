@@ -254,3 +254,24 @@ def test_a_stopped_helper_does_not_outlive_a_killed_server(tmp_path: Path) -> No
     assert commit(client, 1) == 0
     client.close()
     assert server.stop() == 0
+
+
+def test_a_hangup_does_not_end_the_helper(tmp_path: Path) -> None:
+    """SIGHUP stops the server gracefully; a terminal's hangup reaches the helper too (its process
+    group), and it must keep syncing while the server drains (a review's find: killed, it failed the
+    commit in flight)."""
+    server = KcoordProcess(tmp_path / "data").start()
+    try:
+        client = RawClient(server.port)
+        assert commit(client, 1) == 0
+        pid = helper_pid(server)
+        os.kill(pid, signal.SIGHUP)
+        time.sleep(0.2)
+        assert commit(client, 2) == 0
+        assert helper_pid(server) == pid
+        assert value(scrape(server), "kcoord_sync_helper_up") == 1
+        client.close()
+        assert server.stop() == 0
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
