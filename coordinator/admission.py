@@ -19,7 +19,8 @@ learns nothing. An immediate close is what Kafka does for its per-address cap.
 
 import logging
 import resource
-import time
+
+from coordinator.logfmt import Repeated
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,8 @@ def fd_reserve(partitions: int) -> int:
 
 
 class Admission:
-    """The server's two caps, and a refusal logged once, then at most once a minute with a count."""
+    """The server's two caps, and a refusal logged once, then at most once a minute with a count
+    (coordinator.logfmt.Repeated)."""
 
     def __init__(self, partitions: int, max_connections: int | None,
                  open_files_limit: int | None = None) -> None:
@@ -49,9 +51,7 @@ class Admission:
             log.warning("the open-files limit (%d) is low for %d offsets partitions: connections are taken up "
                         "to descriptor %d, leaving fewer than the %d the logs may need; raise it (ulimit -n)",
                         open_files_limit, partitions, self.highest_fd, reserve)
-        self.refused = 0
-        self._logged_at = float("-inf")
-        self._unlogged = 0
+        self._refusals = Repeated(log, REFUSAL_LOG_INTERVAL_S)
 
     def refusal(self, fd: int, open_connections: int) -> str | None:
         """Why a new connection on descriptor ``fd`` must be closed (a metric label), or None."""
@@ -64,13 +64,5 @@ class Admission:
                    f"under the open-files limit (the rest are kept for the logs)")
         else:
             return None
-        self.refused += 1
-        now = time.monotonic()
-        if now - self._logged_at >= REFUSAL_LOG_INTERVAL_S:
-            more = f" ({self._unlogged} more refused since the last such line)" if self._unlogged else ""
-            log.warning("closing a new connection at once: %s%s", why, more)
-            self._logged_at = now
-            self._unlogged = 0
-        else:
-            self._unlogged += 1
+        self._refusals.report(logging.WARNING, "closing a new connection at once: %s", why)
         return reason

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from coordinator.admission import METRICS_MAX_CONNECTIONS
 from coordinator.apis import APIS
 from coordinator.groups.model import GroupState
+from coordinator.logfmt import Repeated
 from coordinator.metrics import Histogram, Metrics
 from coordinator.shard import ShardState
 from protocol.errors import ErrorCode
@@ -315,8 +316,7 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
         super().__init__(*args, **kwargs)
         self._lock = threading.Lock()
         self._open: dict[Any, None] = {}  # the connections being served, oldest first
-        self.evicted = 0
-        self._logged_at = float("-inf")
+        self._evictions = Repeated(log, 60.0)  # called on the one accepting thread only
 
     def process_request(self, request: Any, client_address: Any) -> None:
         oldest = None
@@ -324,16 +324,10 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
             if len(self._open) >= METRICS_MAX_CONNECTIONS:
                 oldest = next(iter(self._open))
                 del self._open[oldest]
-                self.evicted += 1
-                now = time.monotonic()
-                loud = now - self._logged_at >= 60
-                if loud:
-                    self._logged_at = now
             self._open[request] = None
         if oldest is not None:
-            if loud:
-                log.warning("metrics listener: %d connections open; closing the oldest for each new one "
-                            "(%d closed so far)", METRICS_MAX_CONNECTIONS, self.evicted)
+            self._evictions.report(logging.WARNING, "metrics listener: %d connections open; closing the oldest "
+                                   "for each new one", METRICS_MAX_CONNECTIONS)
             with contextlib.suppress(OSError):
                 oldest.shutdown(socket.SHUT_RDWR)  # its thread reads the end and closes it
         try:

@@ -97,8 +97,9 @@ def _check_contents(data_dir: Path, partitions: int) -> None:
             )
         return
     # Only ``__consumer_offsets-N``: a Kafka directory copied in may carry ``-N.<id>-delete`` ones too.
-    existing = [p for p in data_dir.glob(f"{OFFSETS_TOPIC}-*") if p.is_dir() and p.name.rsplit("-", 1)[1].isdigit()]
-    highest = max((int(p.name.rsplit("-", 1)[1]) for p in existing), default=-1)
+    existing = [int(n) for p in data_dir.glob(f"{OFFSETS_TOPIC}-*")
+                if p.is_dir() and (n := p.name.rsplit("-", 1)[1]).isdigit()]
+    highest = max(existing, default=-1)
     if highest >= partitions:
         raise ConfigMismatch(f"{data_dir} has partition {highest}, beyond --offsets-partitions {partitions}")
     if len(existing) == highest + 1 > 1 and highest + 1 != partitions:
