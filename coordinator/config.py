@@ -18,7 +18,7 @@ from storage.log import DEFAULT_SEGMENT_BYTES
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
-SYNC_MODES = ("syncfs", "fsync")
+SYNC_MODES = ("journal", "syncfs", "fsync")
 OFF = ("off", "none", "disabled")
 MAX_METADATA_LIMIT = 32767 // 3
 # Below this no stock client gets through its handshake and a modest commit (an ApiVersions v3 from
@@ -57,7 +57,8 @@ class Config:
     cleaner_interval_s: float = 15.0
     log_level: str = "INFO"
     log_format: str = "text"
-    sync_mode: str = "syncfs"
+    sync_mode: str = "journal"
+    checkpoint_interval_ms: int = 1000
     sync_helper: bool = True  # flush cycles' fsync/syncfs made by a helper process (storage.synchelper)
     metrics_listen: tuple[str, int] | None = ("127.0.0.1", 9404)  # None: no metrics listener
     upstream: tuple[tuple[str, int], ...] = ()  # gateway mode when set: the upstream cluster's bootstrap
@@ -209,9 +210,14 @@ OPTIONS: list[Option] = [
     Option("--offsets-retention-check-interval-ms", "KCOORD_OFFSETS_RETENTION_CHECK_INTERVAL_MS", bounded_int(1),
            _field("offsets_retention_check_interval_ms"), "how often expired offsets are removed (default 600000)"),
     Option("--sync-mode", "KCOORD_SYNC_MODE", sync_mode, _field("sync_mode"),
-           "syncfs: make the pending batches of many partitions durable with one syncfs of their file system "
-           "(Linux 5.8+; elsewhere per file), or fsync: always one fsync per partition log (default syncfs)",
+           "journal: a commit is durable once one write-ahead journal file is fdatasynced, the partition logs "
+           "are synced behind it once per --checkpoint-interval-ms (Linux 5.8+, else syncfs); syncfs: make the "
+           "pending batches of many partitions durable with one syncfs of their file system (Linux 5.8+; "
+           "elsewhere per file); or fsync: always one fsync per partition log (default journal)",
            "MODE"),
+    Option("--checkpoint-interval-ms", "KCOORD_CHECKPOINT_INTERVAL_MS", bounded_int(10),
+           _field("checkpoint_interval_ms"), "journal mode: how often the partition logs are synced and the "
+           "journal cut back behind them (default 1000)"),
     Option("--sync-helper", "KCOORD_SYNC_HELPER", on_off, _field("sync_helper"),
            "on: a helper process makes each flush cycle's fsync or syncfs, so the event loop never waits for "
            "the GIL a writer thread holds; off: the writer thread makes every sync (default on)", "on|off"),

@@ -85,6 +85,12 @@ class Flusher:
         self._helper_syncing = False  # the cycle in flight is the sync helper's: appends may go on
         self._ahead_scheduled = False
 
+    def use_sync(self, sync: FileSync) -> None:
+        """Replaces how cycles are made durable (coordinator.runtime: the journal's, once the data
+        directory is open); before the first cycle only."""
+        self._sync.close()
+        self._sync = sync
+
     def sync_pending_s(self) -> float:
         """Seconds the cycle in progress has been under way (appends and sync), 0 without one. Read
         by the exporter's thread: two plain attributes, a torn read only gives a stale figure."""
@@ -150,7 +156,14 @@ class Flusher:
 
     def _hand_off(self, logs: list[PartitionLog], jobs: list[tuple[Flushable, Any]], outcomes: list[FlushOutcome],
                   appended: list[int], started: float) -> None:
-        """The sync to the helper process when it is one system call, else to the writer thread."""
+        """The sync to the helper process when it is one system call, else to the writer thread. With a
+        journal, its write first: a failed one fails the cycle and every shard that appended ahead."""
+        try:
+            self._sync.prepare(logs)
+        except Exception as failed:  # compiled: one name per exception type in a function
+            log.error("writing the journal failed: %s", failed)
+            self._finish(jobs, started, [failed] * len(jobs), failed)
+            return
         helper = self.helper
         if helper is not None and helper.alive:
             planned = self._sync.plan(logs)
@@ -194,6 +207,7 @@ class Flusher:
         """On the loop, with what ``_sync_logs`` returned or raised (WriterStopped: it never ran), or
         the sync helper's results."""
         sync_failure: BaseException | None = None
+        self._sync.settle(synced if isinstance(synced, BaseException) else None)
         if isinstance(synced, BaseException):
             outcomes = [synced] * len(jobs)
             sync_failure = synced

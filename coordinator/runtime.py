@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
+from coordinator.checkpointer import Checkpointer
 from coordinator.compaction import Compactor
 from coordinator.config import Config
 from coordinator.flusher import Flusher
@@ -21,8 +22,10 @@ from coordinator.timers import Clock, SystemClock
 from coordinator.writer import WriterThread
 from protocol.partitioning import partition_for
 from storage.dirlock import DirectoryInUse, lock_directory
+from storage.journal import Journal
+from storage.journalsync import JournalSync
 from storage.log import PartitionLog, fsync_path
-from storage.sync import make_sync
+from storage.sync import SYNCFS, make_sync
 from storage.synchelper import SyncHelper
 
 # Enum members as C variables, not class attributes (tests/protocol/test_compiled.py says why).
@@ -33,6 +36,7 @@ _SHARD_READ_ONLY: Final = ShardState.READ_ONLY
 log = logging.getLogger(__name__)
 
 LogFactory = Callable[[Path, int], PartitionLog]  # tests pass one that injects faults
+JournalFactory = Callable[[Path], Journal]  # likewise
 OFFSETS_TOPIC: Final = "__consumer_offsets"
 META_FILE: Final = "kcoord.meta.json"
 LOADER_THREADS: Final = 2
@@ -125,7 +129,7 @@ class Runtime:
     others."""
 
     def __init__(self, config: Config, metrics: Metrics | None = None, clock: Clock | None = None,
-                 log_factory: LogFactory = PartitionLog) -> None:
+                 log_factory: LogFactory = PartitionLog, journal_factory: JournalFactory = Journal) -> None:
         self.config = config
         self._partitions: dict[str, int] = {}
         self.group_config = config.groups()
@@ -136,6 +140,7 @@ class Runtime:
         # gateway mode: whether ListGroups on the listener of a node names the groups of a partition
         self.lists_partition: Callable[[int | None, int], bool] | None = None
         self._log_factory = log_factory
+        self._journal_factory = journal_factory
         self._writer = WriterThread()
         self.flusher = Flusher(self._writer, make_sync(config.sync_mode), self.metrics,
                                SyncHelper() if config.sync_helper else None)
@@ -146,21 +151,41 @@ class Runtime:
         self._cleaner: asyncio.Task[None] | None = None
         self._load_report: asyncio.Task[None] | None = None
         self._lock: int | None = None  # the data directory's lock, held until stopped (storage.dirlock)
+        self.journal: Journal | None = None  # --sync-mode journal (storage.journal)
+        self.checkpointer: Checkpointer | None = None
+        self._checkpoints: asyncio.Task[None] | None = None
 
     def open(self) -> None:
         """Checks the data directory and creates every shard (INITIAL). Separate from ``start`` so a
         server can refuse to start (port in use) before anything is created on disk."""
         cfg = self.config
         self._lock = check_data_dir(cfg.data_dir, cfg.offsets_partitions)
+        if cfg.sync_mode == "journal":
+            if SYNCFS is None:
+                log.warning("--sync-mode journal needs syncfs (Linux 5.8+) for its checkpoints: using per-file "
+                            "syncs instead")
+            else:
+                self.journal = self._journal_factory(cfg.data_dir)
+                journal_sync = JournalSync(self.journal, SYNCFS)
+                self.flusher.use_sync(journal_sync)
+                self.checkpointer = Checkpointer(journal_sync, self.shards, cfg.checkpoint_interval_ms / 1000)
         for p in range(cfg.offsets_partitions):
-            plog = self._log_factory(cfg.data_dir / f"{OFFSETS_TOPIC}-{p}", cfg.segment_bytes)
+            plog = self._open_log(cfg.data_dir / f"{OFFSETS_TOPIC}-{p}", cfg.segment_bytes)
             shard = Shard(p, plog, self._writer, self.flusher, self._loader, self.metrics, self.clock, None,
-                          self._log_factory)
+                          self._open_log)
             groups = GroupHooks(shard, self.group_config, self.metrics)
             shard.hooks = groups
             self.shards.append(shard)
             self.groups.append(groups)
             self.compactors.append(Compactor(shard, self._cleaner_thread, self.metrics))
+
+    def _open_log(self, directory: Path, segment_bytes: int) -> PartitionLog:
+        """The log factory's log, writing to the journal too when there is one."""
+        plog = self._log_factory(directory, segment_bytes)
+        if self.journal is not None:
+            plog.journal = self.journal
+            plog.partition = int(directory.name.rsplit("-", 1)[1])
+        return plog
 
     def start(self) -> None:
         """Starts loading every shard and returns at once, so the server can listen (and answer
@@ -173,6 +198,8 @@ class Runtime:
         self.flusher.start()
         self._loads = [s.start() for s in order]
         self._cleaner = loop.create_task(self._clean_periodically())
+        if self.checkpointer is not None:
+            self._checkpoints = loop.create_task(self.checkpointer.run())
         self._load_report = loop.create_task(self._report_loaded(loop.time()))
 
     async def _report_loaded(self, started: float) -> None:
@@ -225,6 +252,8 @@ class Runtime:
         was stuck."""
         if self._cleaner is not None:
             self._cleaner.cancel()
+        if self._checkpoints is not None:
+            self._checkpoints.cancel()
         for compactor in self.compactors:
             compactor.stop()
         closed = await asyncio.gather(*(s.close(deadline) for s in self.shards))
@@ -234,6 +263,12 @@ class Runtime:
         self._writer.shutdown(wait=False, cancel_futures=True)
         self.flusher.close()
         self._loader.shutdown(wait=False, cancel_futures=True)
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+        if self.journal is not None:
+            # Every log synced and holding its journal batches: the journal has nothing they lack.
+            self.journal.close(remove=all(closed) and all(
+                s.log.recovered and s.log.synced_offset == s.log.durable_offset for s in self.shards))
         if self._lock is not None and all(closed):  # a stuck write keeps it: the process is about to end
             os.close(self._lock)
             self._lock = None

@@ -606,6 +606,8 @@ class Shard:
 
     def _close_log(self, checkpoint: bool) -> None:
         if checkpoint and self.log.recovered:
+            if self.log.journal is not None:  # durable in the journal, maybe not yet in the log itself
+                self.log.sync(checkpoint=False)
             self.log.checkpoint()  # a clean stop: everything on disk is known durable
         self.log.close()
 

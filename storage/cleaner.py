@@ -70,8 +70,9 @@ class CleanAborted(Exception):
 
 def cleanable_count(log: PartitionLog) -> int:
     """How many leading segments ``clean`` may rewrite: those followed by a segment that starts below
-    ``durable_offset``, which keeps out the active segment and the one the durable end lies in."""
-    return _cleanable(list(log.segments), log.durable_offset)
+    ``synced_offset``, which keeps out the active segment and the one the synced end lies in (with a
+    journal, the batches a restart may write again from it start there: storage.journal)."""
+    return _cleanable(list(log.segments), log.synced_offset)
 
 
 def _cleanable(segs: list[Segment], durable_offset: int) -> int:
@@ -108,7 +109,7 @@ def clean(
     that changes live files and ``log.segments``, is handed to ``swap_in``, which runs it where the
     log's owner serialises it with appends (and may refuse by raising). ``stop()`` is polled between
     batches. If a swap raises, reopen the log: opening completes or discards an unfinished swap."""
-    durable = log.durable_offset
+    durable = log.synced_offset  # on disk in the log itself (with a journal, the durable end runs ahead)
     snap = list(log.segments)
     count = _cleanable(snap, durable)
     if count == 0:

@@ -34,9 +34,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from storage.batch import LOG_OVERHEAD, Batch, BatchError, decode_batch, read_head
+from storage.journal import JournalError, batch_offsets, resolve
+
+if TYPE_CHECKING:
+    from storage.journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -169,10 +173,20 @@ class PartitionLog:
         # the durable end: base offset of the segment it lies in, and that segment's durable size
         self._durable_base = -1
         self._durable_size = 0
+        # the end known on disk (fsynced or syncfs'd): the same as the durable end, except with a
+        # journal, where the durable end is what the journal holds and this one lags until a checkpoint
+        self.synced_offset = 0
+        self._synced_base = -1
+        self._synced_size = 0
         self._dir_dirty = False
         self._checkpointed_at = 0.0
         self._claim_lock = _claim_lock(directory)
         self.recovered = False  # the durable bookkeeping is only meaningful after recover()
+        # storage.journal: every append also goes there (set by the runtime for its partition logs)
+        self.journal: Journal | None = None
+        self.partition = -1
+        self.journaled_end: LogEnd = (0, -1, 0)  # where the appends written to the journal end
+        self._journaling = True
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -190,6 +204,9 @@ class PartitionLog:
             # Logged here, once per load, not by every reader of the claim (the recorder reads it too).
             log.warning("%s is unreadable: recovering as if the log had no recovery point (everything past "
                         "the first segment's start may be cut as a torn tail)", self.directory / RECOVERY_POINT)
+        run = self._journal_run()
+        rewrite_from = batch_offsets(run[0])[0] if run else None
+        rewrite_at: tuple[int, int] | None = None  # (segment index, byte position) where the run goes
         self.next_offset = self.segments[0].base_offset if self.segments else 0
         for i, seg in enumerate(self.segments):
             self.next_offset = max(self.next_offset, seg.base_offset)
@@ -203,9 +220,17 @@ class PartitionLog:
                     damage = Damage(position, f"batch offset {item.base_offset} below expected {self.next_offset}",
                                     torn=False)
                     break
+                if rewrite_from is not None and item.last_offset >= rewrite_from:
+                    if item.base_offset < rewrite_from:
+                        raise LogCorruptError(f"{seg.path} at byte {position}: batch [{item.base_offset}, "
+                                              f"{item.last_offset}] spans the journal's first offset {rewrite_from}")
+                    rewrite_at = (i, position)
+                    break
                 self.next_offset = item.last_offset + 1
                 position += item.size
                 yield item
+            if rewrite_at is not None:
+                break
             if damage is None:
                 continue
             known_durable = seg.base_offset < known_base or (
@@ -224,17 +249,81 @@ class PartitionLog:
             del self.segments[i + 1 :]
             break
         self._check_reaches(known_base, known_position)
+        sync_from = known_base
+        if rewrite_from is not None:
+            if rewrite_at is not None:
+                self._clear_for_run(rewrite_at[0], rewrite_at[1], run)
+            elif self.next_offset != rewrite_from:
+                raise LogCorruptError(f"{self.directory}: the log ends at offset {self.next_offset} and its journal "
+                                      f"continues from {rewrite_from}: acknowledged batches are missing")
+            sync_from = min(known_base, self.segments[-1].base_offset if self.segments else rewrite_from)
+            yield from self._append_run(run, replayable)
         for seg in self.segments:
-            if seg.base_offset >= known_base:
+            if seg.base_offset >= sync_from:
                 fsync_path(seg.path)
         fsync_path(self.directory)
         self._mark_durable()
+        self._mark_synced()
+        self.journaled_end = self.end()
         self.recovered = True
+        if self.journal is not None:
+            self.journal.applied(self.partition)
         try:
             self.checkpoint()
         except OSError as exc:  # a read-only directory can still be served; the claim is just not recorded
             log.warning("%s: could not record the recovery point (%s); the log is intact", self.directory,
                         exc.strerror or exc)
+
+    def _journal_run(self) -> list[bytes]:
+        """This partition's batches in the journal that the log may not hold (storage.journal)."""
+        if self.journal is None:
+            return []
+        try:
+            return resolve(self.journal.entries_for(self.partition))
+        except JournalError as exc:
+            raise LogCorruptError(f"{self.directory}: {exc}") from exc
+
+    def _clear_for_run(self, index: int, position: int, run: list[bytes]) -> None:
+        """Makes room for the journal's run at segment ``index``'s byte ``position``. What the log holds
+        from there is cut; the part that is not the run's own bytes (batches never written to the
+        journal, so never acknowledged, or an older version of offsets the run writes again) is first
+        kept aside in a ``.tr`` file with a warning. Usually the log holds a prefix of the run, and
+        nothing is kept."""
+        seg = self.segments[index]
+        expected = b"".join(run)
+        with open(seg.path, "rb") as f:
+            f.seek(position)
+            tail = f.read()
+        for later in self.segments[index + 1 :]:
+            tail += later.path.read_bytes()
+        same = _common_prefix(tail, expected)
+        if same < len(tail):
+            aside = _aside_path(seg.path, position + same)
+            with open(aside, "xb") as f:
+                f.write(tail[same:])
+                f.flush()
+                os.fsync(f.fileno())
+            log.warning("%s: %d bytes from byte %d on are not what the journal holds, which replaces them; kept "
+                        "in %s", seg.path, len(tail) - same, position + same, aside.name)
+        with open(seg.path, "r+b") as f:
+            f.truncate(position)
+        for later in self.segments[index + 1 :]:
+            later.path.unlink()
+        del self.segments[index + 1 :]
+        seg.size = position
+        self.next_offset = batch_offsets(run[0])[0]
+
+    def _append_run(self, run: list[bytes], replayable: bool) -> Iterator[Batch]:
+        """Writes the journal's run at the log's end (not journaled again: it is there already) and
+        yields its batches, as read from the log would be."""
+        self._journaling = False
+        try:
+            for batch in run:
+                self.append(batch, batch_offsets(batch)[1])
+                yield decode_batch(batch, replayable)
+        finally:
+            self._journaling = True
+            self.close()
 
     def _check_reaches(self, known_base: int, known_position: int) -> None:
         """Raises LogCorruptError when the log ends before its recovery point: its newest segments
@@ -288,6 +377,8 @@ class PartitionLog:
                 active.size += written
                 view = view[written:]
         self.next_offset = last_offset + 1
+        if self.journal is not None and self._journaling:
+            self.journal.add(self, self.partition, batch, (self.next_offset, active.base_offset, active.size))
 
     def sync(self, checkpoint: bool = True) -> None:
         """Makes everything appended durable: fsync the segments written since the last sync, then
@@ -298,7 +389,7 @@ class PartitionLog:
     def fsync_files(self) -> None:
         """The fsyncs ``sync`` needs; storage.sync replaces them by one syncfs for many logs at once."""
         for seg in self.segments[:-1]:
-            if seg.base_offset >= self._durable_base:
+            if seg.base_offset >= self._synced_base:
                 fsync_path(seg.path)
         if self._fd is not None:
             os.fsync(self._fd)
@@ -310,7 +401,7 @@ class PartitionLog:
         it from another process), or None when ``sync`` needs more: a segment or a directory entry
         created since the last sync."""
         if self._dir_dirty or self._fd is None or not self.segments or \
-                self.segments[-1].base_offset != self._durable_base:
+                self.segments[-1].base_offset != self._synced_base:
             return None
         return self._fd
 
@@ -332,14 +423,26 @@ class PartitionLog:
         instead)."""
         self._dir_dirty = False
         self._mark_durable(upto)
+        self._mark_synced(upto)
         if checkpoint and self.checkpoint_due():
             try:
                 self.checkpoint()
             except OSError as exc:
                 self.checkpoint_failed(exc)
 
+    def journaled(self, upto: LogEnd) -> None:
+        """The journal holds everything appended up to ``upto`` (an ``end()``), durably: that much may
+        be acknowledged. The log's own bytes reach the disk at the next checkpoint (``disk_synced``)."""
+        self._mark_durable(upto)
+
+    def disk_synced(self, upto: LogEnd) -> None:
+        """A checkpoint's syncfs made everything appended up to ``upto`` durable in the log itself.
+        Ignored for an end the log no longer reaches (cut back to its durable end since)."""
+        if self.recovered and upto <= self.end() and upto > (self.synced_offset, self._synced_base, self._synced_size):
+            self._mark_synced(upto)
+
     def checkpoint_due(self) -> bool:
-        return self._durable_base >= 0 and time.monotonic() - self._checkpointed_at >= CHECKPOINT_INTERVAL_S
+        return self._synced_base >= 0 and time.monotonic() - self._checkpointed_at >= CHECKPOINT_INTERVAL_S
 
     def take_claim(self) -> tuple[int, int] | None:
         """The current claim, handed to storage.sync's recorder: it counts as recorded from now, so
@@ -357,7 +460,7 @@ class PartitionLog:
         """Records how far the log is known durable: written to a temporary file, fsynced, renamed
         into place and the directory fsynced, so after a crash the file holds the old or the new claim
         (both true, since the data was fsynced first), never a torn one."""
-        if self._durable_base < 0:
+        if self._synced_base < 0:
             return
         with self._claim_lock:  # the claim written is the current one: it replaces whatever is in place
             tmp = self.write_checkpoint()
@@ -368,12 +471,12 @@ class PartitionLog:
 
     def claim(self) -> tuple[int, int] | None:
         """How far the log is durable now, as a recovery point records it; None before anything is."""
-        return (self._durable_base, self._durable_size) if self._durable_base >= 0 else None
+        return (self._synced_base, self._synced_size) if self._synced_base >= 0 else None
 
     def write_checkpoint(self, claim: tuple[int, int] | None = None, name: str = RECOVERY_POINT + ".tmp") -> Path:
         """A claim (by default the current one) in a temporary file, not yet fsynced (``checkpoint``,
         or storage.sync's recorder, which writes claims taken earlier under a name of its own)."""
-        base, position = claim or (self._durable_base, self._durable_size)
+        base, position = claim or (self._synced_base, self._synced_size)
         tmp = self.directory / name
         with open(tmp, "w") as f:
             f.write(f"{base} {position}\n")
@@ -425,6 +528,8 @@ class PartitionLog:
             seg.size = self._durable_size
         fsync_path(self.directory)
         self.next_offset = self.durable_offset
+        if (self.synced_offset, self._synced_base, self._synced_size) > self.end():
+            self._mark_synced()
         if dropped:
             log.warning("%s: dropped %d bytes appended after the durable end (offset %d); none was acknowledged",
                         self.directory, dropped, self.durable_offset)
@@ -440,6 +545,8 @@ class PartitionLog:
                 f.write(b"\0" * PROBE_BYTES)
                 f.flush()
                 os.fsync(f.fileno())
+            if self.journal is not None:  # while this probe still holds its space
+                self.journal.probe(PROBE_BYTES)
         finally:
             probe.unlink(missing_ok=True)
         if self.segments and self.segments[-1].path.exists():
@@ -475,6 +582,9 @@ class PartitionLog:
     def _mark_durable(self, upto: LogEnd | None = None) -> None:
         self.durable_offset, self._durable_base, self._durable_size = upto if upto is not None else self.end()
 
+    def _mark_synced(self, upto: LogEnd | None = None) -> None:
+        self.synced_offset, self._synced_base, self._synced_size = upto if upto is not None else self.end()
+
     def _set_aside(self, seg: Segment, why: str) -> None:
         """Moves a whole segment to ``<segment>.0.tr`` by renaming it: no copy, so it works on a full
         disk, which is the likeliest reason a write failed."""
@@ -504,6 +614,21 @@ class PartitionLog:
         fsync_path(self.directory)
         seg.size = position
         log.warning("%s: cut %d bytes at byte %d (%s), kept in %s", seg.path, len(data), position, why, aside.name)
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (compared in halves: C-speed slices)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _aside_path(segment: Path, position: int) -> Path:

@@ -37,6 +37,7 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Final
 
 from storage.log import RECOVERY_POINT, LogEnd, PartitionLog
 from storage.synchelper import OP_FSYNC, OP_SYNCFS
@@ -72,7 +73,7 @@ def _load_syncfs() -> Callable[[int], None] | None:
     return syncfs
 
 
-SYNCFS = _load_syncfs()
+SYNCFS: Final = _load_syncfs()
 
 
 class FileSync:
@@ -87,6 +88,12 @@ class FileSync:
 
     def sync(self, logs: Sequence[PartitionLog]) -> SyncResult:
         return self._sync_each(logs, checkpoint=True)
+
+    def prepare(self, logs: Sequence[PartitionLog]) -> None:
+        """On the event loop, as a cycle is posted (storage.journalsync writes its journal here)."""
+
+    def settle(self, error: BaseException | None = None) -> None:
+        """On the event loop, once a cycle's sync is over (storage.journalsync)."""
 
     def plan(self, logs: Sequence[PartitionLog]) -> tuple[int, int] | None:
         """The one system call (storage.synchelper's op and descriptor) that ``sync`` would make for
@@ -294,6 +301,6 @@ def _sync_one(plog: PartitionLog, checkpoint: bool) -> BaseException | None:
 def make_sync(mode: str) -> FileSync:
     """``syncfs`` (one syncfs per file system per cycle, where the kernel reports errors through it,
     else per file) or ``fsync`` (always per file)."""
-    if mode == "syncfs" and SYNCFS is not None:
+    if mode in ("syncfs", "journal") and SYNCFS is not None:  # journal: coordinator.runtime replaces it
         return FilesystemSync(SYNCFS)
     return FileSync()

@@ -9,7 +9,7 @@ and a p99 of 0.33-0.53 ms, and the loop kept 3-15% more of its time for its call
 idle both reach the disk's ~4.4-4.8k cycles/s at ~125-140 us of CPU per cycle, most of it the
 fsync's own kernel time. The loop's side of a cycle is one ``sendmsg`` and one readable callback.
 
-The helper runs one system call per request: ``fsync`` or ``syncfs`` of a descriptor the loop sends
+The helper runs one system call per request: ``fsync``, ``fdatasync`` or ``syncfs`` of a descriptor the loop sends
 with it (``SCM_RIGHTS``), then closes its copy and answers with the errno and the call's seconds.
 A descriptor passed that way shares its open file description with the sender's, so the kernel's
 writeback-error reporting (which is per open file description, and per file system for ``syncfs``)
@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 OP_FSYNC = 1
 OP_SYNCFS = 2
+OP_FDATASYNC = 3  # the journal's (storage.journal): its size changes are all the metadata it needs
 _REPLY = struct.Struct("=id")  # errno (0: done), seconds the call took
 EXIT_WAIT_S = 0.5  # how long close() waits for the helper to exit before killing it
 
@@ -187,9 +188,17 @@ def _fsync(fd: int) -> int:
     return 0
 
 
+def _fdatasync(fd: int) -> int:
+    try:
+        os.fdatasync(fd)
+    except OSError as exc:
+        return exc.errno or errno.EIO
+    return 0
+
+
 def serve(sock: socket.socket) -> None:
     """The helper's loop: one request (an op byte and one descriptor) at a time, until EOF."""
-    calls: dict[int, Callable[[int], int]] = {OP_FSYNC: _fsync}
+    calls: dict[int, Callable[[int], int]] = {OP_FSYNC: _fsync, OP_FDATASYNC: _fdatasync}
     while True:
         msg, fds, _, _ = socket.recv_fds(sock, 16, 4)
         if not msg:

@@ -15,12 +15,17 @@ from coordinator.shard import OpResult, Shard, ShardState
 from coordinator.state import ShardData, offset_value
 from protocol.errors import ErrorCode
 from protocol.records import LiveRecord, OffsetAndMetadata, OffsetCommitRecord, OffsetKey
+from storage.journal import Journal, JournalSegment
 from storage.log import LogEnd, PartitionLog
 
 OK = "ok"
 
 
 def config(data_dir: Path, partitions: int = 1, **kw: Any) -> Config:
+    """``syncfs`` unless asked: these tests inject faults into each partition log's own sync, which the
+    journal mode (the server's default) does behind the journal (tests/coordinator/test_journal_mode.py
+    injects its faults into the journal)."""
+    kw.setdefault("sync_mode", "syncfs")
     return Config(data_dir=data_dir, offsets_partitions=partitions, **kw)
 
 
@@ -108,9 +113,14 @@ class Faults:
         # (run with sync_helper=False: after the sync helper's fsyncs it would hold the event loop).
         self.hold_sync: threading.Event | None = None
         self.sync_held = threading.Event()  # a sync is being held
+        self.fail_next_checkpoint = False  # journal mode only (FaultyJournal): a checkpoint's step
+        self.fail_next_journal_write = False  # journal mode only: ENOSPC writing the journal
 
     def factory(self, directory: Path, segment_bytes: int) -> PartitionLog:
         return FaultyLog(directory, segment_bytes, self)
+
+    def journal(self, data_dir: Path) -> Journal:
+        return FaultyJournal(data_dir, self)
 
 
 class FaultyLog(PartitionLog):
@@ -161,3 +171,36 @@ def offsets_of(data: ShardData) -> dict[str, dict[tuple[str, int], OffsetAndMeta
 def pending_of(data: ShardData) -> dict[int, dict[OffsetKey, tuple[int, OffsetAndMetadata]]]:
     """The open transactions' offsets, read the same way."""
     return {pid: {k: (at, offset_value(v)) for k, (at, v) in offs.items()} for pid, offs in data.pending.items()}
+
+
+class FaultyJournal(Journal):
+    """The journal with the same switches (``--sync-mode journal``): ``fail_next_sync`` fails its next
+    sync (run with sync_helper=False: the writer thread makes it), ``fail_next_journal_write`` its next
+    write (ENOSPC), and ``fail_next_checkpoint`` the next checkpoint's step on its thread."""
+
+    def __init__(self, data_dir: Path, faults: Faults) -> None:
+        super().__init__(data_dir)
+        self.faults = faults
+
+    def write(self) -> tuple[JournalSegment, int]:
+        if self.faults.fail_next_journal_write:
+            self.faults.fail_next_journal_write = False
+            self.live.broken = True
+            raise OSError(errno.ENOSPC, "No space left on device (injected in the journal)")
+        return super().write()
+
+    def sync(self, seg: JournalSegment) -> None:
+        hold = self.faults.hold_sync
+        if hold is not None:
+            self.faults.sync_held.set()
+            hold.wait(10)
+        if self.faults.fail_next_sync:
+            self.faults.fail_next_sync = False
+            raise OSError(errno.EIO, "injected EIO in the journal's fdatasync")
+        super().sync(seg)
+
+    def delete(self, segments: list[JournalSegment]) -> None:
+        if self.faults.fail_next_checkpoint:
+            self.faults.fail_next_checkpoint = False
+            raise OSError(errno.EIO, "injected EIO in a checkpoint")
+        super().delete(segments)

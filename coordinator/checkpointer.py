@@ -1,0 +1,111 @@
+"""Checkpoints: the partition logs synced behind the journal, and the journal cut back behind them.
+
+With ``--sync-mode journal`` a commit is durable once the journal holds it (storage.journal); the
+partition logs it was also appended to reach the disk here, about once per ``--checkpoint-interval-ms``
+(sooner when the live journal segment passes CHECKPOINT_BYTES), off the commit path:
+
+1. on the loop, the journal rotates to a new segment, and each log's ``journaled_end`` is taken: every
+   log byte whose batch is in an older segment was appended before this moment;
+2. on the checkpoint thread, one ``syncfs`` of the data directory's file system puts all of them on
+   disk, and the older segments are unlinked (the directory fsynced: a segment that came back after a
+   crash would replay batches the cleaner may since have compacted);
+3. on the loop, each log counts as synced that far (which is what the cleaner may compact, and what
+   its recovery point may claim; the claims are recorded last, on the checkpoint thread).
+
+A failed syncfs keeps every segment, and fails every serving partition: each reloads, rewriting from the
+journal the batches its log holds since the last checkpoint (a page whose writeback failed may look
+fine in the cache and be lost on disk), and the segments stay until each one has.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Final
+
+from coordinator.logfmt import Repeated, describe_error
+from coordinator.shard import Shard, ShardState
+from storage.journal import JournalSegment
+from storage.journalsync import JournalSync
+from storage.log import LogEnd, PartitionLog
+from storage.sync import Claims
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_BYTES: Final = 64 << 20  # a live journal segment this large is checkpointed without waiting
+POLL_S: Final = 0.1
+REPEAT_LOG_S: Final = 60.0
+
+
+class Checkpointer:
+    def __init__(self, sync: JournalSync, shards: Sequence[Shard], interval_s: float) -> None:
+        self._sync = sync
+        self._shards = shards
+        self._interval_s = interval_s
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcoord-checkpoint")
+        self._last = time.monotonic()
+        self._trouble = Repeated(log, REPEAT_LOG_S)
+        self.completed = 0
+
+    async def run(self) -> None:
+        """Checkpoints while the process runs: every interval when anything was journaled since."""
+        while True:
+            await asyncio.sleep(min(self._interval_s, POLL_S))
+            journal = self._sync.journal
+            due = time.monotonic() - self._last >= self._interval_s
+            if journal.live_size >= CHECKPOINT_BYTES or (due and (journal.live_size or journal.retained > 1)):
+                await self.checkpoint()
+            elif due:
+                self._last = time.monotonic()
+
+    async def checkpoint(self) -> bool:
+        """One checkpoint (see the module docstring); False if its sync failed."""
+        self._last = time.monotonic()
+        loop = asyncio.get_running_loop()
+        journal = self._sync.journal
+        logs = [shard.log for shard in self._shards if shard.log.recovered]
+        ends = [plog.journaled_end for plog in logs]
+        drop = journal.droppable(journal.rotate())
+        try:
+            await loop.run_in_executor(self._thread, self._sync_and_delete, drop)
+        except OSError as exc:
+            self._failed(exc)
+            return False
+        journal.deleted(drop)
+        self._trouble.reset()
+        claims = self._synced(logs, ends)
+        if claims:
+            try:
+                await loop.run_in_executor(self._thread, self._sync.record, claims)
+            except RuntimeError:  # shut down meanwhile
+                pass
+        self.completed += 1
+        return True
+
+    def _sync_and_delete(self, drop: list[JournalSegment]) -> None:
+        """Checkpoint thread: the logs on disk, then the journal segments they make redundant."""
+        self._sync.checkpoint_sync()
+        self._sync.journal.delete(drop)
+
+    def _synced(self, logs: list[PartitionLog], ends: list[LogEnd]) -> Claims:
+        """On the loop: each log synced to its end at the rotation; the recovery points then due."""
+        claims: Claims = {}
+        for plog, end in zip(logs, ends, strict=True):
+            plog.disk_synced(end)
+            if plog.checkpoint_due():
+                claim = plog.take_claim()
+                if claim is not None:
+                    claims[str(plog.directory)] = (plog, claim)
+        return claims
+
+    def _failed(self, exc: OSError) -> None:
+        self._trouble.report(logging.ERROR, "checkpoint failed (%s): the journal keeps every batch since the last "
+                             "one, and every partition reloads from it", describe_error(exc))
+        self._sync.journal.hold({shard.partition for shard in self._shards})
+        for shard in self._shards:  # the others recover (from the journal) before they serve writes
+            if shard.state is ShardState.ACTIVE:
+                shard.fail_write(exc)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)

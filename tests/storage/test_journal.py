@@ -1,0 +1,183 @@
+"""The write-ahead journal (storage.journal) and a log's recovery from it (storage.log ``recover``):
+the journal holds every acknowledged batch the log may have lost, and recovery writes exactly those
+back, whatever state the log's own file was left in."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from storage.batchwriter import Entry, build_batch
+from storage.journal import ENTRY_HEADER, Journal, JournalError, read_entries, resolve
+from storage.log import RECOVERY_POINT, LogCorruptError, PartitionLog
+
+T = 1700000000000
+P = 3
+
+
+def batch(base: int, count: int = 1, tag: bytes = b"v") -> bytes:
+    entries: list[Entry] = [(b"\x00\x01key-%d" % (base + i), tag * 20) for i in range(count)]
+    return build_batch(base, entries, T)
+
+
+def opened(data_dir: Path, segment_bytes: int = 1 << 20, recover: bool = True) -> tuple[Journal, PartitionLog]:
+    journal = Journal(data_dir)
+    plog = PartitionLog(data_dir / f"__consumer_offsets-{P}", segment_bytes)
+    plog.journal = journal
+    plog.partition = P
+    if recover:
+        list(plog.recover())
+    return journal, plog
+
+
+def acknowledged(journal: Journal, plog: PartitionLog, batches: list[bytes]) -> None:
+    """Appends as a flush cycle does, and makes the journal (only) durable."""
+    for b in batches:
+        plog.append(b, b_last(b))
+    seg, size = journal.write()
+    journal.sync(seg)
+    journal.synced(seg, size, None)
+    plog.journaled(plog.end())
+
+
+def b_last(b: bytes) -> int:
+    return int.from_bytes(b[:8], "big") + int.from_bytes(b[23:27], "big")
+
+
+def recovered(data_dir: Path, segment_bytes: int = 1 << 20) -> tuple[Journal, PartitionLog, list[int]]:
+    journal, plog = opened(data_dir, segment_bytes, recover=False)
+    offsets = [r.offset for b in plog.recover() for r in b.records]
+    return journal, plog, offsets
+
+
+def log_file(data_dir: Path) -> Path:
+    return data_dir / f"__consumer_offsets-{P}" / "00000000000000000000.log"
+
+
+def test_entries_read_back_in_order_and_a_torn_tail_is_ignored(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    plog = PartitionLog(tmp_path / "x")
+    journal.add(plog, 1, batch(0), (1, 0, 0))
+    journal.add(plog, 2, batch(5, 2), (7, 0, 0))
+    seg, _ = journal.write()
+    os.write(seg.fd or -1, ENTRY_HEADER.pack(500, 1, 0) + b"partial")  # a write torn by a crash
+    assert [(p, b) for p, b in read_entries(seg.path)] == [(1, batch(0)), (2, batch(5, 2))]
+    assert plog.journaled_end == (7, 0, 0)
+    journal.close(remove=False)
+
+
+def test_a_damaged_entry_ends_the_segment(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    plog = PartitionLog(tmp_path / "x")
+    for i in range(3):
+        journal.add(plog, 1, batch(i), (i + 1, 0, 0))
+    seg, _ = journal.write()
+    raw = bytearray(seg.path.read_bytes())
+    second = ENTRY_HEADER.size + len(batch(0))
+    raw[second + ENTRY_HEADER.size + 30] ^= 0xFF
+    seg.path.write_bytes(bytes(raw))
+    assert [b for _, b in read_entries(seg.path)] == [batch(0)]
+    journal.close(remove=False)
+
+
+def test_resolve_lets_a_later_batch_replace_the_run_from_its_offset() -> None:
+    # 0, 1-2, then a failed write at 3 that the log was cut back from, and 3 written again
+    assert resolve([batch(0), batch(1, 2), batch(3, tag=b"x"), batch(3, tag=b"y"), batch(4)]) == \
+        [batch(0), batch(1, 2), batch(3, tag=b"y"), batch(4)]
+    assert resolve([batch(0), batch(1, 2), batch(1, tag=b"z")]) == [batch(0), batch(1, tag=b"z")]
+    with pytest.raises(JournalError):
+        resolve([batch(0), batch(2)])  # offset 1 is missing
+    with pytest.raises(JournalError):
+        resolve([batch(0, 3), batch(1)])  # starts inside the batch before
+
+
+def test_acknowledged_batches_survive_the_loss_of_everything_the_log_had_not_synced(tmp_path: Path) -> None:
+    journal, plog = opened(tmp_path)
+    synced = [batch(0, 2), batch(2)]
+    for b in synced:
+        plog.append(b, b_last(b))
+    plog.sync()
+    on_disk = log_file(tmp_path).stat().st_size
+    acknowledged(journal, plog, [batch(3), batch(4, 3)])
+    acknowledged(journal, plog, [batch(7)])
+    plog.close()
+    journal.close(remove=False)
+    # power lost: the log's unsynced pages never reached the disk, a torn page of them did
+    with open(log_file(tmp_path), "r+b") as f:
+        f.truncate(on_disk + 17)
+    journal, plog, offsets = recovered(tmp_path)
+    assert offsets == list(range(8))
+    assert plog.durable_offset == plog.synced_offset == 8
+    assert [p.name for p in log_file(tmp_path).parent.iterdir() if p.name.endswith(".tr")] == []
+    assert journal.unapplied == set()
+    journal.close(remove=False)
+    # and the rewritten log needs no journal any more
+    plog.close()
+    for seg in (tmp_path / "journal").iterdir():
+        seg.unlink()
+    assert [r.offset for b in PartitionLog(log_file(tmp_path).parent).recover() for r in b.records] == list(range(8))
+
+
+def test_a_log_ahead_of_the_journal_keeps_only_what_the_journal_holds(tmp_path: Path) -> None:
+    journal, plog = opened(tmp_path)
+    acknowledged(journal, plog, [batch(0), batch(1)])
+    plog.append(batch(2), 2)  # appended, the process died before the journal write
+    plog.close()
+    journal.close(remove=False)
+    journal, plog, offsets = recovered(tmp_path)
+    assert offsets == [0, 1]
+    kept_aside = [p for p in log_file(tmp_path).parent.iterdir() if p.name.endswith(".tr")]
+    assert len(kept_aside) == 1 and kept_aside[0].read_bytes() == batch(2)
+    journal.close(remove=False)
+
+
+def test_offsets_written_again_after_a_failed_write_replace_the_old_ones(tmp_path: Path) -> None:
+    journal, plog = opened(tmp_path)
+    acknowledged(journal, plog, [batch(0)])
+    plog.append(batch(1, tag=b"x"), 1)
+    journal.write()  # written, but its sync failed: the log is cut back, the offset written again
+    plog.truncate_to_durable()
+    acknowledged(journal, plog, [batch(1, tag=b"y")])
+    plog.close()
+    journal.close(remove=False)
+    journal, plog, _ = recovered(tmp_path)
+    assert log_file(tmp_path).read_bytes() == batch(0) + batch(1, tag=b"y")
+    journal.close(remove=False)
+
+
+def test_a_log_missing_batches_the_journal_does_not_hold_is_corrupt(tmp_path: Path) -> None:
+    journal, plog = opened(tmp_path)
+    acknowledged(journal, plog, [batch(0), batch(1)])
+    plog.sync()  # a checkpoint: the log synced, the journal cut back behind it
+    drop = journal.droppable(journal.rotate())
+    journal.delete(drop)
+    journal.deleted(drop)
+    acknowledged(journal, plog, [batch(2)])
+    plog.close()
+    journal.close(remove=False)
+    with open(log_file(tmp_path), "r+b") as f:
+        f.truncate(len(batch(0)))  # the synced batch at 1 is gone: the journal cannot bring it back
+    (log_file(tmp_path).parent / RECOVERY_POINT).unlink()  # (with it, the log's own check says so first)
+    with pytest.raises(LogCorruptError, match="acknowledged batches are missing"):
+        recovered(tmp_path)
+
+
+def test_segments_are_kept_until_every_partition_applied_them(tmp_path: Path) -> None:
+    journal, plog = opened(tmp_path)
+    acknowledged(journal, plog, [batch(0)])
+    plog.close()
+    journal.close(remove=False)
+    journal = Journal(tmp_path)
+    assert journal.unapplied == {P}
+    boundary = journal.rotate()
+    assert journal.droppable(boundary) == []  # partition 3 has not recovered yet
+    journal.applied(P)
+    dropped = journal.droppable(boundary)
+    assert [s.seq for s in dropped] == [1]
+    journal.delete(dropped)
+    journal.deleted(dropped)
+    assert journal.entries_for(P) == []
+    journal.hold({1, 2})
+    assert journal.droppable(journal.rotate()) == []
+    journal.close(remove=True)
+    assert list((tmp_path / "journal").iterdir())  # held: not removed on close either
