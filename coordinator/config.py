@@ -58,7 +58,7 @@ class Config:
     log_level: str = "INFO"
     log_format: str = "text"
     sync_mode: str = "journal"
-    checkpoint_interval_ms: int = 1000
+    checkpoint_interval_ms: int = 250
     sync_helper: bool = True  # flush cycles' fsync/syncfs made by a helper process (storage.synchelper)
     metrics_listen: tuple[str, int] | None = ("127.0.0.1", 9404)  # None: no metrics listener
     upstream: tuple[tuple[str, int], ...] = ()  # gateway mode when set: the upstream cluster's bootstrap
@@ -217,7 +217,7 @@ OPTIONS: list[Option] = [
            "MODE"),
     Option("--checkpoint-interval-ms", "KCOORD_CHECKPOINT_INTERVAL_MS", bounded_int(10),
            _field("checkpoint_interval_ms"), "journal mode: how often the partition logs are synced and the "
-           "journal cut back behind them (default 1000)"),
+           "journal cut back behind them (default 250)"),
     Option("--sync-helper", "KCOORD_SYNC_HELPER", on_off, _field("sync_helper"),
            "on: a helper process makes each flush cycle's fsync or syncfs, so the event loop never waits for "
            "the GIL a writer thread holds; off: the writer thread makes every sync (default on)", "on|off"),

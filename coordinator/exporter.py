@@ -207,11 +207,33 @@ class KcoordCollector(Collector):
                                 value=self.runtime.flusher.sync_pending_s())
         yield CounterMetricFamily("kcoord_log_appended_bytes", "Bytes appended to offsets logs.",
                                   value=m.bytes_appended)
+        yield from self._journal_metrics()
         yield CounterMetricFamily("kcoord_cleaner_runs", "Log compactions done.", value=m.cleaner_runs)
         yield CounterMetricFamily("kcoord_cleaner_reclaimed_bytes", "Bytes compaction removed.",
                                   value=m.cleaner_bytes_reclaimed)
         yield CounterMetricFamily("kcoord_cleaner_removed_records", "Records compaction removed.",
                                   value=m.cleaner_records_removed)
+
+    def _journal_metrics(self) -> Iterator[Metric]:
+        """--sync-mode journal: the checkpoints that sync the logs behind the journal (coordinator.checkpointer)."""
+        checkpointer, journal = self.runtime.checkpointer, self.runtime.journal
+        if checkpointer is None or journal is None:
+            return
+        done = CounterMetricFamily("kcoord_checkpoints", "Checkpoints (the logs synced behind the journal), by "
+                                   "outcome; a failed one reloads every partition from the journal.",
+                                   labels=["outcome"])
+        done.add_metric(["ok"], checkpointer.completed)
+        done.add_metric(["failed"], checkpointer.failed)
+        yield done
+        snap = checkpointer.seconds.copy()
+        yield HistogramMetricFamily("kcoord_checkpoint_duration_seconds", "Each checkpoint's syncfs of the logs "
+                                    "and removal of the journal segments it made redundant.",
+                                    buckets=_buckets(snap), sum_value=snap.total)
+        yield GaugeMetricFamily("kcoord_checkpoint_age_seconds", "Seconds since the last checkpoint completed: "
+                                "growing, the journal grows and a restart replays more.",
+                                value=time.monotonic() - checkpointer.synced_at)
+        yield GaugeMetricFamily("kcoord_journal_segments", "Journal segment files kept (the live one included).",
+                                value=journal.retained)
 
     def _connections(self, m: Metrics) -> Iterator[Metric]:
         server = self.server

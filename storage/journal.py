@@ -6,7 +6,7 @@ together costs one ``syncfs`` of their file system (~0.6-1 ms here), which bound
 a closed loop of syncfs cycles with no CPU spent at all reaches ~106k commits/s; the same cycles into
 one file, 216-264k). With the journal each cycle appends its batches to their partition logs as before
 (page cache only) *and*, tagged with their partition, to the journal, and only the journal is synced
-before the commits are acknowledged. The logs are synced behind, about once a second, by a
+before the commits are acknowledged. The logs are synced behind, every ``--checkpoint-interval-ms``, by a
 *checkpoint* (coordinator.checkpointer): rotate to a new journal segment, ``syncfs`` (every log append
 made before the rotation is then on disk), delete the older journal segments. So the journal only
 ever holds what the logs may not: the batches appended since the last checkpoint.
@@ -155,7 +155,9 @@ class Journal:
                      "stop cleanly)", sum(len(b) for b in self._startup.values()), len(self._startup))
         self.in_flight: JournalSegment | None = None  # the segment a sync in progress syncs
         self.needs_bytes = 0  # the largest write that failed: what ``probe`` checks there is room for
-        self.live = self._create(max(self._segments, default=0) + 1)
+        self._next_seq = max(self._segments, default=0) + 1  # sequence numbers are handed out on the loop
+        self._spare: JournalSegment | None = None  # the next live segment, made ahead (``make_spare``)
+        self.live = self._create(self._take_seq())
         _fsync_dir(self.directory)
         self.live.dir_durable = True
 
@@ -223,7 +225,11 @@ class Journal:
 
     def rotate_live(self) -> JournalSegment:
         """A new live segment; the old one is retired (its descriptor closed once no sync uses it)."""
-        seg = self._create(self.live.seq + 1)
+        seg, self._spare = self._spare, None
+        if seg is None:
+            seg = self._create(self._take_seq())
+        else:
+            self._segments[seg.seq] = seg
         self.live = seg
         self._close_retired()
         return seg
@@ -234,6 +240,24 @@ class Journal:
         if self.live.size:
             self.rotate_live()
         return self.live.seq
+
+    def reserve_spare(self) -> int:
+        """On the loop: the sequence number of the next spare (0: one is ready already)."""
+        return 0 if self._spare is not None else self._take_seq()
+
+    def make_spare(self, seq: int) -> None:
+        """Checkpoint thread: creates segment ``seq`` and fsyncs its directory entry, so the next
+        rotation's first cycle syncs the journal on the sync helper, not on the writer thread (whose
+        GIL hand-offs on a busy loop held every commit of that cycle for milliseconds, every checkpoint)."""
+        path = self.directory / segment_name(seq)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            _fsync_dir(self.directory)
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        self._spare = JournalSegment(seq, path, fd, 0, 0, True)
 
     def droppable(self, boundary: int) -> list[JournalSegment]:
         """The segments a checkpoint at ``boundary`` may delete: those before it, except the held ones
@@ -303,6 +327,14 @@ class Journal:
                 continue
         return batches
 
+    def discard(self, plog: "PartitionLog") -> None:
+        """``plog`` was cut back to its durable end: its batches not yet written here never will be
+        acknowledged, and must not come back at a restart."""
+        if any(owner is plog for owner, _ in self._pending_logs):
+            kept = [(i, entry) for i, entry in enumerate(self._pending_logs) if entry[0] is not plog]
+            self._pending = [part for i, _ in kept for part in self._pending[2 * i : 2 * i + 2]]
+            self._pending_logs = [entry for _, entry in kept]
+
     def applied(self, partition: int) -> None:
         """``partition``'s log now holds its startup entries (fsynced): they are not needed any more."""
         self.unapplied.discard(partition)
@@ -312,6 +344,10 @@ class Journal:
     def close(self, remove: bool) -> None:
         """Closes the descriptors; ``remove``: every log is synced and applied, so the journal holds
         nothing they lack, and the next start has nothing to replay."""
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.fd is not None:
+            os.close(spare.fd)
+            spare.path.unlink(missing_ok=True)
         for seg in self._segments.values():
             if seg.fd is not None:
                 os.close(seg.fd)
@@ -326,9 +362,14 @@ class Journal:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def _take_seq(self) -> int:
+        seq = self._next_seq
+        self._next_seq += 1
+        return seq
+
     def _create(self, seq: int) -> JournalSegment:
         path = self.directory / segment_name(seq)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         seg = JournalSegment(seq, path, fd, 0, 0, False)
         self._segments[seq] = seg
         return seg

@@ -511,6 +511,8 @@ class PartitionLog:
         if not self.recovered:
             raise RuntimeError(f"{self.directory}: truncate_to_durable before recover()")
         self.close()
+        if self.journal is not None:
+            self.journal.discard(self)
         dropped = 0
         while len(self.segments) > 1 and self.segments[-1].base_offset > self._durable_base:
             seg = self.segments.pop()

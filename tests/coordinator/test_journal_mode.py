@@ -5,6 +5,9 @@ checkpoint fails what it must and loses nothing acknowledged."""
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+import coordinator.checkpointer
 from coordinator.config import Config
 from coordinator.runtime import Runtime
 from coordinator.shard import ShardState
@@ -36,7 +39,9 @@ def committed(runtime: Runtime, group: str = "g", partition: int = 0) -> OffsetA
     return runtime.shard_for(group).data.committed(group, "t", partition)
 
 
-async def test_commits_are_acknowledged_from_the_journal_and_the_logs_catch_up_at_a_checkpoint(tmp_path: Path) -> None:
+async def test_commits_are_acknowledged_from_the_journal_and_the_logs_catch_up_at_a_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(coordinator.checkpointer, "CLAIM_INTERVAL_S", 0.0)
     runtime = await started(journal_config(tmp_path))
     shard = runtime.shards[0]
     for i in range(5):
@@ -46,7 +51,8 @@ async def test_commits_are_acknowledged_from_the_journal_and_the_logs_catch_up_a
     assert runtime.journal is not None and runtime.journal.live_size > 0
     assert runtime.checkpointer is not None and await runtime.checkpointer.checkpoint()
     assert plog.synced_offset == 5
-    assert runtime.journal.live_size == 0 and len(segments(tmp_path)) == 1  # the older segment is gone
+    assert runtime.journal.live_size == 0 and runtime.journal.retained == 1  # the older segment is gone
+    assert len(segments(tmp_path)) == 2  # the live one, and the next one made ahead
     runtime.checkpointer._sync.wait_recorded(5)
     assert (plog.directory / RECOVERY_POINT).read_text().split() == ["0", str(plog.end()[2])]
     await stop(runtime)
@@ -109,9 +115,9 @@ async def test_a_failed_checkpoint_reloads_every_partition_and_keeps_the_journal
         await wait_state(shard, ShardState.ACTIVE)
         assert shard.data.committed(f"g{p}", "t", 0) == OffsetAndMetadata(10 + p, -1, "m", 1)
         assert shard.log.synced_offset == shard.log.durable_offset  # rewritten from the journal and fsynced
-    assert len(segments(tmp_path)) == 2  # kept: the failed checkpoint deleted nothing
+    assert runtime.journal is not None and runtime.journal.retained == 2  # kept: the checkpoint deleted nothing
     assert await runtime.checkpointer.checkpoint()
-    assert len(segments(tmp_path)) == 1  # every partition has recovered from them since
+    assert runtime.journal.retained == 1  # every partition has recovered from them since
     await stop(runtime)
 
 

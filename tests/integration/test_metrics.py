@@ -81,6 +81,16 @@ def test_metrics_count_what_stock_clients_did(kcoord: KcoordProcess) -> None:
     assert value(samples, "kcoord_build_info", event_loop="uvloop", python=sys.version.split()[0],
                  version=_installed_version()) == 1
     assert value(samples, "process_resident_memory_bytes") > 0
+    # --sync-mode journal (the default): the commits' logs are synced behind the journal by checkpoints
+    deadline = time.monotonic() + 10
+    while value(samples, "kcoord_checkpoints_total", outcome="ok") < 1:
+        assert time.monotonic() < deadline, "no checkpoint within 10 s of the commits"
+        time.sleep(0.1)
+        samples = scrape(kcoord)
+    assert value(samples, "kcoord_checkpoint_duration_seconds_count") >= 1
+    assert value(samples, "kcoord_checkpoints_total", outcome="failed") == 0
+    assert value(samples, "kcoord_journal_segments") >= 1
+    assert value(samples, "kcoord_checkpoint_age_seconds") < 10
 
 
 def _installed_version() -> str:
