@@ -33,7 +33,7 @@ from protocol.records import (
     decode_record,
     prepare_schemas,
 )
-from storage.log import Damage, list_segments, read_segment
+from storage.segments import Damage, list_segments, read_segment
 
 startup.imports_done()
 log = logging.getLogger("kcoord")

@@ -24,7 +24,8 @@ from protocol.partitioning import partition_for
 from storage.dirlock import DirectoryInUse, lock_directory
 from storage.journal import Journal
 from storage.journalsync import JournalSync
-from storage.log import PartitionLog, fsync_path
+from storage.log import PartitionLog
+from storage.segments import fsync_path
 from storage.sync import SYNCFS, make_sync
 from storage.synchelper import SyncHelper
 

@@ -36,7 +36,8 @@ from pipeline.reader import read_offsets_log, report_damages
 from pipeline.semantics import TRANSACTION_COLUMNS, with_counts
 from protocol.partitioning import partition_for
 from storage.batchwriter import build_batch
-from storage.log import PartitionLog, fsync_path
+from storage.log import PartitionLog
+from storage.segments import fsync_path
 
 READ_COLUMNS = tuple(dict.fromkeys(("group", "timestamp", "key", "value", *TRANSACTION_COLUMNS)))
 WRITE_COLUMNS = ("target", "log_partition", "record_type", "timestamp", "key", "value")

@@ -31,16 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from storage.batch import DELETE_HORIZON_FLAG, Batch, LogRecord, rebuild_batch
-from storage.log import (
-    Damage,
-    LogCorruptError,
-    PartitionLog,
-    Segment,
-    fsync_path,
-    read_segment,
-    segment_name,
-    swap_name,
-)
+from storage.log import LogCorruptError, PartitionLog
+from storage.segments import Damage, Segment, fsync_path, read_segment, segment_name, swap_name
 
 MAX_SEGMENT_OFFSETS = 2**31 - 1  # Kafka's indexes hold offsets relative to the segment base as int32
 

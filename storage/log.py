@@ -14,7 +14,8 @@ On-disk layout (Kafka's own, reference section 8.4):
 * ``recovery-point``: ``<segment base> <byte position>`` up to which the log is known durable (written,
   fsynced and renamed into place on clean close, before a compaction swap merges segments past it,
   and about once a second while commits arrive: with ``syncfs`` by storage.sync's recorder thread,
-  off the commit path; it only ever moves forward). Damage
+  off the commit path; with the journal, at most every 30 s by coordinator.checkpointer; it only
+  ever moves forward). Damage
   below it is corruption and fails the partition; any damage past it, whatever its shape, is treated
   as a torn tail and cut aside, as Kafka's log recovery truncates at the first invalid batch after its
   ``recovery-point-offset-checkpoint``.
@@ -24,20 +25,31 @@ On-disk layout (Kafka's own, reference section 8.4):
 
 Durability contract: ``append`` only buffers into the OS; ``sync`` fsyncs the data (and the directory
 when a segment was created) and advances ``durable_offset``. Callers acknowledge nothing above it.
+With a journal (storage.journal) ``append`` also queues the batch for it, ``journaled`` advances
+``durable_offset`` once the journal is synced, and ``synced_offset`` (what is on disk in the log itself:
+what the cleaner may compact and a recovery point may claim) follows at checkpoints (``disk_synced``);
+``recover`` writes the journal's batches back over the log first. Segment files: storage.segments.
 """
 
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
-from storage.batch import LOG_OVERHEAD, Batch, BatchError, decode_batch, read_head
+from storage.batch import Batch, decode_batch, read_head
 from storage.journal import JournalError, batch_offsets, resolve
+from storage.segments import (
+    Damage,
+    Segment,
+    finish_interrupted_swaps,
+    fsync_path,
+    list_segments,
+    read_segment,
+    segment_name,
+)
 
 if TYPE_CHECKING:
     from storage.journal import Journal
@@ -45,9 +57,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 100 * 1024 * 1024
-LOAD_BUFFER_BYTES = 5 * 1024 * 1024
-_SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
-_SWAP_RE = re.compile(r"^(\d{20})-(\d{20})\.swap$")
 RECOVERY_POINT = "recovery-point"
 PROBE_FILE = ".write-probe"
 PROBE_BYTES = 64 * 1024
@@ -73,89 +82,6 @@ def _claim_lock(directory: Path) -> threading.RLock:
     one): recovery points are installed from the writer thread and from storage.sync's recorder."""
     with _CLAIM_LOCKS_GUARD:
         return _CLAIM_LOCKS.setdefault(str(directory), threading.RLock())
-
-
-def segment_name(base_offset: int) -> str:
-    return f"{base_offset:020d}.log"
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory (a directory's fsync makes created/renamed entries durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@dataclass(slots=True)
-class Segment:
-    base_offset: int
-    path: Path
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class Damage:
-    """Where a segment stops being a sequence of valid batches, and whether that is a torn write."""
-
-    position: int
-    reason: str
-    torn: bool
-
-
-def read_segment(path: Path, start: int = 0, replayable: bool = False) -> Iterator[Batch | Damage]:
-    """Yields the batches of one segment file in order (see ``decode_batch`` for ``replayable``); ends
-    with a Damage if the file does not end on a valid batch. A damage is *torn* when nothing valid can
-    follow it: the batch runs past the end of the file, or it is the file's last batch, or only zero
-    bytes follow (a preallocated tail)."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        f.seek(start)
-        buf = b""
-        buf_start = start
-        pos = start
-        while pos < size:
-            rel = pos - buf_start
-            if len(buf) - rel < LOG_OVERHEAD:
-                buf, buf_start, rel = _refill(f, buf, rel, pos, LOAD_BUFFER_BYTES)
-            if len(buf) - rel < LOG_OVERHEAD:
-                yield Damage(pos, f"{size - pos} bytes too short for a batch header", torn=True)
-                return
-            _, batch_size = read_head(buf, rel)
-            if batch_size < LOG_OVERHEAD + 49:
-                torn = _only_zeros(f, pos, size)
-                yield Damage(pos, f"batch length {batch_size - LOG_OVERHEAD} is invalid", torn)
-                return
-            if pos + batch_size > size:
-                yield Damage(pos, f"batch of {batch_size} bytes runs past the end of the file", torn=True)
-                return
-            if len(buf) - rel < batch_size:
-                buf, buf_start, rel = _refill(f, buf, rel, pos, max(LOAD_BUFFER_BYTES, batch_size))
-            try:
-                batch = decode_batch(buf[rel : rel + batch_size], replayable)
-            except BatchError as exc:
-                yield Damage(pos, str(exc), torn=pos + batch_size == size)
-                return
-            yield batch
-            pos += batch_size
-
-
-def _refill(f: BinaryIO, buf: bytes, rel: int, pos: int, want: int) -> tuple[bytes, int, int]:
-    """Drops consumed bytes and reads until ``want`` bytes from ``pos`` are buffered (or EOF)."""
-    rest = buf[rel:]
-    chunk = f.read(max(want - len(rest), 0))
-    return rest + chunk, pos, 0
-
-
-def _only_zeros(f: BinaryIO, pos: int, size: int) -> bool:
-    f.seek(pos)
-    while True:
-        chunk = f.read(1 << 20)
-        if not chunk:
-            return True
-        if chunk.count(0) != len(chunk):
-            return False
 
 
 class PartitionLog:
@@ -640,36 +566,3 @@ def _aside_path(segment: Path, position: int) -> Path:
         n += 1
         aside = segment.with_name(f"{segment.name}.{position}.{n}.tr")
     return aside
-
-
-def list_segments(directory: Path) -> list[Segment]:
-    segments = []
-    for entry in directory.iterdir():
-        m = _SEGMENT_RE.match(entry.name)
-        if m:
-            segments.append(Segment(int(m.group(1)), entry, entry.stat().st_size))
-    segments.sort(key=lambda s: s.base_offset)
-    return segments
-
-
-def swap_name(base_offset: int, end_offset: int) -> str:
-    return f"{base_offset:020d}-{end_offset:020d}.swap"
-
-
-def finish_interrupted_swaps(directory: Path) -> None:
-    """Completes what a crashed cleaner left: a ``.swap`` is durable and replaces its range; a
-    ``.cleaned`` never became a swap and is dropped (the originals are still whole)."""
-    for entry in sorted(directory.iterdir()):
-        if entry.name.endswith(".cleaned"):
-            entry.unlink()
-            continue
-        m = _SWAP_RE.match(entry.name)
-        if not m:
-            continue
-        base, end = int(m.group(1)), int(m.group(2))
-        for seg in list_segments(directory):
-            if base <= seg.base_offset < end:
-                seg.path.unlink()
-        entry.rename(directory / segment_name(base))
-        fsync_path(directory)
-        log.info("%s: finished an interrupted compaction swap for offsets [%d, %d)", directory, base, end)

@@ -20,7 +20,8 @@ from protocol.records import (
     encode_record,
 )
 from storage.batchwriter import build_batch
-from storage.log import PartitionLog, list_segments
+from storage.log import PartitionLog
+from storage.segments import list_segments
 from tests.kcoord_process import REPO
 
 

@@ -33,7 +33,8 @@ from protocol.records import (
     OffsetKey,
     Record,
 )
-from storage.log import PartitionLog, list_segments
+from storage.log import PartitionLog
+from storage.segments import list_segments
 from tests.coordinator.harness import (
     OK,
     Faults,

@@ -35,7 +35,7 @@ from kafka import KafkaConsumer
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from protocol.partitioning import partition_for
-from storage.log import list_segments
+from storage.segments import list_segments
 from tests.deploy.conftest import DEPLOY, load_yaml
 from tests.integration.test_sync_helper import children
 from tests.kcoord_process import KcoordProcess, free_port

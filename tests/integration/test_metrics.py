@@ -18,7 +18,7 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from protocol.partitioning import partition_for
-from storage.log import list_segments
+from storage.segments import list_segments
 from tests.kcoord_process import REPO, KcoordProcess, free_port
 from tests.rawclient import RawClient, commit_request
 

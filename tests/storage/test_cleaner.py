@@ -24,7 +24,8 @@ from storage import cleaner
 from storage.batch import DELETE_HORIZON_FLAG, LOG_OVERHEAD, LogRecord, decode_batch, read_head
 from storage.batchwriter import build_batch
 from storage.cleaner import clean, cleanable_count, dirty_ratio
-from storage.log import LogCorruptError, PartitionLog, Segment, list_segments, swap_name
+from storage.log import LogCorruptError, PartitionLog
+from storage.segments import Segment, list_segments, swap_name
 
 T = 1_700_000_000_000
 DAY = 86_400_000

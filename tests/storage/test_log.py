@@ -6,7 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage.batchwriter import Entry, build_batch
-from storage.log import RECOVERY_POINT, LogCorruptError, PartitionLog, list_segments, segment_name
+from storage.log import RECOVERY_POINT, LogCorruptError, PartitionLog
+from storage.segments import list_segments, segment_name
 
 T = 1700000000000
 

@@ -1,0 +1,134 @@
+"""Segment files of a partition log: their names, reading their batches, and finishing what an
+interrupted compaction swap left (split from storage.log, which owns a log's durable bookkeeping)."""
+
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from storage.batch import LOG_OVERHEAD, Batch, BatchError, decode_batch, read_head
+
+log = logging.getLogger(__name__)
+
+LOAD_BUFFER_BYTES = 5 * 1024 * 1024
+_SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
+_SWAP_RE = re.compile(r"^(\d{20})-(\d{20})\.swap$")
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}.log"
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory's fsync makes created/renamed entries durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(slots=True)
+class Segment:
+    base_offset: int
+    path: Path
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Where a segment stops being a sequence of valid batches, and whether that is a torn write."""
+
+    position: int
+    reason: str
+    torn: bool
+
+
+def read_segment(path: Path, start: int = 0, replayable: bool = False) -> Iterator[Batch | Damage]:
+    """Yields the batches of one segment file in order (see ``decode_batch`` for ``replayable``); ends
+    with a Damage if the file does not end on a valid batch. A damage is *torn* when nothing valid can
+    follow it: the batch runs past the end of the file, or it is the file's last batch, or only zero
+    bytes follow (a preallocated tail)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        f.seek(start)
+        buf = b""
+        buf_start = start
+        pos = start
+        while pos < size:
+            rel = pos - buf_start
+            if len(buf) - rel < LOG_OVERHEAD:
+                buf, buf_start, rel = _refill(f, buf, rel, pos, LOAD_BUFFER_BYTES)
+            if len(buf) - rel < LOG_OVERHEAD:
+                yield Damage(pos, f"{size - pos} bytes too short for a batch header", torn=True)
+                return
+            _, batch_size = read_head(buf, rel)
+            if batch_size < LOG_OVERHEAD + 49:
+                torn = _only_zeros(f, pos, size)
+                yield Damage(pos, f"batch length {batch_size - LOG_OVERHEAD} is invalid", torn)
+                return
+            if pos + batch_size > size:
+                yield Damage(pos, f"batch of {batch_size} bytes runs past the end of the file", torn=True)
+                return
+            if len(buf) - rel < batch_size:
+                buf, buf_start, rel = _refill(f, buf, rel, pos, max(LOAD_BUFFER_BYTES, batch_size))
+            try:
+                batch = decode_batch(buf[rel : rel + batch_size], replayable)
+            except BatchError as exc:
+                yield Damage(pos, str(exc), torn=pos + batch_size == size)
+                return
+            yield batch
+            pos += batch_size
+
+
+def _refill(f: BinaryIO, buf: bytes, rel: int, pos: int, want: int) -> tuple[bytes, int, int]:
+    """Drops consumed bytes and reads until ``want`` bytes from ``pos`` are buffered (or EOF)."""
+    rest = buf[rel:]
+    chunk = f.read(max(want - len(rest), 0))
+    return rest + chunk, pos, 0
+
+
+def _only_zeros(f: BinaryIO, pos: int, size: int) -> bool:
+    f.seek(pos)
+    while True:
+        chunk = f.read(1 << 20)
+        if not chunk:
+            return True
+        if chunk.count(0) != len(chunk):
+            return False
+
+
+def list_segments(directory: Path) -> list[Segment]:
+    segments = []
+    for entry in directory.iterdir():
+        m = _SEGMENT_RE.match(entry.name)
+        if m:
+            segments.append(Segment(int(m.group(1)), entry, entry.stat().st_size))
+    segments.sort(key=lambda s: s.base_offset)
+    return segments
+
+
+def swap_name(base_offset: int, end_offset: int) -> str:
+    return f"{base_offset:020d}-{end_offset:020d}.swap"
+
+
+def finish_interrupted_swaps(directory: Path) -> None:
+    """Completes what a crashed cleaner left: a ``.swap`` is durable and replaces its range; a
+    ``.cleaned`` never became a swap and is dropped (the originals are still whole)."""
+    for entry in sorted(directory.iterdir()):
+        if entry.name.endswith(".cleaned"):
+            entry.unlink()
+            continue
+        m = _SWAP_RE.match(entry.name)
+        if not m:
+            continue
+        base, end = int(m.group(1)), int(m.group(2))
+        for seg in list_segments(directory):
+            if base <= seg.base_offset < end:
+                seg.path.unlink()
+        entry.rename(directory / segment_name(base))
+        fsync_path(directory)
+        log.info("%s: finished an interrupted compaction swap for offsets [%d, %d)", directory, base, end)
