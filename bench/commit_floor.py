@@ -12,10 +12,10 @@ durable together the way kcoord does (one ``syncfs`` of the file system; ``fdata
 sockets, codecs, event loop or replies. Latency is counted from when each commit was due, as the
 pacer counts it.
 
-``journal=True`` measures the layout kcoord does not have, for comparison: every commit appended to one
-file, one ``fdatasync`` of it per sync (a write-ahead journal in front of the partitions' logs). It is
-what the latency target would need (a sync of one file's appended bytes instead of a file system's
-worth of dirty logs), so its figures say how far that layout alone would go.
+``journal=True`` measures the layout of kcoord's ``--sync-mode journal`` (its default since
+2026-11-27): every commit appended to one file, one ``fdatasync`` of it per sync (the write-ahead
+journal in front of the partitions' logs, storage/journal.py), without the logs' own appends and
+checkpoints. The other is ``--sync-mode syncfs``'s layout.
 """
 
 import os

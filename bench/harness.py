@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     floor, journal = (floors[0], floors[1]) if floors else (None, None)
     rows = [report.figures(m) for m in measurements]
     ratio = report.ratios(rows)
-    goals = report.targets(rows, ratio, fsync, restarts, floor)
+    goals = report.targets(rows, ratio, fsync, restarts, journal or floor)
     for r in rows:
         if r["errors"] or r["unanswered"]:
             failures.append(f"{r['scenario']} {r['server']}: {r['errors']} errors {r['error_kinds']}, "
