@@ -84,7 +84,8 @@ class Checkpointer:
         journal = self._sync.journal
         logs = [shard.log for shard in self._shards if shard.log.recovered]
         ends = [plog.journaled_end for plog in logs]
-        drop = journal.droppable(journal.rotate())
+        boundary = journal.rotate()
+        drop = journal.droppable(boundary)
         spare = journal.reserve_spare()
         started = time.perf_counter()
         try:
@@ -95,6 +96,7 @@ class Checkpointer:
             return False
         self.seconds.observe(time.perf_counter() - started)
         self.synced_at = time.monotonic()
+        journal.checkpointed(boundary)
         journal.deleted(drop)
         self._trouble.reset()
         claims = self._synced(logs, ends, time.monotonic() - self._claimed_at >= CLAIM_INTERVAL_S)

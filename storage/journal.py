@@ -76,8 +76,9 @@ def entry_crc(partition: int, batch: bytes) -> int:
     return crc32c.crc32c(batch, crc32c.crc32c(_PARTITION.pack(partition)))
 
 
-def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, bytes]]:
-    """A segment's entries in order, up to its first invalid one (or ``limit`` bytes)."""
+def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, bytes, int]]:
+    """A segment's entries in order (partition, batch, the byte the entry ends at), up to its first
+    invalid one (or ``limit`` bytes)."""
     with open(path, "rb") as f:
         buf = f.read() if limit is None else f.read(limit)
     pos, size = 0, len(buf)
@@ -89,8 +90,8 @@ def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, by
         batch = buf[start : start + length]
         if entry_crc(partition, batch) != crc:
             break
-        yield partition, batch
         pos = start + length
+        yield partition, batch, pos
     if pos < size and buf.count(0, pos) != size - pos:
         log.warning("%s: journal ends at byte %d of %d (a write torn by a crash, or damage); what follows "
                     "is ignored", path, pos, size)
@@ -143,13 +144,17 @@ class Journal:
                 continue
             size = entry.stat().st_size
             self._segments[int(m.group(1))] = JournalSegment(int(m.group(1)), entry, None, size, size, True, True, True)
-            for partition, batch in read_entries(entry):
+            for partition, batch, _ in read_entries(entry):
                 self._startup.setdefault(partition, []).append(batch)
-        # Partitions whose logs may lack batches of the segments below ``_hold_below``, which are kept
-        # until each has recovered from them: those left by an earlier process, and after a failed
-        # checkpoint, every segment up to then (coordinator.checkpointer).
+        # Which batches a partition's recovery needs (``entries_for``), by journal position (segment,
+        # byte): a partition's log holds everything journaled before the last checkpoint
+        # (``_synced_from``), and before where it last recovered (``_covered``). Partitions in
+        # ``unapplied`` may lack more: those with batches left by an earlier process, and after a failed
+        # checkpoint every partition, whose log may have lost pages since the last good one. While
+        # any is, no segment is deleted.
+        self._startup_pending: set[int] = set(self._startup)
         self.unapplied: set[int] = set(self._startup)
-        self._hold_below = max(self._segments, default=0) + 1
+        self._covered: dict[int, tuple[int, int]] = {}
         if self._startup:
             log.info("journal: %d batches of %d partitions to apply to their logs (the process before did not "
                      "stop cleanly)", sum(len(b) for b in self._startup.values()), len(self._startup))
@@ -160,6 +165,8 @@ class Journal:
         self.live = self._create(self._take_seq())
         _fsync_dir(self.directory)
         self.live.dir_durable = True
+        self._synced_from = (self.live.seq, 0)
+        self.position = (self.live.seq, 0)  # where the next write goes (set on the loop, read by loaders)
 
     # -- appending (event loop) -----------------------------------------------------------------
 
@@ -195,6 +202,7 @@ class Journal:
                 raise
             for plog, end in logs:
                 plog.journaled_end = end
+            self.position = (seg.seq, seg.size)
         return seg, seg.size
 
     def plan(self, seg: JournalSegment) -> int | None:
@@ -231,6 +239,7 @@ class Journal:
         else:
             self._segments[seg.seq] = seg
         self.live = seg
+        self.position = (seg.seq, 0)
         self._close_retired()
         return seg
 
@@ -260,16 +269,25 @@ class Journal:
         self._spare = JournalSegment(seq, path, fd, 0, 0, True)
 
     def droppable(self, boundary: int) -> list[JournalSegment]:
-        """The segments a checkpoint at ``boundary`` may delete: those before it, except the held ones
-        while some partition has not recovered from them yet."""
-        hold = self._hold_below if self.unapplied else 0
-        return [s for s in list(self._segments.values()) if s.seq < boundary and s.seq >= hold]
+        """The segments a checkpoint at ``boundary`` may delete: those before it, unless some partition
+        has yet to recover from them (then none: what such a partition needs is a run without gaps)."""
+        if self.unapplied:
+            return []
+        return [s for s in list(self._segments.values()) if s.seq < boundary]
+
+    def checkpointed(self, boundary: int) -> None:
+        """On the loop: a checkpoint's syncfs succeeded; every log holds what segments below
+        ``boundary`` hold, and a recovery never needs them again (nor rewrites into what the cleaner
+        may compact once a log is synced: storage.cleaner)."""
+        self._synced_from = max(self._synced_from, (boundary, 0))
 
     def hold(self, partitions: set[int]) -> None:
-        """A checkpoint failed: the logs of ``partitions`` may have lost pages the kernel could not write,
-        so every segment so far is kept until each has recovered from it (rewriting its batches)."""
+        """A checkpoint failed: the logs of ``partitions`` may have lost pages the kernel could not write
+        since the last good one, so each recovers from there (rewriting its batches), and no segment is
+        deleted until each has."""
+        for partition in partitions:
+            self._covered[partition] = max(self._covered.get(partition, (0, 0)), self._synced_from)
         self.unapplied |= partitions
-        self._hold_below = self.live.seq + 1
 
     def delete(self, segments: list[JournalSegment]) -> None:
         """Checkpoint thread: unlinks ``segments`` and makes that durable (a deleted segment that came
@@ -315,15 +333,21 @@ class Journal:
     # -- recovery (loader threads) --------------------------------------------------------------
 
     def entries_for(self, partition: int) -> list[bytes]:
-        """``partition``'s batches in journal order: those an earlier process left, then this process's
-        up to where each segment is known durable (an entry whose sync failed was never acknowledged)."""
-        batches = list(self._startup.get(partition, ()))
-        for seg in list(self._segments.values()):
-            if seg.startup or seg.durable == 0:
+        """``partition``'s batches its log may lack, in journal order: those an earlier process left
+        (until applied), then this process's since the last checkpoint or the partition's last recovery
+        (whichever is later; for an unapplied partition, since its last recovery), each segment read
+        up to where it is known durable (an entry whose sync failed was never acknowledged)."""
+        start = self._covered.get(partition, (0, 0))
+        if partition not in self.unapplied:
+            start = max(start, self._synced_from)
+        batches = list(self._startup.get(partition, ())) if partition in self._startup_pending else []
+        for seg in sorted(list(self._segments.values()), key=lambda s: s.seq):
+            if seg.startup or seg.durable == 0 or seg.seq < start[0]:
                 continue
             try:
-                batches.extend(b for p, b in read_entries(seg.path, seg.durable) if p == partition)
-            except FileNotFoundError:  # deleted by a checkpoint meanwhile: the logs have those batches
+                batches.extend(b for p, b, end in read_entries(seg.path, seg.durable)
+                               if p == partition and (seg.seq, end) > start)
+            except FileNotFoundError:  # deleted by a checkpoint meanwhile: the log has those batches
                 continue
         return batches
 
@@ -336,7 +360,10 @@ class Journal:
             self._pending_logs = [entry for _, entry in kept]
 
     def applied(self, partition: int) -> None:
-        """``partition``'s log now holds its startup entries (fsynced): they are not needed any more."""
+        """Loader thread, at the end of ``partition``'s recovery: its log now holds (fsynced) every batch
+        journaled so far (it wrote none while recovering), which no later recovery of it needs."""
+        self._covered[partition] = self.position
+        self._startup_pending.discard(partition)
         self.unapplied.discard(partition)
 
     # -- shutdown -------------------------------------------------------------------------------

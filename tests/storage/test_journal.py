@@ -61,7 +61,7 @@ def test_entries_read_back_in_order_and_a_torn_tail_is_ignored(tmp_path: Path) -
     journal.add(plog, 2, batch(5, 2), (7, 0, 0))
     seg, _ = journal.write()
     os.write(seg.fd or -1, ENTRY_HEADER.pack(500, 1, 0) + b"partial")  # a write torn by a crash
-    assert [(p, b) for p, b in read_entries(seg.path)] == [(1, batch(0)), (2, batch(5, 2))]
+    assert [(p, b) for p, b, _ in read_entries(seg.path)] == [(1, batch(0)), (2, batch(5, 2))]
     assert plog.journaled_end == (7, 0, 0)
     journal.close(remove=False)
 
@@ -76,7 +76,7 @@ def test_a_damaged_entry_ends_the_segment(tmp_path: Path) -> None:
     second = ENTRY_HEADER.size + len(batch(0))
     raw[second + ENTRY_HEADER.size + 30] ^= 0xFF
     seg.path.write_bytes(bytes(raw))
-    assert [b for _, b in read_entries(seg.path)] == [batch(0)]
+    assert [b for _, b, _ in read_entries(seg.path)] == [batch(0)]
     journal.close(remove=False)
 
 
@@ -193,7 +193,42 @@ def test_batches_of_a_log_cut_back_before_their_journal_write_never_come_back(tm
     other.append(batch(0), 0)
     plog.truncate_to_durable()
     seg, _ = journal.write()
-    assert [(p, b) for p, b in read_entries(seg.path)] == [(P, batch(0)), (4, batch(0))]
+    assert [(p, b) for p, b, _ in read_entries(seg.path)] == [(P, batch(0)), (4, batch(0))]
     other.close()
+    plog.close()
+    journal.close(remove=False)
+
+
+def test_a_recovery_only_rewrites_what_its_log_may_lack(tmp_path: Path) -> None:
+    """A partition that recovered, or that a checkpoint synced since, never gets older batches back:
+    they could lie in segments the cleaner has compacted since (a rewrite there would fail the
+    partition), and once segments are deleted they would leave a gap."""
+    journal, plog = opened(tmp_path)
+    acknowledged(journal, plog, [batch(0)])
+    other = PartitionLog(tmp_path / "__consumer_offsets-4")
+    other.journal, other.partition = journal, 4
+    list(other.recover())
+    other.append(batch(0), 0)
+    journal.write()
+    plog.close()
+    other.close()
+    journal.close(remove=False)  # a crash: both partitions have batches to apply at the next start
+
+    journal, plog, _ = recovered(tmp_path)  # partition 3 recovers; partition 4 has not yet
+    assert journal.unapplied == {4}
+    assert journal.entries_for(P) == []
+    acknowledged(journal, plog, [batch(1)])
+    assert journal.entries_for(P) == [batch(1)]
+    boundary = journal.rotate()
+    assert journal.droppable(boundary) == []  # partition 4 still needs the first process's segment
+    plog.sync()
+    journal.checkpointed(boundary)
+    assert journal.entries_for(P) == []
+    acknowledged(journal, plog, [batch(2)])
+    assert journal.entries_for(P) == [batch(2)]
+    assert journal.entries_for(4) == [batch(0)]
+    journal.hold({P, 4})  # a failed checkpoint: back to the last good one for both
+    assert journal.entries_for(P) == [batch(2)]
+    assert journal.entries_for(4) == [batch(0)]
     plog.close()
     journal.close(remove=False)
