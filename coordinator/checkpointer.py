@@ -83,7 +83,10 @@ class Checkpointer:
         loop = asyncio.get_running_loop()
         journal = self._sync.journal
         logs = [shard.log for shard in self._shards if shard.log.recovered]
-        ends = [plog.journaled_end for plog in logs]
+        # Journaled and acknowledged: a batch whose journal sync is still under way (or will fail)
+        # must not count as synced (the cleaner would let it hide the acknowledged record it replaces,
+        # and a recovery point could claim bytes a failed sync then cuts).
+        ends = [min(plog.journaled_end, plog.durable_end()) for plog in logs]
         boundary = journal.rotate()
         drop = journal.droppable(boundary)
         spare = journal.reserve_spare()
@@ -115,7 +118,10 @@ class Checkpointer:
         self._sync.checkpoint_sync()
         self._sync.journal.delete(drop)
         if spare:
-            self._sync.journal.make_spare(spare)
+            try:
+                self._sync.journal.make_spare(spare)
+            except OSError as exc:  # the next rotation makes its own (its first cycle on the writer thread)
+                log.warning("journal: could not make the next segment ahead (%s)", describe_error(exc))
 
     def _synced(self, logs: list[PartitionLog], ends: list[LogEnd], take_claims: bool) -> Claims:
         """On the loop: each log synced to its end at the rotation; with ``take_claims``, the recovery
@@ -136,6 +142,8 @@ class Checkpointer:
         for shard in self._shards:  # the others recover (from the journal) before they serve writes
             if shard.state is ShardState.ACTIVE:
                 shard.fail_write(exc)
+            elif shard.state is ShardState.READ_ONLY:
+                shard.reload_before_writing()
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)

@@ -397,6 +397,7 @@ class Shard:
         self._resume_parked()  # they find the shard no longer serving and answer their requests
 
     def fail_write(self, exc: BaseException) -> None:
+        self.log.refused = True  # its batches not yet journaled are never acknowledged: keep them out
         log.error("partition %d: write failed (%s); failing the requests waiting on it, dropping what was not "
                   "durable and reloading", self.partition, describe_error(exc))
         self._metrics.write_failed(self.partition)
@@ -481,6 +482,7 @@ class Shard:
                 log.error("partition %d: FAILED to load, not serving its groups until the log is repaired: %s",
                           self.partition, corrupt)
                 self._transition(_SHARD_FAILED)
+                await self._abandon_journal()
                 return
             except OSError as exc:
                 self._trouble.report(logging.ERROR, "partition %d: cannot load its log (%s); retrying in %.1f s, "
@@ -511,6 +513,23 @@ class Shard:
                 return
             await self._serve_if_writable()
             return
+
+    async def _abandon_journal(self) -> None:
+        """A corrupt log: its journal batches are kept beside it, and the journal stops holding them."""
+        try:
+            copy = await asyncio.get_running_loop().run_in_executor(self._loader, self.log.abandon_journal)
+        except OSError as exc:
+            log.error("partition %d: could not copy its journal batches aside (%s); the journal keeps them",
+                      self.partition, describe_error(exc))
+            return
+        if copy is not None:
+            log.error("partition %d: its journal batches are kept in %s for the repair", self.partition, copy)
+
+    def reload_before_writing(self) -> None:
+        """A read-only partition whose log may have lost pages (a failed checkpoint): it reloads (from
+        the journal) before it writes again, not straight back to ACTIVE."""
+        if self.state is _SHARD_READ_ONLY:
+            self._tail_dirty = True
 
     async def _serve_if_writable(self) -> None:
         problem = await asyncio.get_running_loop().run_in_executor(self.writer, self._probe)

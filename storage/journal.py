@@ -134,8 +134,7 @@ class Journal:
     def __init__(self, data_dir: Path) -> None:
         self.directory = data_dir / JOURNAL_DIR
         self.directory.mkdir(exist_ok=True)
-        self._pending: list[bytes] = []
-        self._pending_logs: list[tuple[PartitionLog, LogEnd]] = []
+        self._pending: list[tuple[PartitionLog, bytes, bytes, LogEnd]] = []  # log, header, batch, its end
         self._segments: dict[int, JournalSegment] = {}
         self._startup: dict[int, list[bytes]] = {}
         for entry in sorted(self.directory.iterdir()):
@@ -155,6 +154,10 @@ class Journal:
         self._startup_pending: set[int] = set(self._startup)
         self.unapplied: set[int] = set(self._startup)
         self._covered: dict[int, tuple[int, int]] = {}
+        # Partitions recovering now (their log may be cut back, not yet rewritten and fsynced): no
+        # segment is deleted meanwhile either. Abandoned ones (corrupt logs) hold nothing.
+        self._recovering: set[int] = set()
+        self._abandoned: set[int] = set()
         if self._startup:
             log.info("journal: %d batches of %d partitions to apply to their logs (the process before did not "
                      "stop cleanly)", sum(len(b) for b in self._startup.values()), len(self._startup))
@@ -173,21 +176,21 @@ class Journal:
     def add(self, plog: "PartitionLog", partition: int, batch: bytes, end: "LogEnd") -> None:
         """A batch just appended to ``plog`` (partition ``partition``), which then ended at ``end``:
         written to the journal by the next ``write``."""
-        self._pending.append(ENTRY_HEADER.pack(len(batch), partition, entry_crc(partition, batch)))
-        self._pending.append(batch)
-        self._pending_logs.append((plog, end))
+        self._pending.append((plog, ENTRY_HEADER.pack(len(batch), partition, entry_crc(partition, batch)), batch, end))
 
     def write(self) -> tuple[JournalSegment, int]:
         """Writes what was added since the last write to the live segment (a new one after a failure);
         returns the segment and its size, which a sync of it then makes durable. Each log's
-        ``journaled_end`` moves to where its journaled appends end."""
+        ``journaled_end`` moves to where its journaled appends end. Batches of a log whose writes were
+        refused since (``PartitionLog.refused``: set on the loop when its partition fails a write, and
+        when it is cut back) are left out: they were never acknowledged, and must not come back."""
         seg = self.live
         if seg.broken:
             seg = self.rotate_live()
         if self._pending:
-            data = b"".join(self._pending)
-            self._pending.clear()
-            logs, self._pending_logs = self._pending_logs, []
+            pending, self._pending = self._pending, []
+            data = b"".join([part for plog, header, batch, _ in pending if not plog.refused
+                             for part in (header, batch)])
             try:
                 if seg.fd is None:
                     raise OSError(errno.EBADF, f"journal segment {seg.path.name} is closed")
@@ -200,7 +203,7 @@ class Journal:
                 seg.broken = True
                 self.needs_bytes = max(self.needs_bytes, len(data))
                 raise
-            for plog, end in logs:
+            for plog, _, _, end in pending:
                 plog.journaled_end = end
             self.position = (seg.seq, seg.size)
         return seg, seg.size
@@ -227,6 +230,9 @@ class Journal:
             seg.dir_durable = True
             seg.durable = max(seg.durable, size)
         if seg is not self.live:
+            if seg.fd is not None and self._segments.get(seg.seq) is not seg:  # deleted while in flight
+                os.close(seg.fd)
+                seg.fd = None
             self._close_retired()
 
     # -- checkpoints (event loop, then a checkpoint thread) -------------------------------------
@@ -234,6 +240,11 @@ class Journal:
     def rotate_live(self) -> JournalSegment:
         """A new live segment; the old one is retired (its descriptor closed once no sync uses it)."""
         seg, self._spare = self._spare, None
+        if seg is not None and seg.seq < self.live.seq:
+            # Reserved before a failed write made a newer live segment: segments are replayed in the
+            # order of their numbers, so this one can never be written after it.
+            _discard_segment(seg)
+            seg = None
         if seg is None:
             seg = self._create(self._take_seq())
         else:
@@ -271,7 +282,7 @@ class Journal:
     def droppable(self, boundary: int) -> list[JournalSegment]:
         """The segments a checkpoint at ``boundary`` may delete: those before it, unless some partition
         has yet to recover from them (then none: what such a partition needs is a run without gaps)."""
-        if self.unapplied:
+        if self.unapplied or self._recovering:
             return []
         return [s for s in list(self._segments.values()) if s.seq < boundary]
 
@@ -285,6 +296,7 @@ class Journal:
         """A checkpoint failed: the logs of ``partitions`` may have lost pages the kernel could not write
         since the last good one, so each recovers from there (rewriting its batches), and no segment is
         deleted until each has."""
+        partitions = partitions - self._abandoned
         for partition in partitions:
             self._covered[partition] = max(self._covered.get(partition, (0, 0)), self._synced_from)
         self.unapplied |= partitions
@@ -351,13 +363,31 @@ class Journal:
                 continue
         return batches
 
-    def discard(self, plog: "PartitionLog") -> None:
-        """``plog`` was cut back to its durable end: its batches not yet written here never will be
-        acknowledged, and must not come back at a restart."""
-        if any(owner is plog for owner, _ in self._pending_logs):
-            kept = [(i, entry) for i, entry in enumerate(self._pending_logs) if entry[0] is not plog]
-            self._pending = [part for i, _ in kept for part in self._pending[2 * i : 2 * i + 2]]
-            self._pending_logs = [entry for _, entry in kept]
+    def recovering(self, partition: int) -> None:
+        """Loader thread, as ``partition``'s recovery starts: no segment is deleted until it has applied
+        the batches it reads (its log may be cut back meanwhile, and a checkpoint would sync that)."""
+        self._recovering.add(partition)
+
+    def abandon(self, partition: int, directory: Path) -> Path | None:
+        """Loader thread: ``partition``'s log is corrupt and it will not serve until repaired. Its journal
+        batches are copied next to its log (``journal-batches.<n>.tr``, Kafka v2 batches back to back,
+        for the operator's repair) and the journal stops keeping segments for it. Returns the copy."""
+        batches = self.entries_for(partition)
+        copy = None
+        if batches:
+            n = 0
+            while (directory / f"journal-batches.{n}.tr").exists():
+                n += 1
+            copy = directory / f"journal-batches.{n}.tr"
+            with open(copy, "xb") as f:
+                f.write(b"".join(batches))
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(directory)
+        self._abandoned.add(partition)
+        for held in (self._startup_pending, self.unapplied, self._recovering):
+            held.discard(partition)
+        return copy
 
     def applied(self, partition: int) -> None:
         """Loader thread, at the end of ``partition``'s recovery: its log now holds (fsynced) every batch
@@ -365,6 +395,8 @@ class Journal:
         self._covered[partition] = self.position
         self._startup_pending.discard(partition)
         self.unapplied.discard(partition)
+        self._recovering.discard(partition)
+        self._abandoned.discard(partition)
 
     # -- shutdown -------------------------------------------------------------------------------
 
@@ -406,6 +438,13 @@ class Journal:
             if seg.fd is not None and seg is not self.live and seg is not self.in_flight:
                 os.close(seg.fd)
                 seg.fd = None
+
+
+def _discard_segment(seg: JournalSegment) -> None:
+    if seg.fd is not None:
+        os.close(seg.fd)
+        seg.fd = None
+    seg.path.unlink(missing_ok=True)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -113,6 +113,7 @@ class PartitionLog:
         self.partition = -1
         self.journaled_end: LogEnd = (0, -1, 0)  # where the appends written to the journal end
         self._journaling = True
+        self.refused = False  # its appends not yet in the journal will never be acknowledged (storage.journal)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -130,6 +131,8 @@ class PartitionLog:
             # Logged here, once per load, not by every reader of the claim (the recorder reads it too).
             log.warning("%s is unreadable: recovering as if the log had no recovery point (everything past "
                         "the first segment's start may be cut as a torn tail)", self.directory / RECOVERY_POINT)
+        if self.journal is not None:
+            self.journal.recovering(self.partition)
         run = self._journal_run()
         rewrite_from = batch_offsets(run[0])[0] if run else None
         rewrite_at: tuple[int, int] | None = None  # (segment index, byte position) where the run goes
@@ -174,7 +177,8 @@ class PartitionLog:
                 self._set_aside(later, "written after a torn write")
             del self.segments[i + 1 :]
             break
-        self._check_reaches(known_base, known_position)
+        if rewrite_from is None:
+            self._check_reaches(known_base, known_position)
         sync_from = known_base
         if rewrite_from is not None:
             if rewrite_at is not None:
@@ -184,6 +188,9 @@ class PartitionLog:
                                       f"continues from {rewrite_from}: acknowledged batches are missing")
             sync_from = min(known_base, self.segments[-1].base_offset if self.segments else rewrite_from)
             yield from self._append_run(run, replayable)
+            # After the run, not before: a crash between a cut and its rewrite leaves the log short of a
+            # claim an earlier recovery recorded, and the journal still holds what brings it back.
+            self._check_reaches(known_base, known_position)
         for seg in self.segments:
             if seg.base_offset >= sync_from:
                 fsync_path(seg.path)
@@ -356,6 +363,13 @@ class PartitionLog:
             except OSError as exc:
                 self.checkpoint_failed(exc)
 
+    def durable_end(self) -> LogEnd:
+        return (self.durable_offset, self._durable_base, self._durable_size)
+
+    def abandon_journal(self) -> Path | None:
+        """The log is corrupt (loader thread): see storage.journal ``abandon``."""
+        return self.journal.abandon(self.partition, self.directory) if self.journal is not None else None
+
     def journaled(self, upto: LogEnd) -> None:
         """The journal holds everything appended up to ``upto`` (an ``end()``), durably: that much may
         be acknowledged. The log's own bytes reach the disk at the next checkpoint (``disk_synced``)."""
@@ -437,8 +451,6 @@ class PartitionLog:
         if not self.recovered:
             raise RuntimeError(f"{self.directory}: truncate_to_durable before recover()")
         self.close()
-        if self.journal is not None:
-            self.journal.discard(self)
         dropped = 0
         while len(self.segments) > 1 and self.segments[-1].base_offset > self._durable_base:
             seg = self.segments.pop()

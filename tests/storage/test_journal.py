@@ -183,7 +183,7 @@ def test_segments_are_kept_until_every_partition_applied_them(tmp_path: Path) ->
     assert list((tmp_path / "journal").iterdir())  # held: not removed on close either
 
 
-def test_batches_of_a_log_cut_back_before_their_journal_write_never_come_back(tmp_path: Path) -> None:
+def test_batches_of_a_refused_log_not_yet_journaled_never_come_back(tmp_path: Path) -> None:
     journal, plog = opened(tmp_path)
     acknowledged(journal, plog, [batch(0)])
     other = PartitionLog(tmp_path / "__consumer_offsets-4")
@@ -191,7 +191,7 @@ def test_batches_of_a_log_cut_back_before_their_journal_write_never_come_back(tm
     other.journal, other.partition = journal, 4
     plog.append(batch(1, tag=b"x"), 1)  # appended, then its cycle failed before the journal write
     other.append(batch(0), 0)
-    plog.truncate_to_durable()
+    plog.refused = True  # as Shard.fail_write marks it, on the event loop
     seg, _ = journal.write()
     assert [(p, b) for p, b, _ in read_entries(seg.path)] == [(P, batch(0)), (4, batch(0))]
     other.close()
