@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Final
 
 import crc32c
 
+from storage.segments import fsync_path
+
 if TYPE_CHECKING:
     from storage.log import LogEnd, PartitionLog
 
@@ -166,7 +168,7 @@ class Journal:
         self._next_seq = max(self._segments, default=0) + 1  # sequence numbers are handed out on the loop
         self._spare: JournalSegment | None = None  # the next live segment, made ahead (``make_spare``)
         self.live = self._create(self._take_seq())
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
         self.live.dir_durable = True
         self._synced_from = (self.live.seq, 0)
         self.position = (self.live.seq, 0)  # where the next write goes (set on the loop, read by loaders)
@@ -219,7 +221,7 @@ class Journal:
             raise OSError(errno.EBADF, f"journal segment {seg.path.name} is closed")
         os.fdatasync(seg.fd)
         if not seg.dir_durable:
-            _fsync_dir(self.directory)
+            fsync_path(self.directory)
 
     def synced(self, seg: JournalSegment, size: int, error: BaseException | None) -> None:
         """On the loop, after a sync of ``seg`` posted at ``size``: durable that far, or broken."""
@@ -272,7 +274,7 @@ class Journal:
         path = self.directory / segment_name(seq)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
-            _fsync_dir(self.directory)
+            fsync_path(self.directory)
         except OSError:
             os.close(fd)
             path.unlink(missing_ok=True)
@@ -307,7 +309,7 @@ class Journal:
         for seg in segments:
             seg.path.unlink(missing_ok=True)
         if segments:
-            _fsync_dir(self.directory)
+            fsync_path(self.directory)
 
     def deleted(self, segments: list[JournalSegment]) -> None:
         """On the loop, after ``delete``."""
@@ -383,7 +385,7 @@ class Journal:
                 f.write(b"".join(batches))
                 f.flush()
                 os.fsync(f.fileno())
-            _fsync_dir(directory)
+            fsync_path(directory)
         self._abandoned.add(partition)
         for held in (self._startup_pending, self.unapplied, self._recovering):
             held.discard(partition)
@@ -447,9 +449,3 @@ def _discard_segment(seg: JournalSegment) -> None:
     seg.path.unlink(missing_ok=True)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -122,6 +122,16 @@ class Faults:
     def journal(self, data_dir: Path) -> Journal:
         return FaultyJournal(data_dir, self)
 
+    def at_sync(self, message: str) -> None:
+        """Where a sync returns: held while ``hold_sync`` is set, then failed if ``fail_next_sync``."""
+        hold = self.hold_sync
+        if hold is not None:
+            self.sync_held.set()
+            hold.wait(10)
+        if self.fail_next_sync:
+            self.fail_next_sync = False
+            raise OSError(errno.EIO, message)
+
 
 class FaultyLog(PartitionLog):
     def __init__(self, directory: Path, segment_bytes: int, faults: Faults) -> None:
@@ -146,13 +156,7 @@ class FaultyLog(PartitionLog):
     def synced(self, checkpoint: bool = True, upto: LogEnd | None = None) -> None:
         # Called once the log's fsyncs (or its file system's syncfs) returned: failing here is an
         # fsync failure in either sync mode, before the durable end moves.
-        hold = self.faults.hold_sync
-        if hold is not None:
-            self.faults.sync_held.set()
-            hold.wait(10)
-        if self.faults.fail_next_sync:
-            self.faults.fail_next_sync = False
-            raise OSError(errno.EIO, "injected EIO in fsync")
+        self.faults.at_sync("injected EIO in fsync")
         super().synced(checkpoint, upto)
 
     def probe(self) -> None:
@@ -190,13 +194,7 @@ class FaultyJournal(Journal):
         return super().write()
 
     def sync(self, seg: JournalSegment) -> None:
-        hold = self.faults.hold_sync
-        if hold is not None:
-            self.faults.sync_held.set()
-            hold.wait(10)
-        if self.faults.fail_next_sync:
-            self.faults.fail_next_sync = False
-            raise OSError(errno.EIO, "injected EIO in the journal's fdatasync")
+        self.faults.at_sync("injected EIO in the journal's fdatasync")
         super().sync(seg)
 
     def delete(self, segments: list[JournalSegment]) -> None:

@@ -2,6 +2,7 @@
 acknowledged commit lost, a partition wrongly FAILED, a descriptor leaked or a refused commit back."""
 
 import asyncio
+import errno
 import shutil
 import threading
 from pathlib import Path
@@ -17,6 +18,7 @@ from coordinator.shard import ShardState
 from protocol.errors import ErrorCode
 from protocol.records import OffsetAndMetadata
 from storage.journal import Journal
+from storage.synchelper import SyncHelper
 from tests.coordinator.harness import OK, Faults, FaultyJournal, FaultyLog, append, commit, stop, wait_state
 from tests.coordinator.test_journal_mode import committed, journal_config, started
 
@@ -48,6 +50,26 @@ def ckpt(runtime: Runtime) -> Checkpointer:
 def journal_of(runtime: Runtime) -> Journal:
     assert runtime.journal is not None
     return runtime.journal
+
+
+def _failing_helper_sync(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], dict[str, bool]]:
+    """Once ``arm["on"]`` is set, the sync helper's next answer is held back (``held``: call it to
+    deliver it) and then reports EIO, as a failed fdatasync would."""
+    held: list[Any] = []
+    arm = {"on": False}
+    orig_post = SyncHelper.post
+
+    def post(self: SyncHelper, op: int, fd: int, cb: Any, *args: Any) -> bool:
+        if not arm["on"]:
+            return orig_post(self, op, fd, cb, *args)
+        arm["on"] = False
+
+        def gated(*a: Any) -> None:  # (..., error, seconds): hold, then report EIO
+            held.append(lambda: cb(*a[:-2], OSError(errno.EIO, "injected EIO in the helper's fdatasync"), a[-1]))
+        return orig_post(self, op, fd, gated, *args)
+
+    monkeypatch.setattr(SyncHelper, "post", post)
+    return held, arm
 
 
 async def _until(pred: Any, timeout: float = 5.0) -> None:
@@ -195,23 +217,7 @@ def test_a_refused_logs_batches_are_left_out_of_the_journal_write(tmp_path: Path
 # 6. refused (written-ahead) commits of a failed shard are journaled by the next cycle and come back
 async def test_a_failed_partitions_written_ahead_batch_does_not_come_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import errno
-
-    from storage.synchelper import SyncHelper
-    held: list[Any] = []
-    arm = {"on": False}
-    orig_post = SyncHelper.post
-
-    def post(self: SyncHelper, op: int, fd: int, cb: Any, *args: Any) -> bool:
-        if not arm["on"]:
-            return orig_post(self, op, fd, cb, *args)
-        arm["on"] = False
-
-        def gated(*a: Any) -> None:  # (..., error, seconds): hold, then report EIO
-            held.append(lambda: cb(*a[:-2], OSError(errno.EIO, "injected EIO in the helper's fdatasync"), a[-1]))
-        return orig_post(self, op, fd, gated, *args)
-
-    monkeypatch.setattr(SyncHelper, "post", post)
+    held, arm = _failing_helper_sync(monkeypatch)
     data = tmp_path / "d"
     runtime = await started(journal_config(data, partitions=3))
     a, b, c = runtime.shards
@@ -298,23 +304,7 @@ def test_a_crash_between_a_recoverys_cut_and_its_rewrite_loses_nothing(
 # 8. data loss: checkpoint marks the in-flight (unacknowledged) cycle synced -> cleaner drops an acked record
 async def test_the_cleaner_never_lets_an_unacknowledged_record_hide_an_acknowledged_one(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    import errno
-
-    from storage.synchelper import SyncHelper
-    held: list[Any] = []
-    arm = {"on": False}
-    orig_post = SyncHelper.post
-
-    def post(self: SyncHelper, op: int, fd: int, cb: Any, *args: Any) -> bool:
-        if not arm["on"]:
-            return orig_post(self, op, fd, cb, *args)
-        arm["on"] = False
-
-        def gated(*a: Any) -> None:
-            held.append(lambda: cb(*a[:-2], OSError(errno.EIO, "injected EIO in the helper's fdatasync"), a[-1]))
-        return orig_post(self, op, fd, gated, *args)
-
-    monkeypatch.setattr(SyncHelper, "post", post)
+    held, arm = _failing_helper_sync(monkeypatch)
     runtime = await started(journal_config(tmp_path, segment_bytes=1024))
     shard = runtime.shards[0]
     for i in range(1, 10):                       # offsets 0..8 fill segment 0

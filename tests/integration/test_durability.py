@@ -19,9 +19,11 @@ from tests.rawclient import RawClient, commit_request, fetch_request
 GROUPS = [f"durable-{i}" for i in range(8)]
 
 
-def test_kill_9_during_pipelined_commits_loses_no_acknowledged_commit(kcoord: KcoordProcess) -> None:
+def pipelined_commits_then_kill(kcoord: KcoordProcess, total: int) -> dict[str, int]:
+    """Pipelines ``total`` commits over GROUPS (partition 0 of topic t), kills the server once a third
+    of them are answered (answers must come in request order); returns the highest acknowledged
+    offset of each group."""
     client = RawClient(kcoord.port)
-    total = 3000
     frames = []
     expected: dict[int, tuple[str, int]] = {}  # correlation id -> (group, offset)
     for i in range(total):
@@ -50,7 +52,11 @@ def test_kill_9_during_pipelined_commits_loses_no_acknowledged_commit(kcoord: Kc
         kcoord.kill()
         client.close()
     assert last_correlation < total, "the kill came too late to interrupt the pipeline"
+    return acked
 
+
+def test_kill_9_during_pipelined_commits_loses_no_acknowledged_commit(kcoord: KcoordProcess) -> None:
+    acked = pipelined_commits_then_kill(kcoord, 3000)
     kcoord.start()
     reader = RawClient(kcoord.port)
     for group, offset in acked.items():

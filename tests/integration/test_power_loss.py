@@ -6,44 +6,11 @@ on some; the journal, whose syncs every acknowledgement waited for, is left as i
 entry after its end. Every acknowledged commit must still be there."""
 
 import os
-import threading
 from pathlib import Path
 
-from tests.integration.test_durability import GROUPS, _fetch_when_loaded
+from tests.integration.test_durability import _fetch_when_loaded, pipelined_commits_then_kill
 from tests.kcoord_process import KcoordProcess
-from tests.rawclient import RawClient, commit_request
-
-
-def _pipelined_commits_then_kill(kcoord: KcoordProcess, total: int) -> dict[str, int]:
-    """Pipelines ``total`` commits over the groups, kills the server a third of the way through the
-    answers; returns the highest acknowledged offset of each group."""
-    client = RawClient(kcoord.port)
-    frames: list[bytes] = []
-    expected: dict[int, tuple[str, int]] = {}
-    for i in range(total):
-        group = GROUPS[i % len(GROUPS)]
-        correlation, frame = client.encode(commit_request(group, {("t", 0): i}), 8)
-        frames.append(frame)
-        expected[correlation] = (group, i)
-    def send_all() -> None:
-        for frame in frames:
-            client.sock.sendall(frame)
-
-    sender = threading.Thread(target=send_all, daemon=True)
-    sender.start()
-    acked: dict[str, int] = {}
-    received = 0
-    try:
-        while received < total // 3:
-            correlation, response = client.receive(8, 8)
-            received = correlation
-            if response.topics[0].partitions[0].error_code == 0:
-                group, offset = expected[correlation]
-                acked[group] = max(acked.get(group, -1), offset)
-    finally:
-        kcoord.kill()
-        client.close()
-    return acked
+from tests.rawclient import RawClient
 
 
 def _lose_unsynced_log_bytes(data_dir: Path, on_disk: dict[Path, int]) -> int:
@@ -66,7 +33,7 @@ def test_acknowledged_commits_survive_losing_every_log_byte_not_yet_checkpointed
     data_dir = tmp_path / "data"
     kcoord = KcoordProcess(data_dir, "--checkpoint-interval-ms", "3600000").start()
     on_disk = {p: p.stat().st_size for p in data_dir.glob("__consumer_offsets-*/*.log")}
-    acked = _pipelined_commits_then_kill(kcoord, 3000)
+    acked = pipelined_commits_then_kill(kcoord, 3000)
     assert acked, "nothing was acknowledged before the kill"
     assert _lose_unsynced_log_bytes(data_dir, on_disk) > 0, "the logs had nothing unsynced to lose"
     live = sorted((data_dir / "journal").glob("*.journal"))[-1]
