@@ -92,13 +92,15 @@ class Checkpointer:
         spare = journal.reserve_spare()
         started = time.perf_counter()
         try:
-            await loop.run_in_executor(self._thread, self._sync_and_delete, drop, spare)
+            made = await loop.run_in_executor(self._thread, self._sync_and_delete, drop, spare)
         except OSError as exc:
             self.failed += 1
             self._failed(exc)
             return False
         self.seconds.observe(time.perf_counter() - started)
         self.synced_at = time.monotonic()
+        if made is not None:
+            journal.adopt_spare(made)
         journal.checkpointed(boundary)
         journal.deleted(drop)
         self._trouble.reset()
@@ -112,16 +114,18 @@ class Checkpointer:
         self.completed += 1
         return True
 
-    def _sync_and_delete(self, drop: list[JournalSegment], spare: int) -> None:
+    def _sync_and_delete(self, drop: list[JournalSegment], spare: int) -> JournalSegment | None:
         """Checkpoint thread: the logs on disk, then the journal segments they make redundant, then
-        the next rotation's segment made ahead."""
+        the next rotation's segment made ahead (returned, for the loop to adopt)."""
         self._sync.checkpoint_sync()
         self._sync.journal.delete(drop)
-        if spare:
-            try:
-                self._sync.journal.make_spare(spare)
-            except OSError as exc:  # the next rotation makes its own (its first cycle on the writer thread)
-                log.warning("journal: could not make the next segment ahead (%s)", describe_error(exc))
+        if not spare:
+            return None
+        try:
+            return self._sync.journal.make_spare(spare)
+        except OSError as exc:  # the next rotation makes its own (its first cycle on the writer thread)
+            log.warning("journal: could not make the next segment ahead (%s)", describe_error(exc))
+            return None
 
     def _synced(self, logs: list[PartitionLog], ends: list[LogEnd], take_claims: bool) -> Claims:
         """On the loop: each log synced to its end at the rotation; with ``take_claims``, the recovery

@@ -184,8 +184,8 @@ class Journal:
         """Writes what was added since the last write to the live segment (a new one after a failure);
         returns the segment and its size, which a sync of it then makes durable. Each log's
         ``journaled_end`` moves to where its journaled appends end. Batches of a log whose writes were
-        refused since (``PartitionLog.refused``: set on the loop when its partition fails a write, and
-        when it is cut back) are left out: they were never acknowledged, and must not come back."""
+        refused since (``PartitionLog.refused``: set on the loop when its partition fails a write) are
+        left out: they were never acknowledged, and must not come back."""
         seg = self.live
         if seg.broken:
             seg = self.rotate_live()
@@ -267,10 +267,11 @@ class Journal:
         """On the loop: the sequence number of the next spare (0: one is ready already)."""
         return 0 if self._spare is not None else self._take_seq()
 
-    def make_spare(self, seq: int) -> None:
+    def make_spare(self, seq: int) -> JournalSegment:
         """Checkpoint thread: creates segment ``seq`` and fsyncs its directory entry, so the next
         rotation's first cycle syncs the journal on the sync helper, not on the writer thread (whose
-        GIL hand-offs on a busy loop held every commit of that cycle for milliseconds, every checkpoint)."""
+        GIL hand-offs on a busy loop held every commit of that cycle for milliseconds, every checkpoint).
+        Handed to ``adopt_spare`` on the loop, which owns the journal's state."""
         path = self.directory / segment_name(seq)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
@@ -279,7 +280,15 @@ class Journal:
             os.close(fd)
             path.unlink(missing_ok=True)
             raise
-        self._spare = JournalSegment(seq, path, fd, 0, 0, True)
+        return JournalSegment(seq, path, fd, 0, 0, True)
+
+    def adopt_spare(self, seg: JournalSegment) -> None:
+        """On the loop: ``seg`` becomes the next rotation's segment, unless a newer one is live already
+        (a failed write rotated meanwhile: segments replay in the order of their numbers)."""
+        if self._spare is None and seg.seq > self.live.seq:
+            self._spare = seg
+        else:
+            _discard_segment(seg)
 
     def droppable(self, boundary: int) -> list[JournalSegment]:
         """The segments a checkpoint at ``boundary`` may delete: those before it, unless some partition

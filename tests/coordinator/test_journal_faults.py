@@ -17,7 +17,7 @@ from coordinator.runtime import Runtime
 from coordinator.shard import ShardState
 from protocol.errors import ErrorCode
 from protocol.records import OffsetAndMetadata
-from storage.journal import Journal
+from storage.journal import Journal, JournalSegment
 from storage.synchelper import SyncHelper
 from tests.coordinator.harness import OK, Faults, FaultyJournal, FaultyLog, append, commit, stop, wait_state
 from tests.coordinator.test_journal_mode import committed, journal_config, started
@@ -29,11 +29,11 @@ class GatedJournal(FaultyJournal):
     gate: threading.Event | None = None
     entered = threading.Event()
 
-    def make_spare(self, seq: int) -> None:
+    def make_spare(self, seq: int) -> JournalSegment:
         if self.gate is not None:
             self.entered.set()
             self.gate.wait(10)
-        super().make_spare(seq)
+        return super().make_spare(seq)
 
 
 class GatedFaults(Faults):
