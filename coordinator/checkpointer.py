@@ -33,7 +33,7 @@ from typing import Final
 from coordinator.logfmt import Repeated, describe_error
 from coordinator.metrics import LATENCY_BUCKETS, Histogram
 from coordinator.shard import Shard, ShardState
-from storage.journal import JournalSegment
+from storage.journal import JournalSegment, segment_name
 from storage.journalsync import JournalSync
 from storage.log import LogEnd, PartitionLog
 from storage.sync import Claims
@@ -118,14 +118,18 @@ class Checkpointer:
         """Checkpoint thread: the logs on disk, then the journal segments they make redundant, then
         the next rotation's segment made ahead (returned, for the loop to adopt)."""
         self._sync.checkpoint_sync()
-        self._sync.journal.delete(drop)
+        reuse = drop[-1] if spare and drop else None  # the newest: the most blocks already written
+        self._sync.journal.delete([seg for seg in drop if seg is not reuse])
         if not spare:
             return None
         try:
-            return self._sync.journal.make_spare(spare)
+            return self._sync.journal.make_spare(spare, reuse.path if reuse is not None else None)
         except OSError as exc:  # the next rotation makes its own (its first cycle on the writer thread)
             log.warning("journal: could not make the next segment ahead (%s)", describe_error(exc))
-            return None
+        if reuse is not None:  # under its old name or the new one: either must go (raises: checkpoint failed)
+            self._sync.journal.delete([reuse, JournalSegment(spare, self._sync.journal.directory /
+                                                             segment_name(spare), None, 0, 0, True)])
+        return None
 
     def _synced(self, logs: list[PartitionLog], ends: list[LogEnd], take_claims: bool) -> Claims:
         """On the loop: each log synced to its end at the rotation; with ``take_claims``, the recovery

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 JOURNAL_DIR: Final = "journal"
 ENTRY_HEADER: Final = struct.Struct(">iiI")  # length, partition, crc32c
-_PARTITION: Final = struct.Struct(">i")
+_SEQ_PARTITION: Final = struct.Struct(">qi")
 _BASE_OFFSET: Final = struct.Struct(">q")
 _LAST_DELTA: Final = struct.Struct(">i")  # at byte 23 of a v2 batch
 _SEGMENT_RE: Final = re.compile(r"^(\d{20})\.journal$")
@@ -74,13 +74,16 @@ def segment_name(seq: int) -> str:
     return f"{seq:020d}.journal"
 
 
-def entry_crc(partition: int, batch: bytes) -> int:
-    return crc32c.crc32c(batch, crc32c.crc32c(_PARTITION.pack(partition)))
+def entry_crc(seq: int, partition: int, batch: bytes) -> int:
+    """Over the segment's number too: a recycled segment's old entries never pass for its new ones."""
+    return crc32c.crc32c(batch, crc32c.crc32c(_SEQ_PARTITION.pack(seq, partition)))
 
 
 def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, bytes, int]]:
     """A segment's entries in order (partition, batch, the byte the entry ends at), up to its first
-    invalid one (or ``limit`` bytes)."""
+    invalid one (or ``limit`` bytes). What follows is a torn write, zeros, or a recycled segment's
+    older entries."""
+    seq = int(path.name[:20])
     with open(path, "rb") as f:
         buf = f.read() if limit is None else f.read(limit)
     pos, size = 0, len(buf)
@@ -90,13 +93,10 @@ def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, by
         if length < 61 or length > MAX_ENTRY_BYTES or start + length > size or partition < 0:
             break
         batch = buf[start : start + length]
-        if entry_crc(partition, batch) != crc:
+        if entry_crc(seq, partition, batch) != crc:
             break
         pos = start + length
         yield partition, batch, pos
-    if pos < size and buf.count(0, pos) != size - pos:
-        log.warning("%s: journal ends at byte %d of %d (a write torn by a crash, or damage); what follows "
-                    "is ignored", path, pos, size)
 
 
 def resolve(batches: list[bytes]) -> list[bytes]:
@@ -136,7 +136,7 @@ class Journal:
     def __init__(self, data_dir: Path) -> None:
         self.directory = data_dir / JOURNAL_DIR
         self.directory.mkdir(exist_ok=True)
-        self._pending: list[tuple[PartitionLog, bytes, bytes, LogEnd]] = []  # log, header, batch, its end
+        self._pending: list[tuple[PartitionLog, int, bytes, LogEnd]] = []  # log, partition, batch, its end
         self._segments: dict[int, JournalSegment] = {}
         self._startup: dict[int, list[bytes]] = {}
         for entry in sorted(self.directory.iterdir()):
@@ -178,7 +178,7 @@ class Journal:
     def add(self, plog: "PartitionLog", partition: int, batch: bytes, end: "LogEnd") -> None:
         """A batch just appended to ``plog`` (partition ``partition``), which then ended at ``end``:
         written to the journal by the next ``write``."""
-        self._pending.append((plog, ENTRY_HEADER.pack(len(batch), partition, entry_crc(partition, batch)), batch, end))
+        self._pending.append((plog, partition, batch, end))
 
     def write(self) -> tuple[JournalSegment, int]:
         """Writes what was added since the last write to the live segment (a new one after a failure);
@@ -191,8 +191,9 @@ class Journal:
             seg = self.rotate_live()
         if self._pending:
             pending, self._pending = self._pending, []
-            data = b"".join([part for plog, header, batch, _ in pending if not plog.refused
-                             for part in (header, batch)])
+            seq, header = seg.seq, ENTRY_HEADER.pack
+            data = b"".join([part for plog, partition, batch, _ in pending if not plog.refused
+                             for part in (header(len(batch), partition, entry_crc(seq, partition, batch)), batch)])
             try:
                 if seg.fd is None:
                     raise OSError(errno.EBADF, f"journal segment {seg.path.name} is closed")
@@ -267,13 +268,21 @@ class Journal:
         """On the loop: the sequence number of the next spare (0: one is ready already)."""
         return 0 if self._spare is not None else self._take_seq()
 
-    def make_spare(self, seq: int) -> JournalSegment:
-        """Checkpoint thread: creates segment ``seq`` and fsyncs its directory entry, so the next
-        rotation's first cycle syncs the journal on the sync helper, not on the writer thread (whose
-        GIL hand-offs on a busy loop held every commit of that cycle for milliseconds, every checkpoint).
-        Handed to ``adopt_spare`` on the loop, which owns the journal's state."""
+    def make_spare(self, seq: int, reuse: Path | None = None) -> JournalSegment:
+        """Checkpoint thread: segment ``seq``, its directory entry fsynced, so the next rotation's
+        first cycle syncs the journal on the sync helper, not on the writer thread (whose GIL
+        hand-offs on a busy loop held every commit of that cycle for milliseconds, every checkpoint).
+        ``reuse``: a deleted segment's file, renamed to it and overwritten from its start: its blocks
+        are allocated and written, so an fdatasync of bytes written over them changes no file size
+        and allocates nothing, and skips the file system's journal commit (measured: ~0.11 against
+        ~0.16 ms here). Its old entries fail the new number's CRC. Handed to ``adopt_spare`` on the
+        loop, which owns the journal's state. On failure the caller must still delete ``reuse``."""
         path = self.directory / segment_name(seq)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        if reuse is not None:
+            os.rename(reuse, path)
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        else:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             fsync_path(self.directory)
         except OSError:
@@ -361,7 +370,7 @@ class Journal:
         (whichever is later; for an unapplied partition, since its last recovery), each segment read
         up to where it is known durable (an entry whose sync failed was never acknowledged)."""
         start = self._covered.get(partition, (0, 0))
-        if partition not in self.unapplied:
+        if partition not in self.unapplied and partition not in self._recovering:
             start = max(start, self._synced_from)
         batches = list(self._startup.get(partition, ())) if partition in self._startup_pending else []
         for seg in sorted(list(self._segments.values()), key=lambda s: s.seq):
@@ -376,7 +385,12 @@ class Journal:
 
     def recovering(self, partition: int) -> None:
         """Loader thread, as ``partition``'s recovery starts: no segment is deleted until it has applied
-        the batches it reads (its log may be cut back meanwhile, and a checkpoint would sync that)."""
+        the batches it reads (its log may be cut back meanwhile, and a checkpoint would sync that),
+        and where it reads from stays put until it has: a recovery that failed half-way through its
+        rewrite (a full disk) left its log cut short, and its retry must not start after checkpoints
+        that synced the cut (a fault campaign lost acknowledged commits so)."""
+        if partition not in self._recovering and partition not in self.unapplied:
+            self._covered[partition] = max(self._covered.get(partition, (0, 0)), self._synced_from)
         self._recovering.add(partition)
 
     def abandon(self, partition: int, directory: Path) -> Path | None:
@@ -439,7 +453,7 @@ class Journal:
 
     def _create(self, seq: int) -> JournalSegment:
         path = self.directory / segment_name(seq)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         seg = JournalSegment(seq, path, fd, 0, 0, False)
         self._segments[seq] = seg
         return seg

@@ -29,11 +29,11 @@ class GatedJournal(FaultyJournal):
     gate: threading.Event | None = None
     entered = threading.Event()
 
-    def make_spare(self, seq: int) -> JournalSegment:
+    def make_spare(self, seq: int, reuse: Path | None = None) -> JournalSegment:
         if self.gate is not None:
             self.entered.set()
             self.gate.wait(10)
-        return super().make_spare(seq)
+        return super().make_spare(seq, reuse)
 
 
 class GatedFaults(Faults):
@@ -370,3 +370,29 @@ async def test_no_segment_is_deleted_while_a_partition_rewrites_from_it(tmp_path
     got = committed(again)
     await stop(again)
     assert got == OffsetAndMetadata(2, -1, "m", 1)
+
+
+# 10. data loss (a fault campaign's full disk): a recovery that failed half-way through its rewrite
+# (ENOSPC) was retried after checkpoints had moved on, read no batches back, and served a log cut short
+async def test_a_recovery_retried_after_a_failed_rewrite_still_rewrites_everything(tmp_path: Path) -> None:
+    faults = GatedLogFaults()
+    runtime = await started(journal_config(tmp_path), faults)
+    shard = runtime.shards[0]
+    assert await append(shard, [commit("g", 0, 1)]) == OK
+    assert await append(shard, [commit("g", 0, 2)]) == OK      # acknowledged: journal only
+    faults.gate = threading.Event()
+    faults.fail_next_journal_write = True
+    assert await append(shard, [commit("g", 0, 3)]) == ErrorCode.NOT_COORDINATOR   # reload
+    await asyncio.get_running_loop().run_in_executor(None, faults.in_gate.wait, 5)  # log cut to the run start
+    faults.fail_next_append = True  # the rewrite's first append fails: the disk is full
+    faults.gate.set()
+    faults.gate = None
+    await asyncio.sleep(0.05)
+    for _ in range(3):
+        assert await ckpt(runtime).checkpoint()  # the checkpoints move on while it retries
+    await wait_state(shard, ShardState.ACTIVE)
+    assert committed(runtime) == OffsetAndMetadata(2, -1, "m", 1)
+    await stop(runtime)
+    again = await started(journal_config(tmp_path))
+    assert committed(again) == OffsetAndMetadata(2, -1, "m", 1)
+    await stop(again)

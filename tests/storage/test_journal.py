@@ -232,3 +232,27 @@ def test_a_recovery_only_rewrites_what_its_log_may_lack(tmp_path: Path) -> None:
     assert journal.entries_for(4) == [batch(0)]
     plog.close()
     journal.close(remove=False)
+
+
+def test_a_recycled_segment_reads_back_only_what_was_written_under_its_new_number(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    plog = PartitionLog(tmp_path / "x")
+    for i in range(5):
+        journal.add(plog, 1, batch(i, 3), (i + 1, 0, 0))
+    old, _ = journal.write()
+    journal.rotate()
+    spare = journal.make_spare(journal.reserve_spare(), old.path)
+    assert not old.path.exists() and spare.path.stat().st_size > 0
+    assert list(read_entries(spare.path)) == []  # the old entries fail the new number's CRC
+    journal.adopt_spare(spare)
+    journal.add(plog, 1, batch(7), (8, 0, 0))
+    journal.write()
+    assert journal.rotate() == spare.seq  # the spare is live now, overwritten from its start
+    journal.add(plog, 2, batch(9), (10, 0, 0))
+    journal.write()
+    assert [(p, b) for p, b, _ in read_entries(spare.path)] == [(2, batch(9))]
+    assert spare.path.stat().st_size > len(batch(9)) * 3  # older bytes follow, and are not read
+    journal.close(remove=False)
+    again = Journal(tmp_path)
+    assert again.entries_for(2) == [batch(9)]  # and not at a restart either
+    again.close(remove=False)
