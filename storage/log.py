@@ -162,6 +162,12 @@ class PartitionLog:
                 break
             if damage is None:
                 continue
+            if rewrite_from is not None and self.next_offset == rewrite_from:
+                # Damage where the journal's run starts (a rewrite torn by a crash, or cut short by a full
+                # disk): the run replaces it. Cut aside, or served read-only from before it, it would be
+                # acknowledged commits missing.
+                rewrite_at = (i, damage.position)
+                break
             known_durable = seg.base_offset < known_base or (
                 seg.base_offset == known_base and damage.position < known_position
             )

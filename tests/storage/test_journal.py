@@ -256,3 +256,19 @@ def test_a_recycled_segment_reads_back_only_what_was_written_under_its_new_numbe
     again = Journal(tmp_path)
     assert again.entries_for(2) == [batch(9)]  # and not at a restart either
     again.close(remove=False)
+
+
+def test_damage_where_the_journals_run_starts_is_replaced_by_it(tmp_path: Path) -> None:
+    """A rewrite torn by a crash or cut short by a full disk: the run is written again over it, not
+    cut aside (impossible on a full disk, which then served the log before it, read-only: acknowledged
+    commits missing, as a fault campaign found)."""
+    journal, plog = opened(tmp_path)
+    acknowledged(journal, plog, [batch(0), batch(1), batch(2)])
+    plog.close()
+    journal.close(remove=False)
+    with open(log_file(tmp_path), "r+b") as f:  # the rewrite of 0..2 stopped inside the first batch
+        f.truncate(len(batch(0)) // 2)
+    journal, plog, offsets = recovered(tmp_path)
+    assert offsets == [0, 1, 2]
+    assert [p.name for p in log_file(tmp_path).parent.iterdir() if p.name.endswith(".tr")] == []
+    journal.close(remove=False)
