@@ -117,10 +117,14 @@ async def test_a_partition_that_never_loads_leaves_no_gap_for_the_others(tmp_pat
     runtime = await started(journal_config(data, partitions=2))
     assert await append(runtime.shards[0], [commit("a", 0, 1)]) == OK
     assert await append(runtime.shards[1], [commit("b", 0, 1)]) == OK
+    assert await ckpt(runtime).checkpoint()  # offset 0 of each is in its log only, from here on
+    assert await append(runtime.shards[0], [commit("a", 0, 1)]) == OK
+    assert await append(runtime.shards[1], [commit("b", 0, 1)]) == OK
     crashed = tmp_path / "crashed"
     shutil.copytree(data, crashed)   # kill -9
     await stop(runtime)
-    # partition 1 is damaged below its recovery point: it stays FAILED (never applies its journal entries)
+    # partition 1's first batch (not in the journal any more) is damaged below its recovery point: it
+    # stays FAILED (never applies its journal entries)
     seg = crashed / "__consumer_offsets-1" / "00000000000000000000.log"
     raw = bytearray(seg.read_bytes())
     raw[30] ^= 0xFF
