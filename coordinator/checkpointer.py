@@ -74,8 +74,8 @@ class Checkpointer:
             due = time.monotonic() - self._last >= self._interval_s
             if journal.live_size >= CHECKPOINT_BYTES or (due and (journal.live_size or journal.retained > 1)):
                 await self.checkpoint()
-            elif due:
-                self._last = time.monotonic()
+            elif due:  # nothing journaled since the last one: the logs hold everything (age 0, not stalled)
+                self._last = self.synced_at = time.monotonic()
 
     async def checkpoint(self) -> bool:
         """One checkpoint (see the module docstring); False if its sync failed."""

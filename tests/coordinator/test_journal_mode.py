@@ -2,6 +2,8 @@
 once the journal is synced, the logs catch up at checkpoints, and every failure of the journal or of a
 checkpoint fails what it must and loses nothing acknowledged."""
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +139,14 @@ async def test_compaction_only_touches_what_a_checkpoint_synced(tmp_path: Path) 
     again = await started(journal_config(tmp_path, segment_bytes=1024))
     assert committed(again) == OffsetAndMetadata(59, -1, "m", 1)
     await stop(again)
+
+
+async def test_an_idle_server_reports_its_checkpoints_as_current(tmp_path: Path) -> None:
+    """Nothing journaled since the last checkpoint: the logs hold everything, and
+    kcoord_checkpoint_age_seconds (KcoordCheckpointsStalled) must not grow on an idle server."""
+    runtime = await started(journal_config(tmp_path, checkpoint_interval_ms=20))
+    assert runtime.checkpointer is not None
+    await asyncio.sleep(0.5)
+    assert time.monotonic() - runtime.checkpointer.synced_at < 0.3
+    assert runtime.checkpointer.completed == 0  # and it made none: there was nothing to sync
+    await stop(runtime)
