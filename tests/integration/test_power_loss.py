@@ -41,18 +41,20 @@ def test_acknowledged_commits_survive_losing_every_log_byte_not_yet_checkpointed
         f.write(b"\x00\x00\x01\x00\x00\x00\x00\x07" + os.urandom(100))
 
     kcoord.start()
-    assert "to apply to their logs" in kcoord.log_since_start()
-    reader = RawClient(kcoord.port)
-    for group, offset in acked.items():
-        got = _fetch_when_loaded(reader, group).topics[0].partitions[0].committed_offset
-        assert got >= offset, f"{group}: acknowledged offset {offset} lost, the server has {got}"
-    reader.close()
-    # The logs were rewritten from the journal and fsynced: a clean stop then needs no journal.
-    assert kcoord.stop() == 0
-    assert list((data_dir / "journal").glob("*.journal")) == []
-    kcoord.start()
-    reader = RawClient(kcoord.port)
-    for group, offset in acked.items():
-        assert _fetch_when_loaded(reader, group).topics[0].partitions[0].committed_offset >= offset
-    reader.close()
-    kcoord.stop()
+    try:
+        assert "to apply to their logs" in kcoord.log_since_start()
+        reader = RawClient(kcoord.port)
+        for group, offset in acked.items():
+            got = _fetch_when_loaded(reader, group).topics[0].partitions[0].committed_offset
+            assert got >= offset, f"{group}: acknowledged offset {offset} lost, the server has {got}"
+        reader.close()
+        # The logs were rewritten from the journal and fsynced: a clean stop then needs no journal.
+        assert kcoord.stop() == 0
+        assert list((data_dir / "journal").glob("*.journal")) == []
+        kcoord.start()
+        reader = RawClient(kcoord.port)
+        for group, offset in acked.items():
+            assert _fetch_when_loaded(reader, group).topics[0].partitions[0].committed_offset >= offset
+        reader.close()
+    finally:
+        kcoord.stop()  # also when an assertion failed: no server left behind
