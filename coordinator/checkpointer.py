@@ -118,17 +118,18 @@ class Checkpointer:
         """Checkpoint thread: the logs on disk, then the journal segments they make redundant, then
         the next rotation's segment made ahead (returned, for the loop to adopt)."""
         self._sync.checkpoint_sync()
-        reuse = drop[-1] if spare and drop else None  # the newest: the most blocks already written
-        self._sync.journal.delete([seg for seg in drop if seg is not reuse])
+        journal = self._sync.journal
+        kept = drop[-1] if spare and drop else None  # the newest: the most blocks already written
+        journal.delete([seg.path for seg in drop if seg is not kept])
+        reuse = kept.path if kept is not None else None
         if not spare:
             return None
         try:
-            return self._sync.journal.make_spare(spare, reuse.path if reuse is not None else None)
+            return journal.make_spare(spare, reuse)
         except OSError as exc:  # the next rotation makes its own (its first cycle on the writer thread)
             log.warning("journal: could not make the next segment ahead (%s)", describe_error(exc))
         if reuse is not None:  # under its old name or the new one: either must go (raises: checkpoint failed)
-            self._sync.journal.delete([reuse, JournalSegment(spare, self._sync.journal.directory /
-                                                             segment_name(spare), None, 0, 0, True)])
+            journal.delete([reuse, journal.directory / segment_name(spare)])
         return None
 
     def _synced(self, logs: list[PartitionLog], ends: list[LogEnd], take_claims: bool) -> Claims:

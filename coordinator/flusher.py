@@ -158,8 +158,9 @@ class Flusher:
                   appended: list[int], started: float) -> None:
         """The sync to the helper process when it is one system call, else to the writer thread. With a
         journal, its write first: a failed one fails the cycle and every shard that appended ahead."""
+        ends = [plog.end() for plog in logs]  # what this cycle's sync makes durable, each log's
         try:
-            self._sync.prepare(logs)
+            self._sync.prepare(logs, ends)
         except Exception as failed:  # compiled: one name per exception type in a function
             log.error("writing the journal failed: %s", failed)
             self._finish(jobs, started, [failed] * len(jobs), failed)
@@ -168,7 +169,7 @@ class Flusher:
         if helper is not None and helper.alive:
             planned = self._sync.plan(logs)
             if planned is not None and helper.post(planned[0], planned[1], self._helper_synced, logs,
-                                                   [plog.end() for plog in logs], jobs, outcomes, appended, started):
+                                                   ends, jobs, outcomes, appended, started):
                 self._helper_syncing = True
                 return
         try:

@@ -15,7 +15,7 @@ Layout: ``<data-dir>/journal/<20-digit sequence>.journal``, each a run of entrie
 
     length  int32   bytes of the batch
     partition int32
-    crc     uint32  CRC-32C of the partition (4 bytes, big-endian) and the batch
+    crc     uint32  CRC-32C of the segment's number (8 bytes), the partition (4) and the batch
     batch   the Kafka v2 record batch exactly as appended to the partition's log (offsets stamped)
 
 A segment ends at its first entry that is not whole and valid (a torn write, zeros): nothing after it
@@ -56,7 +56,6 @@ _BASE_OFFSET: Final = struct.Struct(">q")
 _LAST_DELTA: Final = struct.Struct(">i")  # at byte 23 of a v2 batch
 _SEGMENT_RE: Final = re.compile(r"^(\d{20})\.journal$")
 MAX_ENTRY_BYTES: Final = 1 << 30
-READ_CHUNK: Final = 4 << 20
 
 
 class JournalError(Exception):
@@ -260,7 +259,7 @@ class Journal:
 
     def rotate(self) -> int:
         """Checkpoint, on the loop: writes go to a new segment from now on; returns its sequence
-        number, below which every segment can go once the logs are synced (``drop_before``)."""
+        number, below which every segment can go once the logs are synced (``droppable``)."""
         if self.live.size:
             self.rotate_live()
         return self.live.seq
@@ -322,12 +321,12 @@ class Journal:
             self._covered[partition] = max(self._covered.get(partition, (0, 0)), self._synced_from)
         self.unapplied |= partitions
 
-    def delete(self, segments: list[JournalSegment]) -> None:
-        """Checkpoint thread: unlinks ``segments`` and makes that durable (a deleted segment that came
+    def delete(self, paths: list[Path]) -> None:
+        """Checkpoint thread: unlinks segment files and makes that durable (a deleted segment that came
         back after a crash would replay batches the logs may since have compacted)."""
-        for seg in segments:
-            seg.path.unlink(missing_ok=True)
-        if segments:
+        for path in paths:
+            path.unlink(missing_ok=True)
+        if paths:
             fsync_path(self.directory)
 
     def deleted(self, segments: list[JournalSegment]) -> None:
@@ -430,16 +429,15 @@ class Journal:
         """Closes the descriptors; ``remove``: every log is synced and applied, so the journal holds
         nothing they lack, and the next start has nothing to replay."""
         spare, self._spare = self._spare, None
-        if spare is not None and spare.fd is not None:
-            os.close(spare.fd)
-            spare.path.unlink(missing_ok=True)
+        if spare is not None:
+            _discard_segment(spare)
         for seg in self._segments.values():
             if seg.fd is not None:
                 os.close(seg.fd)
                 seg.fd = None
         if remove and not self.unapplied:
             try:
-                self.delete(list(self._segments.values()))
+                self.delete([seg.path for seg in self._segments.values()])
                 self._segments.clear()
             except OSError as exc:
                 log.warning("journal: could not remove its segments (%s); the next start replays them",

@@ -28,14 +28,14 @@ class JournalSync(FilesystemSync):
         super().__init__(syncfs)
         self.journal = journal
         self._posted: tuple[JournalSegment, int] | None = None  # the journal segment a cycle syncs, and how far
-        self._ends: list[LogEnd] = []
+        self._ends: Sequence[LogEnd] = ()
         self._outcome: BaseException | None = None  # the writer thread's, for ``settle``
         self._watcher = -1
 
-    def prepare(self, logs: Sequence[PartitionLog]) -> None:
+    def prepare(self, logs: Sequence[PartitionLog], ends: Sequence[LogEnd]) -> None:
         """On the loop, as a cycle is posted: writes the journal (raises OSError if that fails: the
         cycle fails, and so does every shard that appended ahead, whose batches went with it)."""
-        self._ends = [plog.end() for plog in logs]
+        self._ends = ends
         seg, size = self.journal.write()
         self.journal.in_flight = seg
         self._posted = (seg, size)

@@ -89,8 +89,9 @@ class FileSync:
     def sync(self, logs: Sequence[PartitionLog]) -> SyncResult:
         return self._sync_each(logs, checkpoint=True)
 
-    def prepare(self, logs: Sequence[PartitionLog]) -> None:
-        """On the event loop, as a cycle is posted (storage.journalsync writes its journal here)."""
+    def prepare(self, logs: Sequence[PartitionLog], ends: Sequence[LogEnd]) -> None:
+        """On the event loop, as a cycle is posted, with each log's ``end()`` then (storage.journalsync
+        writes its journal here)."""
 
     def settle(self, error: BaseException | None = None) -> None:
         """On the event loop, once a cycle's sync is over (storage.journalsync)."""

@@ -197,8 +197,8 @@ class FaultyJournal(Journal):
         self.faults.at_sync("injected EIO in the journal's fdatasync")
         super().sync(seg)
 
-    def delete(self, segments: list[JournalSegment]) -> None:
+    def delete(self, paths: list[Path]) -> None:
         if self.faults.fail_next_checkpoint:
             self.faults.fail_next_checkpoint = False
             raise OSError(errno.EIO, "injected EIO in a checkpoint")
-        super().delete(segments)
+        super().delete(paths)

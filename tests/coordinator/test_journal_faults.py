@@ -14,7 +14,7 @@ import coordinator.checkpointer
 import storage.log
 from coordinator.checkpointer import Checkpointer
 from coordinator.runtime import Runtime
-from coordinator.shard import ShardState
+from coordinator.shard import Shard, ShardState
 from protocol.errors import ErrorCode
 from protocol.records import OffsetAndMetadata
 from storage.journal import Journal, JournalSegment
@@ -353,21 +353,29 @@ class GatedLogFaults(Faults):
         return GatedLog(directory, segment_bytes, self)
 
 
+async def _reload_held_after_its_cut(shard: Shard, faults: GatedLogFaults) -> threading.Event:
+    """Commits 1 and 2 acknowledged (in the journal only), then a failed journal write reloads the
+    partition; returns once its recovery has cut the log back to the journal run's start and waits
+    at ``faults.gate`` (returned: set it to let the recovery go on)."""
+    assert await append(shard, [commit("g", 0, 1)]) == OK
+    assert await append(shard, [commit("g", 0, 2)]) == OK
+    faults.gate = gate = threading.Event()
+    faults.fail_next_journal_write = True
+    assert await append(shard, [commit("g", 0, 3)]) == ErrorCode.NOT_COORDINATOR
+    await asyncio.get_running_loop().run_in_executor(None, faults.in_gate.wait, 5)
+    return gate
+
+
 async def test_no_segment_is_deleted_while_a_partition_rewrites_from_it(tmp_path: Path) -> None:
     faults = GatedLogFaults()
     data = tmp_path / "d"
     runtime = await started(journal_config(data), faults)
     shard = runtime.shards[0]
-    assert await append(shard, [commit("g", 0, 1)]) == OK
-    assert await append(shard, [commit("g", 0, 2)]) == OK      # acknowledged: journal only
-    faults.gate = threading.Event()
-    faults.fail_next_journal_write = True
-    assert await append(shard, [commit("g", 0, 3)]) == ErrorCode.NOT_COORDINATOR   # reload
-    await asyncio.get_running_loop().run_in_executor(None, faults.in_gate.wait, 5)  # log cut to the run start
+    gate = await _reload_held_after_its_cut(shard, faults)
     assert await ckpt(runtime).checkpoint()              # partition not "recovered": not held
     crashed = tmp_path / "crashed"
     shutil.copytree(data, crashed)                               # kill -9 now
-    faults.gate.set()
+    gate.set()
     await wait_state(shard, ShardState.ACTIVE)
     await stop(runtime)
     again = await started(journal_config(crashed))
@@ -382,14 +390,9 @@ async def test_a_recovery_retried_after_a_failed_rewrite_still_rewrites_everythi
     faults = GatedLogFaults()
     runtime = await started(journal_config(tmp_path), faults)
     shard = runtime.shards[0]
-    assert await append(shard, [commit("g", 0, 1)]) == OK
-    assert await append(shard, [commit("g", 0, 2)]) == OK      # acknowledged: journal only
-    faults.gate = threading.Event()
-    faults.fail_next_journal_write = True
-    assert await append(shard, [commit("g", 0, 3)]) == ErrorCode.NOT_COORDINATOR   # reload
-    await asyncio.get_running_loop().run_in_executor(None, faults.in_gate.wait, 5)  # log cut to the run start
+    gate = await _reload_held_after_its_cut(shard, faults)
     faults.fail_next_append = True  # the rewrite's first append fails: the disk is full
-    faults.gate.set()
+    gate.set()
     faults.gate = None
     await asyncio.sleep(0.05)
     for _ in range(3):

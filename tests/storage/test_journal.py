@@ -150,7 +150,7 @@ def test_a_log_missing_batches_the_journal_does_not_hold_is_corrupt(tmp_path: Pa
     acknowledged(journal, plog, [batch(0), batch(1)])
     plog.sync()  # a checkpoint: the log synced, the journal cut back behind it
     drop = journal.droppable(journal.rotate())
-    journal.delete(drop)
+    journal.delete([seg.path for seg in drop])
     journal.deleted(drop)
     acknowledged(journal, plog, [batch(2)])
     plog.close()
@@ -174,7 +174,7 @@ def test_segments_are_kept_until_every_partition_applied_them(tmp_path: Path) ->
     journal.applied(P)
     dropped = journal.droppable(boundary)
     assert [s.seq for s in dropped] == [1]
-    journal.delete(dropped)
+    journal.delete([seg.path for seg in dropped])
     journal.deleted(dropped)
     assert journal.entries_for(P) == []
     journal.hold({1, 2})
