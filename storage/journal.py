@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Final
 
 import crc32c
 
-from storage.segments import fsync_path
+from storage.segments import fsync_path, write_aside
 
 if TYPE_CHECKING:
     from storage.log import LogEnd, PartitionLog
@@ -404,10 +404,7 @@ class Journal:
             while (directory / f"journal-batches.{n}.tr").exists():
                 n += 1
             copy = directory / f"journal-batches.{n}.tr"
-            with open(copy, "xb") as f:
-                f.write(b"".join(batches))
-                f.flush()
-                os.fsync(f.fileno())
+            write_aside(copy, b"".join(batches))
             fsync_path(directory)
         self._abandoned.add(partition)
         for held in (self._startup_pending, self.unapplied, self._recovering):

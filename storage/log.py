@@ -49,6 +49,7 @@ from storage.segments import (
     list_segments,
     read_segment,
     segment_name,
+    write_aside,
 )
 
 if TYPE_CHECKING:
@@ -238,10 +239,7 @@ class PartitionLog:
         same = _common_prefix(tail, expected)
         if same < len(tail):
             aside = _aside_path(seg.path, position + same)
-            with open(aside, "xb") as f:
-                f.write(tail[same:])
-                f.flush()
-                os.fsync(f.fileno())
+            write_aside(aside, tail[same:])
             log.warning("%s: %d bytes from byte %d on are not what the journal holds, which replaces them; kept "
                         "in %s", seg.path, len(tail) - same, position + same, aside.name)
         with open(seg.path, "r+b") as f:
@@ -545,14 +543,7 @@ class PartitionLog:
             src.seek(position)
             data = src.read()
         aside = _aside_path(seg.path, position)
-        try:
-            with open(aside, "xb") as dst:
-                dst.write(data)
-                dst.flush()
-                os.fsync(dst.fileno())
-        except OSError:
-            aside.unlink(missing_ok=True)  # no empty or partial copies left behind by a failed attempt
-            raise
+        write_aside(aside, data)
         with open(seg.path, "r+b") as f:
             f.truncate(position)
             f.flush()

@@ -101,6 +101,19 @@ def _only_zeros(f: BinaryIO, pos: int, size: int) -> bool:
             return False
 
 
+def write_aside(path: Path, data: bytes) -> None:
+    """Writes ``data`` to a new file ``path`` (bytes kept for an operator: a ``.tr`` file) and fsyncs it;
+    a failed attempt leaves no empty or partial copy behind. The directory still needs an fsync."""
+    try:
+        with open(path, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
+
+
 def list_segments(directory: Path) -> list[Segment]:
     segments = []
     for entry in directory.iterdir():
