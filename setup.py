@@ -22,9 +22,11 @@ from setuptools.command.build_ext import build_ext
 COMPILED = [
     # the loader, and the flush's batch builder
     "storage/loadcodec.py", "coordinator/state.py", "storage/batchwriter.py",
-    # every request's way: framing, header, registry, server, request, runtime, shard, flusher, metrics
+    # every request's way: framing, header, registry, server, connection, request, runtime, shard, flusher,
+    # metrics
     "protocol/framing.py", "protocol/header.py", "protocol/registry.py", "coordinator/server.py",
-    "coordinator/request.py", "coordinator/runtime.py", "coordinator/shard.py", "coordinator/pending.py",
+    "coordinator/connection.py", "coordinator/request.py", "coordinator/runtime.py", "coordinator/shard.py",
+    "coordinator/shardstate.py", "coordinator/pending.py",
     "coordinator/flusher.py",
     "coordinator/metrics.py", "coordinator/timers.py",
     # OffsetCommit and OffsetFetch

@@ -31,8 +31,9 @@ from bench.scenarios import SCENARIOS, templates
 from bench.wire import COMMIT_VERSION, HIGHEST_FETCH_VERSION, commit_frame, fetch_frame
 from coordinator.cli import tune_interpreter
 from coordinator.config import Config
+from coordinator.connection import Connection
 from coordinator.runtime import Runtime
-from coordinator.server import Connection, Server
+from coordinator.server import Server
 
 _SIZE = struct.Struct(">i")
 

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 
 from coordinator.metrics import Metrics
-from coordinator.shard import Shard, ShardState
+from coordinator.shard import Shard
+from coordinator.shardstate import ShardState
 from storage.cleaner import CleanAborted, CleanStats, clean, cleanable_count, dirty_ratio
 from storage.log import PartitionLog
 

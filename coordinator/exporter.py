@@ -30,7 +30,7 @@ from coordinator.apis import APIS
 from coordinator.groups.model import GroupState
 from coordinator.logfmt import Repeated
 from coordinator.metrics import Histogram, Metrics
-from coordinator.shard import ShardState
+from coordinator.shardstate import ShardState
 from protocol.errors import ErrorCode
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
     from coordinator.apis import Api
+    from coordinator.connection import Connection
     from coordinator.runtime import Runtime
-    from coordinator.server import Connection
 
 Fixup = Callable[[ErrorCode], None]
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from coordinator.config import Config
 from coordinator.flusher import Flusher
 from coordinator.groups.hooks import GroupHooks
 from coordinator.metrics import Metrics
-from coordinator.shard import Shard, ShardState
+from coordinator.shard import Shard
+from coordinator.shardstate import ShardState
 from coordinator.timers import Clock, SystemClock
 from coordinator.writer import WriterThread
 from protocol.partitioning import partition_for

@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from enum import Enum
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
@@ -34,6 +33,7 @@ from coordinator.logfmt import Repeated, describe_error
 from coordinator.metrics import Metrics
 from coordinator.pending import Batch, Flush
 from coordinator.request import Fixup, Request, ShardUnavailable
+from coordinator.shardstate import ALLOWED_FROM, READ_ERRORS, WRITE_ERRORS, ShardState
 from coordinator.state import NO_PRODUCER, ShardData
 from coordinator.timers import Clock, Timers
 from protocol.errors import ErrorCode
@@ -55,44 +55,6 @@ RETRY_BACKOFF_MAX_S: Final = 30.0
 PROBE_INTERVAL_S = 1.0  # how soon a READ_ONLY partition notices the disk is writable again
 REPEAT_LOG_S: Final = 60.0  # a failure that persists is logged again at most this often
 
-
-class ShardState(Enum):
-    """INITIAL: created, not loaded; requests get COORDINATOR_LOAD_IN_PROGRESS. -> LOADING, CLOSED.
-    LOADING: the log is being replayed; requests get COORDINATOR_LOAD_IN_PROGRESS. -> ACTIVE, READ_ONLY,
-    FAILED, CLOSED.
-    ACTIVE: serves reads and writes; timers armed. -> FAILED (a write failed), CLOSED.
-    READ_ONLY: loaded, but the log cannot be written (disk full, read-only, permission): reads are
-    served, writes get NOT_COORDINATOR (retriable); a probe retries. -> ACTIVE, FAILED, CLOSED.
-    FAILED: requests get NOT_COORDINATOR; after a write or I/O error the shard reloads (-> LOADING);
-    after corruption found on load it stays FAILED until an operator repairs the log. -> LOADING, CLOSED.
-    CLOSED: shut down; requests get NOT_COORDINATOR. Final."""
-
-    INITIAL = "initial"
-    LOADING = "loading"
-    ACTIVE = "active"
-    READ_ONLY = "read_only"
-    FAILED = "failed"
-    CLOSED = "closed"
-
-
-_FROM: Final[dict[ShardState, frozenset[ShardState]]] = {
-    ShardState.INITIAL: frozenset(),
-    ShardState.LOADING: frozenset({ShardState.INITIAL, ShardState.FAILED}),
-    ShardState.ACTIVE: frozenset({ShardState.LOADING, ShardState.READ_ONLY}),
-    ShardState.READ_ONLY: frozenset({ShardState.LOADING}),
-    ShardState.FAILED: frozenset({ShardState.INITIAL, ShardState.LOADING, ShardState.ACTIVE,
-                                  ShardState.READ_ONLY}),
-    ShardState.CLOSED: frozenset({ShardState.INITIAL, ShardState.LOADING, ShardState.ACTIVE,
-                                  ShardState.READ_ONLY, ShardState.FAILED}),
-}
-
-_READ_ERRORS: Final = {
-    ShardState.INITIAL: ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-    ShardState.LOADING: ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-    ShardState.FAILED: ErrorCode.NOT_COORDINATOR,
-    ShardState.CLOSED: ErrorCode.NOT_COORDINATOR,
-}
-_WRITE_ERRORS: Final = {**_READ_ERRORS, ShardState.READ_ONLY: ErrorCode.NOT_COORDINATOR}
 
 # Enum members as C variables, not class attributes (tests/protocol/test_compiled.py says why).
 _ERR_NOT_COORDINATOR: Final = ErrorCode.NOT_COORDINATOR
@@ -174,7 +136,7 @@ class Shard:
     def _transition(self, to: ShardState) -> bool:
         """The only place the state changes: refused (False) unless ``to`` may follow the current state,
         so a close racing a reload ends CLOSED, never LOADING."""
-        if self.state not in _FROM[to]:
+        if self.state not in ALLOWED_FROM[to]:
             return False
         was_active = self.state is _SHARD_ACTIVE
         self.state = to
@@ -192,7 +154,7 @@ class Shard:
     @property
     def read_error(self) -> ErrorCode | None:
         """The error a read for this shard's groups gets now, or None when it can serve reads."""
-        return _READ_ERRORS.get(self.state)
+        return READ_ERRORS.get(self.state)
 
     # -- operations ----------------------------------------------------------------------------
 
@@ -200,7 +162,7 @@ class Shard:
         """Runs ``op(self.data, *args)``; its records are replayed and appended, and ``req`` waits until
         they (or, with no records, all earlier writes) are durable. Raises ShardUnavailable unless ACTIVE."""
         if self.state is not _SHARD_ACTIVE:
-            raise ShardUnavailable(_WRITE_ERRORS[self.state])
+            raise ShardUnavailable(WRITE_ERRORS[self.state])
         result = op(self.data, *args)
         batch: Batch | None
         if len(result.records) > APPEND_SLICE:
@@ -275,7 +237,7 @@ class Shard:
         """Runs ``op(self.data, *args)`` for its response; ``req`` waits for the newest pending write, if
         any (``fixup`` turns its part of the response into an error should that write fail)."""
         state = self.state  # an Enum hashes in Python: look it up only when not plainly ACTIVE
-        if state is not _SHARD_ACTIVE and (error := _READ_ERRORS.get(state)) is not None:
+        if state is not _SHARD_ACTIVE and (error := READ_ERRORS.get(state)) is not None:
             raise ShardUnavailable(error)
         response = op(self.data, *args)
         batch = self._open or self._inflight

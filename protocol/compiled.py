@@ -18,11 +18,10 @@ SLACK_S = 2.0  # file systems with coarse timestamps
 PACKAGES = ("coordinator", "protocol", "storage")
 # What setup.py compiles (its COMPILED, as module names; a test keeps the two lists equal).
 MODULES = ("storage.loadcodec", "coordinator.state", "storage.batchwriter", "protocol.framing", "protocol.header",
-           "protocol.registry",
-           "coordinator.server", "coordinator.request", "coordinator.runtime", "coordinator.shard",
-           "coordinator.pending", "coordinator.flusher", "coordinator.metrics", "coordinator.timers",
-           "protocol.hotcodec", "protocol.commit", "coordinator.offsets", "coordinator.apis.k08_offset_commit",
-           "coordinator.apis.k09_offset_fetch")
+           "protocol.registry", "coordinator.server", "coordinator.connection", "coordinator.request",
+           "coordinator.runtime", "coordinator.shard", "coordinator.shardstate", "coordinator.pending",
+           "coordinator.flusher", "coordinator.metrics", "coordinator.timers", "protocol.hotcodec", "protocol.commit",
+           "coordinator.offsets", "coordinator.apis.k08_offset_commit", "coordinator.apis.k09_offset_fetch")
 
 
 def pure_python_forced() -> bool:

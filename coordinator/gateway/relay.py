@@ -27,12 +27,13 @@ from typing import Any
 from coordinator.apis import k10_find_coordinator as k10
 from coordinator.apis import k18_api_versions as k18
 from coordinator.config import Config
+from coordinator.connection import Connection
 from coordinator.gateway import rewrite
 from coordinator.gateway.cluster import Cluster
 from coordinator.gateway.metrics import GatewayMetrics
 from coordinator.gateway.upstream import LinkOwner, UpstreamLink
 from coordinator.request import Relayed
-from coordinator.server import Connection, Server
+from coordinator.server import Server
 from protocol.codec import MessageCodec
 from protocol.registry import ApiSpec, DecodeError, api_versions_fallback
 

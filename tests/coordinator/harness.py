@@ -11,7 +11,8 @@ from typing import Any
 from coordinator.config import Config
 from coordinator.request import Request
 from coordinator.runtime import LogFactory, Runtime
-from coordinator.shard import OpResult, Shard, ShardState
+from coordinator.shard import OpResult, Shard
+from coordinator.shardstate import ShardState
 from coordinator.state import ShardData, offset_value
 from protocol.errors import ErrorCode
 from protocol.records import LiveRecord, OffsetAndMetadata, OffsetCommitRecord, OffsetKey

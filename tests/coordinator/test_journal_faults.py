@@ -14,7 +14,8 @@ import coordinator.checkpointer
 import storage.log
 from coordinator.checkpointer import Checkpointer
 from coordinator.runtime import Runtime
-from coordinator.shard import Shard, ShardState
+from coordinator.shard import Shard
+from coordinator.shardstate import ShardState
 from protocol.errors import ErrorCode
 from protocol.records import OffsetAndMetadata
 from storage.journal import Journal, JournalSegment
@@ -403,3 +404,4 @@ async def test_a_recovery_retried_after_a_failed_rewrite_still_rewrites_everythi
     again = await started(journal_config(tmp_path))
     assert committed(again) == OffsetAndMetadata(2, -1, "m", 1)
     await stop(again)
+

@@ -12,7 +12,7 @@ import pytest
 import coordinator.checkpointer
 from coordinator.config import Config
 from coordinator.runtime import Runtime
-from coordinator.shard import ShardState
+from coordinator.shardstate import ShardState
 from protocol.errors import ErrorCode
 from protocol.records import OffsetAndMetadata
 from storage.log import RECOVERY_POINT

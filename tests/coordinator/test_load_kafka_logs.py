@@ -9,7 +9,7 @@ import crc32c
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from coordinator.shard import ShardState
+from coordinator.shardstate import ShardState
 from protocol.partitioning import partition_for
 from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, encode_record
 from storage.log import PartitionLog

@@ -21,7 +21,7 @@ import storage.cleaner
 from coordinator.compaction import SwapFailed
 from coordinator.request import Request, ShardUnavailable
 from coordinator.runtime import Runtime
-from coordinator.shard import ShardState
+from coordinator.shardstate import ShardState
 from coordinator.state import ShardData
 from protocol.errors import ErrorCode
 from protocol.records import (
@@ -255,7 +255,7 @@ async def test_close_racing_a_reload_ends_closed(tmp_path: Path) -> None:
 
 
 async def test_transitions_are_checked() -> None:
-    from coordinator.shard import _FROM
+    from coordinator.shardstate import ALLOWED_FROM as _FROM
 
     assert ShardState.LOADING not in _FROM[ShardState.LOADING]
     assert not any(ShardState.CLOSED in allowed for allowed in _FROM.values())  # CLOSED is final
