@@ -430,10 +430,12 @@ class Shard:
             except LoadCancelled:
                 return
             except TailNotCut as torn:  # each handler its own name: compiled, one name holds one type
-                # What precedes the damage was replayed: serve it read-only; the tail is cut before writing.
+                # What the partition holds was replayed (before a damaged tail that cannot be cut aside, or
+                # its journal run that cannot be written into the log): serve it read-only; a reload
+                # (which cuts the tail, or writes the run) comes before any write.
                 if self.state is not _SHARD_LOADING:
                     return
-                log.error("partition %d: %s; serving the %d offsets before it read-only until it can be set aside",
+                log.error("partition %d: %s; serving its %d offsets read-only until the log can be written",
                           self.partition, torn, data.num_offsets)
                 self.data = data
                 self._tail_dirty = True

@@ -74,6 +74,12 @@ class TailNotCut(Exception):
     before it has been read, and the log must not be written until a later recovery cuts it."""
 
 
+class RunNotWritten(TailNotCut):
+    """The journal's run could not be written over the log (disk full, read-only): every batch the
+    partition holds has still been read, the log's and then the rest of the run's from the journal,
+    which keeps them; the log must not be written until a later recovery writes the run."""
+
+
 _CLAIM_LOCKS: dict[str, threading.RLock] = {}
 _CLAIM_LOCKS_GUARD = threading.Lock()
 
@@ -189,7 +195,10 @@ class PartitionLog:
         sync_from = known_base
         if rewrite_from is not None:
             if rewrite_at is not None:
-                self._clear_for_run(rewrite_at[0], rewrite_at[1], run)
+                try:
+                    self._clear_for_run(rewrite_at[0], rewrite_at[1], run)
+                except OSError as exc:
+                    yield from self._served_from_journal(run, exc, replayable)
             elif self.next_offset != rewrite_from:
                 raise LogCorruptError(f"{self.directory}: the log ends at offset {self.next_offset} and its journal "
                                       f"continues from {rewrite_from}: acknowledged batches are missing")
@@ -255,12 +264,24 @@ class PartitionLog:
         yields its batches, as read from the log would be."""
         self._journaling = False
         try:
-            for batch in run:
-                self.append(batch, batch_offsets(batch)[1])
+            for i, batch in enumerate(run):
+                try:
+                    self.append(batch, batch_offsets(batch)[1])
+                except OSError as exc:
+                    yield from self._served_from_journal(run[i:], exc, replayable)
                 yield decode_batch(batch, replayable)
         finally:
             self._journaling = True
             self.close()
+
+    def _served_from_journal(self, run: list[bytes], exc: OSError, replayable: bool) -> Iterator[Batch]:
+        """The run's batches not yet written over the log, read from the journal instead, then
+        RunNotWritten: a full disk costs the partition its writes, not its reads."""
+        for batch in run:
+            yield decode_batch(batch, replayable)
+        raise RunNotWritten(f"{self.directory}: the journal's batches from offset {batch_offsets(run[0])[0]} on "
+                            f"cannot be written into the log now ({exc.strerror or exc}); they are read from the "
+                            f"journal, which keeps them") from exc
 
     def _check_reaches(self, known_base: int, known_position: int) -> None:
         """Raises LogCorruptError when the log ends before its recovery point: its newest segments
