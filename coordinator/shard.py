@@ -435,8 +435,8 @@ class Shard:
                 # (which cuts the tail, or writes the run) comes before any write.
                 if self.state is not _SHARD_LOADING:
                     return
-                log.error("partition %d: %s; serving its %d offsets read-only until the log can be written",
-                          self.partition, torn, data.num_offsets)
+                self._trouble.report(logging.ERROR, "partition %d: %s; serving its %d offsets read-only until the "
+                                     "log can be written", self.partition, torn, data.num_offsets)
                 self.data = data
                 self._tail_dirty = True
                 if self._transition(_SHARD_READ_ONLY):

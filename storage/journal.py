@@ -318,7 +318,10 @@ class Journal:
         deleted until each has."""
         partitions = partitions - self._abandoned
         for partition in partitions:
-            self._covered[partition] = max(self._covered.get(partition, (0, 0)), self._synced_from)
+            # One recovering, or yet to, reads from where it did already: its log may lack more than
+            # what the failed checkpoint covers (a rewrite that failed half-way left it cut short).
+            if partition not in self._recovering and partition not in self.unapplied:
+                self._covered[partition] = max(self._covered.get(partition, (0, 0)), self._synced_from)
         self.unapplied |= partitions
 
     def delete(self, paths: list[Path]) -> None:
@@ -382,6 +385,17 @@ class Journal:
             except FileNotFoundError:  # deleted by a checkpoint meanwhile: the log has those batches
                 continue
         return batches
+
+    def sync_left_over(self) -> None:
+        """Loader thread: fsyncs the segments an earlier process left, before batches read from them
+        are served without being written into a log first (that process may have been killed between
+        a journal write and its sync). Raises OSError."""
+        for seg in list(self._segments.values()):
+            if seg.startup:
+                try:
+                    fsync_path(seg.path)
+                except FileNotFoundError:  # deleted since: every log holds what it held
+                    continue
 
     def recovering(self, partition: int) -> None:
         """Loader thread, as ``partition``'s recovery starts: no segment is deleted until it has applied

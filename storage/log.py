@@ -183,7 +183,9 @@ class PartitionLog:
             try:
                 self._cut(seg, damage.position, f"damaged tail past the recovery point ({damage.reason})")
             except OSError as exc:
-                # No room (or no write access) to keep the tail aside: serve what precedes it, read-only.
+                # No room (or no write access) to keep the tail aside: serve what precedes it, read-only,
+                # once it is on disk (a killed process may have left it in the page cache only).
+                self._sync_before_serving()
                 raise TailNotCut(f"{seg.path} at byte {damage.position}: {damage.reason}; it cannot be set "
                                  f"aside now ({exc.strerror or exc})") from exc
             for later in self.segments[i + 1 :]:
@@ -194,16 +196,19 @@ class PartitionLog:
             self._check_reaches(known_base, known_position)
         sync_from = known_base
         if rewrite_from is not None:
+            # Whether the log and the run could be served from here should writing the run fail: only
+            # if, written, they would pass the recovery point's check below.
+            servable = self._run_reaches(known_base, known_position, rewrite_at, run)
             if rewrite_at is not None:
                 try:
                     self._clear_for_run(rewrite_at[0], rewrite_at[1], run)
                 except OSError as exc:
-                    yield from self._served_from_journal(run, exc, replayable)
+                    yield from self._served_from_journal(run, run, exc, servable, replayable)
             elif self.next_offset != rewrite_from:
                 raise LogCorruptError(f"{self.directory}: the log ends at offset {self.next_offset} and its journal "
                                       f"continues from {rewrite_from}: acknowledged batches are missing")
             sync_from = min(known_base, self.segments[-1].base_offset if self.segments else rewrite_from)
-            yield from self._append_run(run, replayable)
+            yield from self._append_run(run, servable, replayable)
             # After the run, not before: a crash between a cut and its rewrite leaves the log short of a
             # claim an earlier recovery recorded, and the journal still holds what brings it back.
             self._check_reaches(known_base, known_position)
@@ -259,7 +264,7 @@ class PartitionLog:
         seg.size = position
         self.next_offset = batch_offsets(run[0])[0]
 
-    def _append_run(self, run: list[bytes], replayable: bool) -> Iterator[Batch]:
+    def _append_run(self, run: list[bytes], servable: bool, replayable: bool) -> Iterator[Batch]:
         """Writes the journal's run at the log's end (not journaled again: it is there already) and
         yields its batches, as read from the log would be."""
         self._journaling = False
@@ -268,20 +273,56 @@ class PartitionLog:
                 try:
                     self.append(batch, batch_offsets(batch)[1])
                 except OSError as exc:
-                    yield from self._served_from_journal(run[i:], exc, replayable)
+                    yield from self._served_from_journal(run, run[i:], exc, servable, replayable)
                 yield decode_batch(batch, replayable)
         finally:
             self._journaling = True
             self.close()
 
-    def _served_from_journal(self, run: list[bytes], exc: OSError, replayable: bool) -> Iterator[Batch]:
-        """The run's batches not yet written over the log, read from the journal instead, then
-        RunNotWritten: a full disk costs the partition its writes, not its reads."""
-        for batch in run:
+    def _served_from_journal(self, run: list[bytes], rest: list[bytes], exc: OSError, servable: bool,
+                             replayable: bool) -> Iterator[Batch]:
+        """``rest``, the run's batches not yet written over the log, read from the journal instead,
+        then RunNotWritten: a full disk costs the partition its writes, not its reads. Only once what
+        is served is on disk (the log's part and the journal segments an earlier process left, which
+        it may not have synced), and not at all (``exc`` is raised: the partition retries) when the
+        recovery point's check would fail once the run is written. The journal's probe then waits for
+        room for the whole run, so the partition does not reload until it fits."""
+        if not servable:
+            raise exc
+        self._sync_before_serving()
+        if self.journal is not None:
+            self.journal.sync_left_over()
+            self.journal.needs_bytes = max(self.journal.needs_bytes, sum(len(b) for b in run))
+        for batch in rest:
             yield decode_batch(batch, replayable)
         raise RunNotWritten(f"{self.directory}: the journal's batches from offset {batch_offsets(run[0])[0]} on "
                             f"cannot be written into the log now ({exc.strerror or exc}); they are read from the "
                             f"journal, which keeps them") from exc
+
+    def _sync_before_serving(self) -> None:
+        """Every segment fsynced (raises OSError): a recovery that cannot finish serves what it read
+        only once a power cut cannot take it back."""
+        for seg in self.segments:
+            try:
+                fsync_path(seg.path)
+            except FileNotFoundError:  # removed by a rewrite that failed half-way: nothing of it is served
+                continue
+
+    def _run_reaches(self, known_base: int, known_position: int, at: tuple[int, int] | None,
+                     run: list[bytes]) -> bool:
+        """Whether the log, with ``run`` written at ``at`` (segment index, byte; None: at its end),
+        would pass ``_check_reaches``. False where that depends on where the run's appends roll to a
+        new segment (the recovery point in a segment past ``at``, which the rewrite removes)."""
+        if known_base < 0:
+            return True
+        if at is None:
+            if not self.segments:
+                return False
+            at = (len(self.segments) - 1, self.segments[-1].size)
+        base = self.segments[at[0]].base_offset
+        if base != known_base:
+            return base > known_base
+        return at[1] + sum(len(b) for b in run) >= known_position
 
     def _check_reaches(self, known_base: int, known_position: int) -> None:
         """Raises LogCorruptError when the log ends before its recovery point: its newest segments
