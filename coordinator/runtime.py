@@ -23,7 +23,7 @@ from coordinator.timers import Clock, SystemClock
 from coordinator.writer import WriterThread
 from protocol.partitioning import partition_for
 from storage.dirlock import DirectoryInUse, lock_directory
-from storage.journal import Journal
+from storage.journal import JOURNAL_DIR, Journal, left_over
 from storage.journalsync import JournalSync
 from storage.log import PartitionLog
 from storage.segments import fsync_path
@@ -171,6 +171,16 @@ class Runtime:
                 journal_sync = JournalSync(self.journal, SYNCFS)
                 self.flusher.use_sync(journal_sync)
                 self.checkpointer = Checkpointer(journal_sync, self.shards, cfg.checkpoint_interval_ms / 1000)
+        if self.journal is None and (left := left_over(cfg.data_dir)):
+            # Its batches may be all a power cut left of acknowledged commits; and a later start in
+            # journal mode would write them over the logs again, taking back everything committed since.
+            if self._lock is not None:
+                os.close(self._lock)
+                self._lock = None
+            raise ConfigMismatch(
+                f"{cfg.data_dir / JOURNAL_DIR} holds {left} batches that a --sync-mode journal run left (it did not "
+                f"stop cleanly): start once with --sync-mode journal, which writes them into the logs (a clean stop "
+                f"then leaves none), before running without the journal")
         for p in range(cfg.offsets_partitions):
             plog = self._open_log(cfg.data_dir / f"{OFFSETS_TOPIC}-{p}", cfg.segment_bytes)
             shard = Shard(p, plog, self._writer, self.flusher, self._loader, self.metrics, self.clock, None,

@@ -99,6 +99,16 @@ def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, by
         yield partition, batch, pos
 
 
+def left_over(data_dir: Path) -> int:
+    """The entries in ``data_dir``'s journal segments, read without changing anything: what a run in
+    journal mode that did not stop cleanly left for the next start to write into the logs (a clean
+    stop leaves none; an empty segment made ahead holds none)."""
+    directory = data_dir / JOURNAL_DIR
+    if not directory.is_dir():
+        return 0
+    return sum(1 for path in sorted(directory.iterdir()) if _SEGMENT_RE.match(path.name) for _ in read_entries(path))
+
+
 def resolve(batches: list[bytes]) -> list[bytes]:
     """One partition's journal batches, in journal order, as the run of consecutive batches they leave:
     a batch at an offset below the run's end replaces the run from that offset on (see the module

@@ -3,6 +3,7 @@ once the journal is synced, the logs catch up at checkpoints, and every failure 
 checkpoint fails what it must and loses nothing acknowledged."""
 
 import asyncio
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 
 import coordinator.checkpointer
 from coordinator.config import Config
-from coordinator.runtime import Runtime
+from coordinator.runtime import ConfigMismatch, Runtime
 from coordinator.shardstate import ShardState
 from protocol.errors import ErrorCode
 from protocol.records import OffsetAndMetadata
@@ -69,6 +70,31 @@ async def test_a_clean_stop_leaves_nothing_to_replay(tmp_path: Path) -> None:
     assert again.journal is not None and again.journal.unapplied == set()
     assert committed(again) == OffsetAndMetadata(7, -1, "m", 1)
     await stop(again)
+
+
+async def test_another_sync_mode_refuses_a_journal_left_by_a_crash(tmp_path: Path) -> None:
+    """A fault campaign's find: after a crash in journal mode, a start in syncfs mode ignored the journal
+    (a power cut could have left acknowledged commits only there), and a later start in journal mode
+    wrote those old batches over the logs, taking back every commit made in between."""
+    data = tmp_path / "d"
+    runtime = await started(journal_config(data))
+    assert await append(runtime.shards[0], [commit("g", 0, 7)]) == OK
+    crashed = tmp_path / "crashed"
+    shutil.copytree(data, crashed)  # kill -9: the journal holds commit 7
+    await stop(runtime)
+    for mode in ("syncfs", "fsync"):
+        other = Runtime(config(crashed, sync_mode=mode))
+        with pytest.raises(ConfigMismatch, match="start once with --sync-mode journal"):
+            other.open()
+    again = await started(journal_config(crashed))  # applied, and a clean stop leaves no journal
+    await stop(again)
+    switched = await started(config(crashed))
+    assert committed(switched) == OffsetAndMetadata(7, -1, "m", 1)
+    assert await append(switched.shards[0], [commit("g", 0, 8)]) == OK
+    await stop(switched)
+    back = await started(journal_config(crashed))
+    assert committed(back) == OffsetAndMetadata(8, -1, "m", 1)
+    await stop(back)
 
 
 async def test_a_failed_journal_sync_fails_the_commit_and_it_is_not_replayed(tmp_path: Path) -> None:
