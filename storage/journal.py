@@ -312,9 +312,15 @@ class Journal:
     def droppable(self, boundary: int) -> list[JournalSegment]:
         """The segments a checkpoint at ``boundary`` may delete: those before it, unless some partition
         has yet to recover from them (then none: what such a partition needs is a run without gaps)."""
-        if self.unapplied or self._recovering:
+        if self.holding:
             return []
         return [s for s in list(self._segments.values()) if s.seq < boundary]
+
+    @property
+    def holding(self) -> bool:
+        """Some partition has yet to recover from the segments kept: none is deleted, and a start after a
+        crash now would replay each of them whole, into every partition's log."""
+        return bool(self.unapplied or self._recovering)
 
     def checkpointed(self, boundary: int) -> None:
         """On the loop: a checkpoint's syncfs succeeded; every log holds what segments below

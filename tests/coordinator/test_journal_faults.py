@@ -408,3 +408,35 @@ async def test_a_recovery_retried_after_a_failed_rewrite_still_rewrites_everythi
     await stop(again)
 
 
+
+# 11. a partition FAILED after a crash (a fault campaign's find): while segments were kept for a partition
+# still recovering, checkpoints counted the other logs synced past them, the cleaner compacted there, and
+# the start after the crash replayed the kept segments into the compacted log ("segments were removed")
+async def test_no_log_is_compacted_into_what_the_kept_segments_replay(tmp_path: Path) -> None:
+    faults = GatedLogFaults()
+    data = tmp_path / "d"
+    runtime = await started(journal_config(data, partitions=2, segment_bytes=1024), faults)
+    held, busy = runtime.shards
+    offset = 0
+    for _ in range(30):  # a few segments of one key
+        offset += 1
+        assert await append(busy, [commit("g", 0, offset)]) == OK
+    assert await ckpt(runtime).checkpoint()
+    gate = await _reload_held_after_its_cut(held, faults)  # partition 0 recovering: segments are kept
+    synced = busy.log.synced_offset
+    for _ in range(40):
+        offset += 1
+        assert await append(busy, [commit("g", 0, offset)]) == OK
+    assert await ckpt(runtime).checkpoint()
+    assert busy.log.synced_offset == synced  # not past what the kept segments hold
+    await runtime.compactors[1].compact(0)
+    crashed = tmp_path / "crashed"
+    shutil.copytree(data, crashed)  # kill -9
+    gate.set()
+    await wait_state(held, ShardState.ACTIVE)
+    await stop(runtime)
+    for _ in range(2):  # the start after the crash, and one after it (what it wrote is read back)
+        again = await started(journal_config(crashed, partitions=2, segment_bytes=1024))
+        state, got = again.shards[1].state, again.shards[1].data.committed("g", "t", 0)
+        await stop(again)
+        assert (state, got) == (ShardState.ACTIVE, OffsetAndMetadata(offset, -1, "m", 1))
