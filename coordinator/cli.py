@@ -33,6 +33,7 @@ from protocol.records import (
     decode_record,
     prepare_schemas,
 )
+from storage.journal import JOURNAL_DIR, left_over
 from storage.segments import Damage, list_segments, read_segment
 
 startup.imports_done()
@@ -224,6 +225,20 @@ def dump_log(target: Path, out: TextIO) -> int:
     return errors
 
 
+def _note_journal(target: Path) -> None:
+    """Says on stderr when the data directory's journal holds batches: the logs read here may lag them
+    (by up to a checkpoint while kcoord runs; after a machine crash, until kcoord starts again and
+    writes them into the logs)."""
+    data_dir = target if not target.is_file() else target.parent
+    if _is_partition_dir(data_dir):
+        data_dir = data_dir.parent
+    left = left_over(data_dir)
+    if left:
+        print(f"kcoord dump-log: {data_dir / JOURNAL_DIR} holds {left} batches that these logs may lack (by up to "
+              f"a checkpoint while kcoord runs; after a machine crash, until kcoord starts again and writes them "
+              f"in)", file=sys.stderr)
+
+
 def _version() -> str:
     return coordinator.__version__
 
@@ -231,6 +246,7 @@ def _version() -> str:
 def _dump(parser: argparse.ArgumentParser, target: Path) -> int:
     if not target.exists():
         parser.error(f"{target} does not exist")
+    _note_journal(target)
     try:
         return 1 if dump_log(target, sys.stdout) else 0
     except FileNotFoundError as exc:

@@ -23,6 +23,7 @@ from storage.batchwriter import build_batch
 from storage.log import PartitionLog
 from storage.segments import list_segments
 from tests.kcoord_process import REPO
+from tests.storage.test_journal import P, acknowledged, batch, opened
 
 
 def write_partition(directory: Path) -> None:
@@ -143,6 +144,24 @@ def test_dump_log_of_a_data_directory_prints_every_partition(tmp_path: Path) -> 
     assert [line for line in lines if line.startswith("#")] == [
         "# __consumer_offsets-3", "# __consumer_offsets-4", "# __consumer_offsets-10"]
     assert len(lines) == 3 + 2 * 4
+
+
+def test_dump_log_says_when_the_journal_holds_batches_the_logs_may_lack(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    journal, plog = opened(tmp_path)
+    acknowledged(journal, plog, [batch(0), batch(1)])  # durable in the journal; the logs synced at checkpoints
+    plog.close()
+    journal.close(remove=False)  # as a kill -9 leaves it
+    segment = next((tmp_path / f"__consumer_offsets-{P}").glob("*.log"))
+    for target in (tmp_path, segment.parent, segment):
+        main(["dump-log", str(target)])  # (the test batches' records are not offsets records: errors listed)
+        assert f"{tmp_path / 'journal'} holds 2 batches that these logs may lack" in capsys.readouterr().err
+    journal, plog = opened(tmp_path)  # a start writes them into the log; a clean stop leaves no journal
+    plog.sync()
+    plog.close()
+    journal.close(remove=True)
+    main(["dump-log", str(tmp_path)])
+    assert "holds" not in capsys.readouterr().err
 
 
 def test_dump_log_of_a_directory_without_logs_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
