@@ -15,6 +15,7 @@ import argparse
 import importlib
 import re
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 JOBS = {"snapshot": "pipeline.snapshot", "history": "pipeline.history", "reshard": "pipeline.reshard"}
@@ -91,10 +92,17 @@ def run(args: argparse.Namespace, err: TextIO = sys.stderr, spark: Any = None,
     except ImportError:
         print("kcoord pipeline: PySpark is not installed: pip install 'kcoord[pipeline]'", file=err)
         return 2
-    from pipeline.layout import LayoutError
+    from pipeline.layout import LayoutError, is_uri
     from pipeline.output import OutputError
     from pipeline.session import build_session
+    from storage.journal import JOURNAL_DIR, left_over
 
+    for data_dir in getattr(args, "data_dir", None) or []:
+        left = 0 if is_uri(data_dir) else left_over(Path(data_dir))
+        if left:  # as kcoord dump-log says it: the output may lack the newest commits
+            print(f"kcoord pipeline {args.job}: {Path(data_dir) / JOURNAL_DIR} holds {left} batches that the logs may "
+                  f"lack (by up to a checkpoint while kcoord runs; after a machine crash, until kcoord starts again "
+                  f"and writes them in)", file=err)
     own = spark is None
     if own:
         spark = build_session(args.master or default_master, f"kcoord-pipeline-{args.job}", conf=dict(args.conf))

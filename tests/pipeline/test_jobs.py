@@ -20,6 +20,7 @@ from protocol.records import GroupMetadataRecord, OffsetCommitRecord, decode_rec
 from storage.log import PartitionLog
 from tests.kcoord_process import REPO, KcoordProcess
 from tests.pipeline.conftest import IDLE, MOVING, CommittedLog, Offsets, offset_fetch
+from tests.storage import test_journal
 
 
 def job(spark: Any, *argv: str) -> tuple[int, str]:
@@ -69,6 +70,19 @@ def test_snapshot_equals_offset_fetch_for_every_group(spark: Any, committed_log:
     assert got == expected
     assert "kp-7" not in got and "members" in got and len(got) == 17
     report.figure("snapshot offsets", sum(len(v) for v in got.values()), "rows")
+
+
+def test_a_data_directory_whose_journal_holds_batches_is_noted(spark: Any, tmp_path: Path) -> None:
+    """As ``kcoord dump-log`` says it: a snapshot may lack the batches the journal holds."""
+    (tmp_path / "data").mkdir()
+    journal, plog = test_journal.opened(tmp_path / "data")
+    test_journal.acknowledged(journal, plog, [test_journal.batch(0)])
+    plog.close()
+    journal.close(remove=False)  # as a kill -9 leaves it
+    (tmp_path / "out").mkdir()  # the job then stops at once (the output must not exist)
+    code, err = job(spark, "snapshot", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out"))
+    assert code == 2
+    assert f"{tmp_path / 'data' / 'journal'} holds 1 batches that the logs may lack" in err
 
 
 def test_snapshot_as_csv_with_a_header(spark: Any, committed_log: CommittedLog, tmp_path: Path) -> None:
