@@ -144,7 +144,15 @@ class PartitionLog:
         rewrite_from = batch_offsets(run[0])[0] if run else None
         rewrite_at: tuple[int, int] | None = None  # (segment index, byte position) where the run goes
         self.next_offset = self.segments[0].base_offset if self.segments else 0
+        ended_at = 0  # byte where the previous segment's last batch ends
         for i, seg in enumerate(self.segments):
+            if rewrite_from is not None and i > 0 and self.next_offset == rewrite_from < seg.base_offset:
+                # The run starts where the previous segment ends, and this one begins past that: rolled to
+                # after batches a power cut then took from the previous one (its directory entry made
+                # durable by a sync of another file, its own bytes empty or only some). The run goes on
+                # the previous segment; this one and any later are cut (aside, unless the run holds them).
+                rewrite_at = (i - 1, ended_at)
+                break
             self.next_offset = max(self.next_offset, seg.base_offset)
             damage = None
             position = 0
@@ -168,6 +176,7 @@ class PartitionLog:
             if rewrite_at is not None:
                 break
             if damage is None:
+                ended_at = position
                 continue
             if rewrite_from is not None and self.next_offset == rewrite_from:
                 # Damage where the journal's run starts (a rewrite torn by a crash, or cut short by a full

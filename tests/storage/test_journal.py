@@ -272,3 +272,35 @@ def test_damage_where_the_journals_run_starts_is_replaced_by_it(tmp_path: Path) 
     assert offsets == [0, 1, 2]
     assert [p.name for p in log_file(tmp_path).parent.iterdir() if p.name.endswith(".tr")] == []
     journal.close(remove=False)
+
+
+@pytest.mark.parametrize("later", ["empty", "its first batch"])
+def test_a_segment_rolled_to_after_batches_a_power_cut_took_is_replaced_by_the_run(tmp_path: Path, later: str) -> None:
+    """A fault campaign's find: a segment created after the last checkpoint survives a power cut (its
+    directory entry made durable by the journal's sync) empty, or with only its first batch, while the
+    segment before it loses the batches the journal's run starts with. The run's place is the end of
+    that earlier segment: the empty segment failed the partition ("acknowledged batches are missing"),
+    and the other was rewritten from offsets below its own base (failing the next start)."""
+    size = len(batch(0))
+    journal, plog = opened(tmp_path, segment_bytes=3 * size)
+    acknowledged(journal, plog, [batch(0)])
+    plog.sync()  # a checkpoint: the log holds batch 0 on disk, and the journal segment goes
+    boundary = journal.rotate()
+    dropped = journal.droppable(boundary)
+    journal.delete([seg.path for seg in dropped])
+    journal.deleted(dropped)
+    journal.checkpointed(boundary)
+    acknowledged(journal, plog, [batch(1), batch(2), batch(3)])  # batch 3 rolls to segment 3
+    assert [seg.base_offset for seg in plog.segments] == [0, 3]
+    plog.close()
+    journal.close(remove=False)
+    with open(log_file(tmp_path), "r+b") as f:  # the power cut: what the checkpoint synced is left
+        f.truncate(size)
+    if later == "empty":
+        (log_file(tmp_path).parent / "00000000000000000003.log").write_bytes(b"")
+    for _ in range(2):  # the start after the power cut, and one after it (what it wrote is read back)
+        journal, plog, offsets = recovered(tmp_path, 3 * size)
+        assert offsets == [0, 1, 2, 3]
+        assert [seg.base_offset for seg in plog.segments] == [0, 3]
+        plog.close()
+        journal.close(remove=False)
