@@ -106,14 +106,11 @@ class Checkpointer:
         journal.checkpointed(boundary)
         journal.deleted(drop)
         self._trouble.reset()
-        if holding:
-            # The segments kept are replayed whole at a start after a crash, into every partition's log
-            # from each one's first batch there: no log counts as synced past that (the cleaner would
-            # compact what the replay then writes into, and the partition fail its recovery: a fault
-            # campaign's find) until a checkpoint deletes them.
-            self.completed += 1
-            return True
-        claims = self._synced(logs, ends, time.monotonic() - self._claimed_at >= CLAIM_INTERVAL_S)
+        # While segments are kept, they are replayed whole at a start after a crash, into every
+        # partition's log from each one's first batch there: no log counts as synced past that (the
+        # cleaner would compact what the replay then writes into, and the partition fail its recovery:
+        # a fault campaign's find) until a checkpoint deletes them.
+        claims = {} if holding else self._synced(logs, ends, time.monotonic() - self._claimed_at >= CLAIM_INTERVAL_S)
         if claims:
             self._claimed_at = time.monotonic()
             try:

@@ -33,7 +33,7 @@ from protocol.records import (
     decode_record,
     prepare_schemas,
 )
-from storage.journal import JOURNAL_DIR, left_over
+from storage.journal import left_over_note
 from storage.segments import Damage, list_segments, read_segment
 
 startup.imports_done()
@@ -232,11 +232,9 @@ def _note_journal(target: Path) -> None:
     data_dir = target if not target.is_file() else target.parent
     if _is_partition_dir(data_dir):
         data_dir = data_dir.parent
-    left = left_over(data_dir)
-    if left:
-        print(f"kcoord dump-log: {data_dir / JOURNAL_DIR} holds {left} batches that these logs may lack (by up to "
-              f"a checkpoint while kcoord runs; after a machine crash, until kcoord starts again and writes them "
-              f"in)", file=sys.stderr)
+    note = left_over_note(data_dir, "these logs")
+    if note:
+        print(f"kcoord dump-log: {note}", file=sys.stderr)
 
 
 def _version() -> str:

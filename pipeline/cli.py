@@ -95,14 +95,12 @@ def run(args: argparse.Namespace, err: TextIO = sys.stderr, spark: Any = None,
     from pipeline.layout import LayoutError, is_uri
     from pipeline.output import OutputError
     from pipeline.session import build_session
-    from storage.journal import JOURNAL_DIR, left_over
+    from storage.journal import left_over_note
 
     for data_dir in getattr(args, "data_dir", None) or []:
-        left = 0 if is_uri(data_dir) else left_over(Path(data_dir))
-        if left:  # as kcoord dump-log says it: the output may lack the newest commits
-            print(f"kcoord pipeline {args.job}: {Path(data_dir) / JOURNAL_DIR} holds {left} batches that the logs may "
-                  f"lack (by up to a checkpoint while kcoord runs; after a machine crash, until kcoord starts again "
-                  f"and writes them in)", file=err)
+        note = None if is_uri(data_dir) else left_over_note(Path(data_dir))
+        if note:  # as kcoord dump-log says it: the output may lack the newest commits
+            print(f"kcoord pipeline {args.job}: {note}", file=err)
     own = spark is None
     if own:
         spark = build_session(args.master or default_master, f"kcoord-pipeline-{args.job}", conf=dict(args.conf))

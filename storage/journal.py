@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Final
 
 import crc32c
 
-from storage.segments import fsync_path, write_aside
+from storage.segments import fsync_existing, fsync_path, write_aside
 
 if TYPE_CHECKING:
     from storage.log import LogEnd, PartitionLog
@@ -107,6 +107,16 @@ def left_over(data_dir: Path) -> int:
     if not directory.is_dir():
         return 0
     return sum(1 for path in sorted(directory.iterdir()) if _SEGMENT_RE.match(path.name) for _ in read_entries(path))
+
+
+def left_over_note(data_dir: Path, logs: str = "the logs") -> str | None:
+    """What offline readers of ``data_dir``'s logs (kcoord dump-log, the pipeline) say when its journal
+    holds batches: their output may lack the newest commits. None when it holds none."""
+    left = left_over(data_dir)
+    if not left:
+        return None
+    return (f"{data_dir / JOURNAL_DIR} holds {left} batches that {logs} may lack (by up to a checkpoint while "
+            f"kcoord runs; after a machine crash, until kcoord starts again and writes them in)")
 
 
 def resolve(batches: list[bytes]) -> list[bytes]:
@@ -406,12 +416,7 @@ class Journal:
         """Loader thread: fsyncs the segments an earlier process left, before batches read from them
         are served without being written into a log first (that process may have been killed between
         a journal write and its sync). Raises OSError."""
-        for seg in list(self._segments.values()):
-            if seg.startup:
-                try:
-                    fsync_path(seg.path)
-                except FileNotFoundError:  # deleted since: every log holds what it held
-                    continue
+        fsync_existing(seg.path for seg in list(self._segments.values()) if seg.startup)  # deleted: in the logs
 
     def recovering(self, partition: int) -> None:
         """Loader thread, as ``partition``'s recovery starts: no segment is deleted until it has applied

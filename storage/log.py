@@ -45,6 +45,7 @@ from storage.segments import (
     Damage,
     Segment,
     finish_interrupted_swaps,
+    fsync_existing,
     fsync_path,
     list_segments,
     read_segment,
@@ -201,8 +202,6 @@ class PartitionLog:
                 self._set_aside(later, "written after a torn write")
             del self.segments[i + 1 :]
             break
-        if rewrite_from is None:
-            self._check_reaches(known_base, known_position)
         sync_from = known_base
         if rewrite_from is not None:
             # Whether the log and the run could be served from here should writing the run fail: only
@@ -218,9 +217,9 @@ class PartitionLog:
                                       f"continues from {rewrite_from}: acknowledged batches are missing")
             sync_from = min(known_base, self.segments[-1].base_offset if self.segments else rewrite_from)
             yield from self._append_run(run, servable, replayable)
-            # After the run, not before: a crash between a cut and its rewrite leaves the log short of a
-            # claim an earlier recovery recorded, and the journal still holds what brings it back.
-            self._check_reaches(known_base, known_position)
+        # After the run, if there is one, not before: a crash between a cut and its rewrite leaves the log
+        # short of a claim an earlier recovery recorded, and the journal still holds what brings it back.
+        self._check_reaches(known_base, known_position)
         for seg in self.segments:
             if seg.base_offset >= sync_from:
                 fsync_path(seg.path)
@@ -310,12 +309,9 @@ class PartitionLog:
 
     def _sync_before_serving(self) -> None:
         """Every segment fsynced (raises OSError): a recovery that cannot finish serves what it read
-        only once a power cut cannot take it back."""
-        for seg in self.segments:
-            try:
-                fsync_path(seg.path)
-            except FileNotFoundError:  # removed by a rewrite that failed half-way: nothing of it is served
-                continue
+        only once a power cut cannot take it back. One a rewrite that failed half-way removed serves
+        nothing."""
+        fsync_existing(seg.path for seg in self.segments)
 
     def _run_reaches(self, known_base: int, known_position: int, at: tuple[int, int] | None,
                      run: list[bytes]) -> bool:

@@ -4,7 +4,7 @@ interrupted compaction swap left (split from storage.log, which owns a log's dur
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -99,6 +99,15 @@ def _only_zeros(f: BinaryIO, pos: int, size: int) -> bool:
             return True
         if chunk.count(0) != len(chunk):
             return False
+
+
+def fsync_existing(paths: Iterable[Path]) -> None:
+    """fsyncs each file of ``paths`` that still exists (raises OSError for any other failure)."""
+    for path in paths:
+        try:
+            fsync_path(path)
+        except FileNotFoundError:
+            continue
 
 
 def write_aside(path: Path, data: bytes) -> None:
