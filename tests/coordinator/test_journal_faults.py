@@ -21,7 +21,7 @@ from protocol.records import OffsetAndMetadata
 from storage.journal import Journal, JournalSegment
 from storage.synchelper import SyncHelper
 from tests.coordinator.harness import OK, Faults, FaultyJournal, FaultyLog, append, commit, stop, wait_state
-from tests.coordinator.test_journal_mode import committed, journal_config, started
+from tests.coordinator.test_journal_mode import committed, committed_at_a_start, journal_config, started
 
 
 class GatedJournal(FaultyJournal):
@@ -381,10 +381,7 @@ async def test_no_segment_is_deleted_while_a_partition_rewrites_from_it(tmp_path
     gate.set()
     await wait_state(shard, ShardState.ACTIVE)
     await stop(runtime)
-    again = await started(journal_config(crashed))
-    got = committed(again)
-    await stop(again)
-    assert got == OffsetAndMetadata(2, -1, "m", 1)
+    assert await committed_at_a_start(journal_config(crashed)) == OffsetAndMetadata(2, -1, "m", 1)
 
 
 # 10. data loss (a fault campaign's full disk): a recovery that failed half-way through its rewrite
@@ -403,9 +400,7 @@ async def test_a_recovery_retried_after_a_failed_rewrite_still_rewrites_everythi
     await wait_state(shard, ShardState.ACTIVE)
     assert committed(runtime) == OffsetAndMetadata(2, -1, "m", 1)
     await stop(runtime)
-    again = await started(journal_config(tmp_path))
-    assert committed(again) == OffsetAndMetadata(2, -1, "m", 1)
-    await stop(again)
+    assert await committed_at_a_start(journal_config(tmp_path)) == OffsetAndMetadata(2, -1, "m", 1)
 
 
 

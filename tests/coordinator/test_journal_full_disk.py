@@ -22,7 +22,7 @@ from protocol.records import OffsetAndMetadata
 from storage.log import PROBE_BYTES, LogCorruptError, PartitionLog, TailNotCut
 from tests.coordinator.harness import OK, Faults, append, commit, stop, wait_state
 from tests.coordinator.test_journal_faults import GatedLog, GatedLogFaults, _reload_held_after_its_cut, ckpt
-from tests.coordinator.test_journal_mode import committed, journal_config, started
+from tests.coordinator.test_journal_mode import committed, committed_at_a_start, journal_config, started
 from tests.storage.test_journal import acknowledged, batch, opened, recovered
 
 
@@ -58,10 +58,7 @@ async def test_a_partition_whose_run_cannot_be_written_serves_it_read_only(
     assert await append(shard, [commit("g", 0, 5)]) == OK
     await stop(runtime)
     for directory, offset in ((data, 5), (crashed, 2)):
-        again = await started(journal_config(directory))
-        got = committed(again)
-        await stop(again)
-        assert got == OffsetAndMetadata(offset, -1, "m", 1), directory
+        assert await committed_at_a_start(journal_config(directory)) == OffsetAndMetadata(offset, -1, "m", 1), directory
 
 
 # 2. a journal entry an earlier process wrote but never synced (killed in between: never acknowledged)

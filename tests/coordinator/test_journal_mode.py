@@ -42,6 +42,15 @@ def committed(runtime: Runtime, group: str = "g", partition: int = 0) -> OffsetA
     return runtime.shard_for(group).data.committed(group, "t", partition)
 
 
+async def committed_at_a_start(cfg: Config) -> OffsetAndMetadata | None:
+    """What a fresh start on ``cfg`` serves (``committed``), stopped again before it returns."""
+    runtime = await started(cfg)
+    try:
+        return committed(runtime)
+    finally:
+        await stop(runtime)
+
+
 async def test_commits_are_acknowledged_from_the_journal_and_the_logs_catch_up_at_a_checkpoint(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(coordinator.checkpointer, "CLAIM_INTERVAL_S", 0.0)
@@ -92,9 +101,7 @@ async def test_another_sync_mode_refuses_a_journal_left_by_a_crash(tmp_path: Pat
     assert committed(switched) == OffsetAndMetadata(7, -1, "m", 1)
     assert await append(switched.shards[0], [commit("g", 0, 8)]) == OK
     await stop(switched)
-    back = await started(journal_config(crashed))
-    assert committed(back) == OffsetAndMetadata(8, -1, "m", 1)
-    await stop(back)
+    assert await committed_at_a_start(journal_config(crashed)) == OffsetAndMetadata(8, -1, "m", 1)
 
 
 async def test_a_failed_journal_sync_fails_the_commit_and_it_is_not_replayed(tmp_path: Path) -> None:
@@ -109,9 +116,7 @@ async def test_a_failed_journal_sync_fails_the_commit_and_it_is_not_replayed(tmp
     assert await append(shard, [commit("g", 0, 3)]) == OK
     assert len(segments(tmp_path)) == 2  # the segment whose sync failed is never written again
     await stop(runtime)
-    again = await started(journal_config(tmp_path))
-    assert committed(again) == OffsetAndMetadata(3, -1, "m", 1)
-    await stop(again)
+    assert await committed_at_a_start(journal_config(tmp_path)) == OffsetAndMetadata(3, -1, "m", 1)
 
 
 async def test_a_failed_journal_write_fails_the_commit_and_the_next_one_succeeds(tmp_path: Path) -> None:
@@ -162,9 +167,7 @@ async def test_compaction_only_touches_what_a_checkpoint_synced(tmp_path: Path) 
     assert after is not None and after.segments_after < after.segments_before
     assert committed(runtime) == OffsetAndMetadata(59, -1, "m", 1)
     await stop(runtime)
-    again = await started(journal_config(tmp_path, segment_bytes=1024))
-    assert committed(again) == OffsetAndMetadata(59, -1, "m", 1)
-    await stop(again)
+    assert await committed_at_a_start(journal_config(tmp_path, segment_bytes=1024)) == OffsetAndMetadata(59, -1, "m", 1)
 
 
 async def test_an_idle_server_reports_its_checkpoints_as_current(tmp_path: Path) -> None:
