@@ -20,7 +20,10 @@ Layout: ``<data-dir>/journal/<20-digit sequence>.journal``, each a run of entrie
 
 A segment ends at its first entry that is not whole and valid (a torn write, zeros): nothing after it
 is read. A segment that had a failed write or sync is never appended to again (the next cycle starts
-a new one), so an acknowledged entry never sits behind a hole.
+a new one), so an acknowledged entry never sits behind a hole, unless the disk damaged the file since:
+the start logs what follows each segment's last valid entry (``report_tail``), as an ERROR with a copy
+of the file when valid entries follow a damaged one (Kafka's log recovery also truncates at the first
+invalid batch, with a warning).
 
 Recovery (storage.log ``recover``): each partition's entries, in journal order, resolve to one run of
 consecutive batches (an entry at an offset below the run's end replaces the run from there: the log
@@ -99,6 +102,63 @@ def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, by
         yield partition, batch, pos
 
 
+def report_tail(path: Path, stop: int) -> None:
+    """Logs what follows a segment's last valid entry (at byte ``stop``), left by an earlier process.
+    Zeros, a torn write or entries of the file's earlier use (a recycled segment) are a stop's usual
+    leftovers (INFO). Entries of this segment that still pass their CRC after the first invalid one
+    mean the file was damaged in its middle: not applied, since a write cut short by a crash can leave
+    its later pages on disk without its earlier ones (and was never acknowledged), but if the disk
+    damaged it, acknowledged batches are among them: an ERROR naming them, and a copy of the file
+    (``<segment>.damaged``) for the operator."""
+    seq = int(path.name[:20])
+    with open(path, "rb") as f:
+        buf = f.read()
+    rest = memoryview(buf)[stop:]
+    if not any(rest):
+        log.info("journal: %s ends with %d zero bytes after its last entry (at byte %d)", path.name, len(rest), stop)
+        return
+    reason = _entry_problem(buf, stop, seq)
+    found: list[tuple[int, int, int]] = []  # partition, base offset, last offset of each valid entry after it
+    pos = stop
+    while pos + ENTRY_HEADER.size <= len(buf):  # walk the entries' lengths; a bad length ends the walk
+        length, partition, crc = ENTRY_HEADER.unpack_from(buf, pos)
+        start = pos + ENTRY_HEADER.size
+        if length < 61 or length > MAX_ENTRY_BYTES or start + length > len(buf) or partition < 0:
+            break
+        batch = buf[start : start + length]
+        if entry_crc(seq, partition, batch) == crc:
+            found.append((partition, *batch_offsets(batch)))
+        pos = start + length
+    if not found:
+        log.info("journal: %s: read up to byte %d of %d, where %s (a write the process before did not finish, "
+                 "or the file's earlier use)", path.name, stop, len(buf), reason)
+        return
+    copy = path.with_name(path.name + ".damaged")
+    try:
+        if not copy.exists():
+            write_aside(copy, buf)
+            fsync_path(path.parent)
+    except OSError as exc:
+        copy = Path(f"(not copied: {exc.strerror or exc})")
+    log.error("journal: %s is damaged at byte %d (%s), and %d valid entries of it follow (partitions %s, "
+              "offsets %s): they are not applied (entries after a hole are either a crash's unfinished write, "
+              "never acknowledged, or acknowledged and the file damaged since: then those commits are lost); "
+              "the file is kept as %s", path.name, stop, reason, len(found),
+              sorted({p for p, _, _ in found}), ", ".join(f"{p}:{b}-{e}" for p, b, e in found[:20]), copy)
+
+
+def _entry_problem(buf: bytes, pos: int, seq: int) -> str:
+    """Why the entry at ``pos`` is not a valid one of segment ``seq`` (for the log)."""
+    if pos + ENTRY_HEADER.size > len(buf):
+        return f"{len(buf) - pos} bytes are left, less than an entry's header"
+    length, partition, _ = ENTRY_HEADER.unpack_from(buf, pos)
+    if length < 61 or length > MAX_ENTRY_BYTES or partition < 0:
+        return f"the entry's header is not valid (length {length}, partition {partition})"
+    if pos + ENTRY_HEADER.size + length > len(buf):
+        return f"the entry's {length} bytes run past the end of the file"
+    return "the entry's CRC does not match"
+
+
 def left_over(data_dir: Path) -> int:
     """The entries in ``data_dir``'s journal segments, read without changing anything: what a run in
     journal mode that did not stop cleanly left for the next start to write into the logs (a clean
@@ -165,8 +225,12 @@ class Journal:
                 continue
             size = entry.stat().st_size
             self._segments[int(m.group(1))] = JournalSegment(int(m.group(1)), entry, None, size, size, True, True, True)
-            for partition, batch, _ in read_entries(entry):
+            read_to = 0
+            for partition, batch, end in read_entries(entry):
                 self._startup.setdefault(partition, []).append(batch)
+                read_to = end
+            if read_to < size:
+                report_tail(entry, read_to)
         # Which batches a partition's recovery needs (``entries_for``), by journal position (segment,
         # byte): a partition's log holds everything journaled before the last checkpoint
         # (``_synced_from``), and before where it last recovered (``_covered``). Partitions in

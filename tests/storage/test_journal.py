@@ -80,6 +80,62 @@ def test_a_damaged_entry_ends_the_segment(tmp_path: Path) -> None:
     journal.close(remove=False)
 
 
+def _left_by_a_crash(data_dir: Path, entries: list[tuple[int, bytes]]) -> Path:
+    """A segment holding ``entries`` (partition, batch), as a process killed after its sync leaves it."""
+    journal = Journal(data_dir)
+    plog = PartitionLog(data_dir / "x")
+    for i, (partition, b) in enumerate(entries):
+        journal.add(plog, partition, b, (i + 1, 0, 0))
+    seg, size = journal.write()
+    journal.sync(seg)
+    journal.synced(seg, size, None)
+    journal.close(remove=False)
+    return seg.path
+
+
+def _startup_batches(journal: Journal) -> list[bytes]:
+    return [b for p in sorted(journal.unapplied) for b in journal.entries_for(p)]
+
+
+def test_valid_entries_after_a_damaged_one_are_reported_and_kept_aside(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _left_by_a_crash(tmp_path, [(1, batch(0)), (1, batch(1)), (2, batch(7, 2)), (1, batch(2))])
+    raw = bytearray(path.read_bytes())
+    raw[ENTRY_HEADER.size + len(batch(0)) + ENTRY_HEADER.size + 30] ^= 0xFF  # a flipped bit in the 2nd entry
+    path.write_bytes(bytes(raw))
+    journal = Journal(tmp_path)
+    assert _startup_batches(journal) == [batch(0)]  # what follows the damage is not applied
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1, errors
+    assert f"{path.name} is damaged at byte {ENTRY_HEADER.size + len(batch(0))}" in errors[0]
+    assert "2 valid entries" in errors[0] and "partitions [1, 2]" in errors[0] and "2:7-8, 1:2-2" in errors[0]
+    copy = path.with_name(path.name + ".damaged")
+    assert copy.read_bytes() == bytes(raw)
+    journal.close(remove=False)
+
+
+@pytest.mark.parametrize("tail", ["torn", "zeros", "earlier use"])
+def test_a_segments_usual_tails_are_reported_without_an_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, tail: str) -> None:
+    path = _left_by_a_crash(tmp_path, [(1, batch(0)), (1, batch(1))])
+    whole = path.read_bytes()
+    if tail == "torn":
+        path.write_bytes(whole[:-20])
+    elif tail == "zeros":
+        path.write_bytes(whole + bytes(4096))
+    else:  # the file's earlier use: entries of an older number left past where the new ones end
+        path.write_bytes(whole + whole)
+        path.rename(path.with_name(f"{int(path.name[:20]) + 1:020d}.journal"))
+    caplog.set_level("INFO", logger="storage.journal")
+    journal = Journal(tmp_path)
+    kept = [batch(0)] if tail == "torn" else [batch(0), batch(1)]
+    assert _startup_batches(journal) == (kept if tail != "earlier use" else [])
+    assert not [r for r in caplog.records if r.levelno >= 30]
+    assert any("journal: " in r.getMessage() and "byte" in r.getMessage() for r in caplog.records)
+    assert not list(tmp_path.glob("journal/*.damaged"))
+    journal.close(remove=True)
+
+
 def test_resolve_lets_a_later_batch_replace_the_run_from_its_offset() -> None:
     # 0, 1-2, then a failed write at 3 that the log was cut back from, and 3 written again
     assert resolve([batch(0), batch(1, 2), batch(3, tag=b"x"), batch(3, tag=b"y"), batch(4)]) == \
