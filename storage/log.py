@@ -250,20 +250,27 @@ class PartitionLog:
         from there is cut; the part that is not the run's own bytes (batches never written to the
         journal, so never acknowledged, or an older version of offsets the run writes again) is first
         kept aside in a ``.tr`` file with a warning. Usually the log holds a prefix of the run, and
-        nothing is kept."""
+        nothing is kept. Each later segment is compared with the run from its own base offset (after a
+        power cut, one may hold the run's later batches while the segment before lost its earlier)."""
         seg = self.segments[index]
         expected = b"".join(run)
+        starts: dict[int, int] = {}  # a run batch's base offset -> its byte in ``expected``
+        at = 0
+        for batch in run:
+            starts[batch_offsets(batch)[0]] = at
+            at += len(batch)
         with open(seg.path, "rb") as f:
             f.seek(position)
-            tail = f.read()
+            pieces = [(seg.path, position, f.read(), 0)]
         for later in self.segments[index + 1 :]:
-            tail += later.path.read_bytes()
-        same = _common_prefix(tail, expected)
-        if same < len(tail):
-            aside = _aside_path(seg.path, position + same)
-            write_aside(aside, tail[same:])
-            log.warning("%s: %d bytes from byte %d on are not what the journal holds, which replaces them; kept "
-                        "in %s", seg.path, len(tail) - same, position + same, aside.name)
+            pieces.append((later.path, 0, later.path.read_bytes(), starts.get(later.base_offset, -1)))
+        for path, start, data, expected_at in pieces:
+            same = _common_prefix(data, expected[expected_at:]) if expected_at >= 0 else 0
+            if same < len(data):
+                aside = _aside_path(path, start + same)
+                write_aside(aside, data[same:])
+                log.warning("%s: %d bytes from byte %d on are not what the journal holds, which replaces them; "
+                            "kept in %s", path, len(data) - same, start + same, aside.name)
         with open(seg.path, "r+b") as f:
             f.truncate(position)
         for later in self.segments[index + 1 :]:

@@ -358,5 +358,6 @@ def test_a_segment_rolled_to_after_batches_a_power_cut_took_is_replaced_by_the_r
         journal, plog, offsets = recovered(tmp_path, 3 * size)
         assert offsets == [0, 1, 2, 3]
         assert [seg.base_offset for seg in plog.segments] == [0, 3]
+        assert not list(log_file(tmp_path).parent.glob("*.tr"))  # batch 3 in segment 3 is the run's own
         plog.close()
         journal.close(remove=False)
