@@ -44,12 +44,16 @@ from storage.journal import JournalError, batch_offsets, resolve
 from storage.segments import (
     Damage,
     Segment,
+    aside_path,
+    common_prefix,
+    cut_aside,
     finish_interrupted_swaps,
     fsync_existing,
     fsync_path,
     list_segments,
     read_segment,
     segment_name,
+    set_aside,
     write_aside,
 )
 
@@ -191,7 +195,7 @@ class PartitionLog:
             if known_durable:
                 raise LogCorruptError(f"{seg.path} at byte {damage.position}: {damage.reason}")
             try:
-                self._cut(seg, damage.position, f"damaged tail past the recovery point ({damage.reason})")
+                cut_aside(seg, damage.position, f"damaged tail past the recovery point ({damage.reason})")
             except OSError as exc:
                 # No room (or no write access) to keep the tail aside: serve what precedes it, read-only,
                 # once it is on disk (a killed process may have left it in the page cache only).
@@ -199,7 +203,7 @@ class PartitionLog:
                 raise TailNotCut(f"{seg.path} at byte {damage.position}: {damage.reason}; it cannot be set "
                                  f"aside now ({exc.strerror or exc})") from exc
             for later in self.segments[i + 1 :]:
-                self._set_aside(later, "written after a torn write")
+                set_aside(later, "written after a torn write")
             del self.segments[i + 1 :]
             break
         sync_from = known_base
@@ -265,9 +269,9 @@ class PartitionLog:
         for later in self.segments[index + 1 :]:
             pieces.append((later.path, 0, later.path.read_bytes(), starts.get(later.base_offset, -1)))
         for path, start, data, expected_at in pieces:
-            same = _common_prefix(data, expected[expected_at:]) if expected_at >= 0 else 0
+            same = common_prefix(data, expected[expected_at:]) if expected_at >= 0 else 0
             if same < len(data):
-                aside = _aside_path(path, start + same)
+                aside = aside_path(path, start + same)
                 write_aside(aside, data[same:])
                 log.warning("%s: %d bytes from byte %d on are not what the journal holds, which replaces them; "
                             "kept in %s", path, len(data) - same, start + same, aside.name)
@@ -586,7 +590,7 @@ class PartitionLog:
         seg = Segment(base_offset, self.directory / segment_name(base_offset), 0)
         if seg.path.exists():
             # A leftover of a failed append at this offset: keep it aside, start clean.
-            self._set_aside(Segment(base_offset, seg.path, seg.path.stat().st_size), "stale segment")
+            set_aside(Segment(base_offset, seg.path, seg.path.stat().st_size), "stale segment")
         self.segments.append(seg)
         self._dir_dirty = True
         return seg
@@ -602,50 +606,3 @@ class PartitionLog:
 
     def _mark_synced(self, upto: LogEnd | None = None) -> None:
         self.synced_offset, self._synced_base, self._synced_size = upto if upto is not None else self.end()
-
-    def _set_aside(self, seg: Segment, why: str) -> None:
-        """Moves a whole segment to ``<segment>.0.tr`` by renaming it: no copy, so it works on a full
-        disk, which is the likeliest reason a write failed."""
-        aside = _aside_path(seg.path, 0)
-        os.rename(seg.path, aside)
-        fsync_path(self.directory)
-        log.warning("%s: set aside all %d bytes (%s), kept in %s", seg.path, seg.size, why, aside.name)
-
-    def _cut(self, seg: Segment, position: int, why: str) -> None:
-        """Moves ``seg``'s bytes from ``position`` on into ``<segment>.<position>.tr``, then truncates."""
-        with open(seg.path, "rb") as src:
-            src.seek(position)
-            data = src.read()
-        aside = _aside_path(seg.path, position)
-        write_aside(aside, data)
-        with open(seg.path, "r+b") as f:
-            f.truncate(position)
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_path(self.directory)
-        seg.size = position
-        log.warning("%s: cut %d bytes at byte %d (%s), kept in %s", seg.path, len(data), position, why, aside.name)
-
-
-def _common_prefix(a: bytes, b: bytes) -> int:
-    """Length of the longest common prefix of ``a`` and ``b`` (compared in halves: C-speed slices)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def _aside_path(segment: Path, position: int) -> Path:
-    """``<segment>.<position>.tr``, numbered so an earlier cut at the same place is never overwritten."""
-    aside, n = segment.with_name(f"{segment.name}.{position}.tr"), 0
-    while aside.exists():
-        n += 1
-        aside = segment.with_name(f"{segment.name}.{position}.{n}.tr")
-    return aside

@@ -1,5 +1,6 @@
-"""Segment files of a partition log: their names, reading their batches, and finishing what an
-interrupted compaction swap left (split from storage.log, which owns a log's durable bookkeeping)."""
+"""Segment files of a partition log: their names, reading their batches, setting damaged bytes aside
+in ``.tr`` files, and finishing what an interrupted compaction swap left (split from storage.log,
+which owns a log's durable bookkeeping)."""
 
 import logging
 import os
@@ -154,3 +155,52 @@ def finish_interrupted_swaps(directory: Path) -> None:
         entry.rename(directory / segment_name(base))
         fsync_path(directory)
         log.info("%s: finished an interrupted compaction swap for offsets [%d, %d)", directory, base, end)
+
+
+def aside_path(segment: Path, position: int) -> Path:
+    """``<segment>.<position>.tr``, numbered so an earlier cut at the same place is never overwritten."""
+    aside, n = segment.with_name(f"{segment.name}.{position}.tr"), 0
+    while aside.exists():
+        n += 1
+        aside = segment.with_name(f"{segment.name}.{position}.{n}.tr")
+    return aside
+
+
+def set_aside(seg: Segment, why: str) -> None:
+    """Moves a whole segment to ``<segment>.0.tr`` by renaming it: no copy, so it works on a full
+    disk, which is the likeliest reason a write failed."""
+    aside = aside_path(seg.path, 0)
+    os.rename(seg.path, aside)
+    fsync_path(seg.path.parent)
+    log.warning("%s: set aside all %d bytes (%s), kept in %s", seg.path, seg.size, why, aside.name)
+
+
+def cut_aside(seg: Segment, position: int, why: str) -> None:
+    """Moves ``seg``'s bytes from ``position`` on into ``<segment>.<position>.tr``, then truncates."""
+    with open(seg.path, "rb") as src:
+        src.seek(position)
+        data = src.read()
+    aside = aside_path(seg.path, position)
+    write_aside(aside, data)
+    with open(seg.path, "r+b") as f:
+        f.truncate(position)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_path(seg.path.parent)
+    seg.size = position
+    log.warning("%s: cut %d bytes at byte %d (%s), kept in %s", seg.path, len(data), position, why, aside.name)
+
+
+def common_prefix(a: bytes, b: bytes) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (compared in halves: C-speed slices)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
