@@ -54,7 +54,7 @@ class Config:
     group_max_size: int = INT31
     offsets_retention_minutes: int = 10080
     offsets_retention_check_interval_ms: int = 600_000
-    cleaner_interval_s: float = 15.0
+    log_cleaner_backoff_ms: int = 15_000
     log_level: str = "INFO"
     log_format: str = "text"
     sync_mode: str = "journal"
@@ -195,6 +195,9 @@ OPTIONS: list[Option] = [
            "open-files limit allows, less what the logs keep)"),
     Option("--delete-retention-ms", "KCOORD_DELETE_RETENTION_MS", bounded_int(0, INT63),
            _field("delete_retention_ms"), "how long the cleaner keeps tombstones (default 86400000)"),
+    Option("--log-cleaner-backoff-ms", "KCOORD_LOG_CLEANER_BACKOFF_MS", bounded_int(1, INT63),
+           _field("log_cleaner_backoff_ms"), "how long the cleaner waits between looks at every partition's log "
+           "(Kafka's log.cleaner.backoff.ms; sooner after a full disk has room again) (default 15000)"),
     Option("--shutdown-timeout-ms", "KCOORD_SHUTDOWN_TIMEOUT_MS", bounded_int(0, 3_600_000),
            _field("shutdown_timeout_ms"), "longest a stop may take to finish pending writes (default 10000)"),
     Option("--group-initial-rebalance-delay-ms", "KCOORD_GROUP_INITIAL_REBALANCE_DELAY_MS", bounded_int(0),

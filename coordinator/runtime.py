@@ -17,7 +17,7 @@ from coordinator.config import Config
 from coordinator.flusher import Flusher
 from coordinator.groups.hooks import GroupHooks
 from coordinator.metrics import Metrics
-from coordinator.shard import Shard
+from coordinator.shard import PROBE_INTERVAL_S, Shard
 from coordinator.shardstate import ShardState
 from coordinator.timers import Clock, SystemClock
 from coordinator.writer import WriterThread
@@ -151,6 +151,7 @@ class Runtime:
         self.compactors: list[Compactor] = []
         self._loads: list[asyncio.Task[None]] = []
         self._cleaner: asyncio.Task[None] | None = None
+        self._clean_soon = asyncio.Event()  # set when a partition's disk is writable again
         self._load_report: asyncio.Task[None] | None = None
         self._lock: int | None = None  # the data directory's lock, held until stopped (storage.dirlock)
         self.journal: Journal | None = None  # --sync-mode journal (storage.journal)
@@ -187,6 +188,7 @@ class Runtime:
                           self._open_log)
             groups = GroupHooks(shard, self.group_config, self.metrics)
             shard.hooks = groups
+            shard.writable_again = self._clean_soon.set
             self.shards.append(shard)
             self.groups.append(groups)
             self.compactors.append(Compactor(shard, self._cleaner_thread, self.metrics))
@@ -222,9 +224,17 @@ class Runtime:
                  states[_SHARD_READ_ONLY], states[_SHARD_FAILED])
 
     async def _clean_periodically(self) -> None:
-        """Kafka's cleaner backoff: look at every partition each interval; each shard decides."""
+        """Kafka's cleaner backoff: look at every partition each interval; each shard decides. Sooner
+        once a partition finds its disk writable again (after the other partitions' probes have had a
+        turn): compaction is what gives a full disk room back, and writers filled the freed room
+        within seconds, long before the next pass (a fault campaign's find)."""
         while True:
-            await asyncio.sleep(self.config.cleaner_interval_s)
+            try:
+                await asyncio.wait_for(self._clean_soon.wait(), self.config.log_cleaner_backoff_ms / 1000)
+                await asyncio.sleep(PROBE_INTERVAL_S)
+            except TimeoutError:
+                pass
+            self._clean_soon.clear()
             for compactor in self.compactors:
                 try:
                     await compactor.compact(self.config.delete_retention_ms)

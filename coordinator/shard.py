@@ -130,6 +130,9 @@ class Shard:
         self._task: asyncio.Task[None] | None = None  # the running reload or probe, kept referenced
         self._trouble = Repeated(log, REPEAT_LOG_S)
         self._tail_dirty = False  # READ_ONLY with an unacknowledged tail still on disk
+        # Writes work again after failing (a full disk, say): the runtime's cleaner looks soon (coordinator.runtime)
+        self.writable_again: Callable[[], None] = lambda: None
+        self._write_failed = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -348,6 +351,9 @@ class Shard:
         for req, _ in batch.waiters:
             req.done()
         self._metrics.batch_flushed(self.partition, len(batch.entries), outcome, time.perf_counter() - started)
+        if self._write_failed:
+            self._write_failed = False
+            self.writable_again()
         if self._parked and self._pending_records() < SLICES_AHEAD:
             self._resume_parked()
 
@@ -360,6 +366,7 @@ class Shard:
 
     def fail_write(self, exc: BaseException) -> None:
         self.log.refused = True  # its batches not yet journaled are never acknowledged: keep them out
+        self._write_failed = True
         log.error("partition %d: write failed (%s); failing the requests waiting on it, dropping what was not "
                   "durable and reloading", self.partition, describe_error(exc))
         self._metrics.write_failed(self.partition)

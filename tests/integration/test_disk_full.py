@@ -138,3 +138,44 @@ def test_a_restart_on_a_full_disk_with_torn_tails_serves_reads_then_recovers(sma
     assert list(data.glob("__consumer_offsets-*/*.tr"))  # the torn tails were kept aside after all
     client.close()
     assert server.stop() == 0
+
+
+def test_room_freed_on_a_full_disk_is_compacted_before_writers_fill_it_again(small_disk: Path, report: Report) -> None:
+    """Fault campaign: on a disk kcoord's own log filled, writers took the freed room again within
+    seconds, long before the cleaner's next look (every 15 s), so compaction never gave any back. A
+    partition finding its disk writable again now wakes the cleaner (here its backoff is an hour)."""
+    data = small_disk / "data"
+    server = KcoordProcess(data, "--offsets-partitions", "4", "--segment-bytes", "65536",
+                           "--log-cleaner-backoff-ms", "3600000")
+    server.log_path = small_disk.parent / "kcoord.log"
+    server.start()
+    client = RawClient(server.port, timeout=30)
+    try:
+        filler = small_disk / "filler"
+        free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+        with open(filler, "wb") as f:
+            f.write(b"\0" * max(free - 3_000_000, 0))
+        value = 0
+        while True:  # the same keys again and again: nearly all of the log is dirty
+            value += 1
+            errors = commit_all(client, value)
+            if set(errors.values()) != {0}:
+                assert set(errors.values()) <= RETRIABLE | {0}, errors
+                break
+        full = sum(p.stat().st_size for p in data.glob("__consumer_offsets-*/*.log"))
+        assert "compacted" not in server.log()
+        filler.unlink()
+        freed = time.monotonic()
+        while set(commit_all(client, value + 1).values()) != {0}:  # the writers come back
+            time.sleep(0.05)
+        while "compacted" not in server.log():
+            assert time.monotonic() - freed < 60, "no compaction after space was freed"
+            time.sleep(0.1)
+        report.figure("compaction after space was freed", (time.monotonic() - freed) * 1000, "ms")
+        after = sum(p.stat().st_size for p in data.glob("__consumer_offsets-*/*.log"))
+        assert after < full / 2, (full, after)
+        assert set(fetch_all(client, time.monotonic() + 30).values()) == {value + 1}
+        client.close()
+        assert server.stop() == 0
+    finally:
+        server.kill() if server.proc is not None and server.proc.poll() is None else None
