@@ -118,33 +118,64 @@ def report_tail(path: Path, stop: int) -> None:
         log.info("journal: %s ends with %d zero bytes after its last entry (at byte %d)", path.name, len(rest), stop)
         return
     reason = _entry_problem(buf, stop, seq)
-    found: list[tuple[int, int, int]] = []  # partition, base offset, last offset of each valid entry after it
-    pos = stop
-    while pos + ENTRY_HEADER.size <= len(buf):  # walk the entries' lengths; a bad length ends the walk
-        length, partition, crc = ENTRY_HEADER.unpack_from(buf, pos)
-        start = pos + ENTRY_HEADER.size
-        if length < 61 or length > MAX_ENTRY_BYTES or start + length > len(buf) or partition < 0:
-            break
-        batch = buf[start : start + length]
-        if entry_crc(seq, partition, batch) == crc:
-            found.append((partition, *batch_offsets(batch)))
-        pos = start + length
+    found = _valid_entries_after(buf, stop, seq)
     if not found:
         log.info("journal: %s: read up to byte %d of %d, where %s (a write the process before did not finish, "
                  "or the file's earlier use)", path.name, stop, len(buf), reason)
         return
-    copy = path.with_name(path.name + ".damaged")
+    kept = _keep_damaged(path, buf)
+    ranges = "; ".join(f"partition {p}: {n} batch{'es' if n > 1 else ''}, offsets {first}-{last}"
+                       for p, (n, first, last) in sorted(found.items()))
+    log.error("journal: %s is damaged at byte %d (%s), yet valid entries of it follow (%s). They are not applied: "
+              "entries after a hole are either a write a crash cut short (never acknowledged) or acknowledged ones "
+              "the disk damaged since. Where a partition log still holds them (the process died, the machine kept "
+              "its power), recovery keeps them aside in .tr files beside the log; otherwise those commits are "
+              "lost. %s", path.name, stop, reason, ranges, kept)
+
+
+_BATCH_LENGTH: Final = struct.Struct(">i")  # at byte 8 of a v2 batch: its bytes after that field
+_MAGIC_AT: Final = ENTRY_HEADER.size + 16  # an entry's batch's magic byte (2), from the entry's start
+
+
+def _valid_entries_after(buf: bytes, stop: int, seq: int) -> dict[int, tuple[int, int, int]]:
+    """Per partition: how many entries of segment ``seq`` pass their CRC after byte ``stop``, and their
+    first and last offsets. Found at any byte, not by walking lengths (a damaged header or a zeroed
+    block must not hide what follows): a candidate has a v2 magic byte where its batch's would be
+    and a batch length agreeing with its entry's length; then its CRC decides."""
+    found: dict[int, tuple[int, int, int]] = {}
+    magic = buf.find(b"\x02", stop + _MAGIC_AT)
+    while magic >= 0:
+        at = magic - _MAGIC_AT
+        start = at + ENTRY_HEADER.size
+        length, partition, crc = ENTRY_HEADER.unpack_from(buf, at)
+        if 61 <= length <= MAX_ENTRY_BYTES and partition >= 0 and start + length <= len(buf) \
+                and _BATCH_LENGTH.unpack_from(buf, start + 8)[0] == length - 12:
+            batch = buf[start : start + length]
+            if entry_crc(seq, partition, batch) == crc:
+                base, last = batch_offsets(batch)
+                n, first, _ = found.get(partition, (0, base, base))
+                found[partition] = (n + 1, first, last)
+                magic = buf.find(b"\x02", start + length + _MAGIC_AT)
+                continue
+        magic = buf.find(b"\x02", magic + 1)
+    return found
+
+
+def _keep_damaged(path: Path, buf: bytes) -> str:
+    """A copy of a damaged segment for the operator, ``<segment>.damaged`` (numbered when an earlier
+    incident's copy has the name: sequence numbers start again after a clean stop); says where."""
+    copy, n = path.with_name(path.name + ".damaged"), 0
     try:
-        if not copy.exists():
-            write_aside(copy, buf)
-            fsync_path(path.parent)
+        while copy.exists():
+            if copy.read_bytes() == buf:
+                return f"The file is kept as {copy}."
+            n += 1
+            copy = path.with_name(f"{path.name}.{n}.damaged")
+        write_aside(copy, buf)
+        fsync_path(path.parent)
     except OSError as exc:
-        copy = Path(f"(not copied: {exc.strerror or exc})")
-    log.error("journal: %s is damaged at byte %d (%s), and %d valid entries of it follow (partitions %s, "
-              "offsets %s): they are not applied (entries after a hole are either a crash's unfinished write, "
-              "never acknowledged, or acknowledged and the file damaged since: then those commits are lost); "
-              "the file is kept as %s", path.name, stop, reason, len(found),
-              sorted({p for p, _, _ in found}), ", ".join(f"{p}:{b}-{e}" for p, b, e in found[:20]), copy)
+        return f"The file could not be copied ({exc.strerror or exc}) and goes at the next checkpoint."
+    return f"The file is kept as {copy}."
 
 
 def _entry_problem(buf: bytes, pos: int, seq: int) -> str:

@@ -108,10 +108,52 @@ def test_valid_entries_after_a_damaged_one_are_reported_and_kept_aside(
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1, errors
     assert f"{path.name} is damaged at byte {ENTRY_HEADER.size + len(batch(0))}" in errors[0]
-    assert "2 valid entries" in errors[0] and "partitions [1, 2]" in errors[0] and "2:7-8, 1:2-2" in errors[0]
+    assert "(partition 1: 1 batch, offsets 2-2; partition 2: 1 batch, offsets 7-8)" in errors[0]
     copy = path.with_name(path.name + ".damaged")
-    assert copy.read_bytes() == bytes(raw)
+    assert copy.read_bytes() == bytes(raw) and str(copy) in errors[0]
     journal.close(remove=False)
+
+
+@pytest.mark.parametrize("damage", ["a zeroed 4 KiB block", "a length's bit", "a partition's sign bit"])
+def test_valid_entries_after_a_damaged_header_are_found_too(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str) -> None:
+    """A review's find: walking the entries' lengths stopped at a damaged header, so the most usual
+    damage (a block of zeros) read as a torn tail, and the entries after it went unreported."""
+    path = _left_by_a_crash(tmp_path, [(i % 3, batch(i)) for i in range(200)])
+    raw = bytearray(path.read_bytes())
+    at = [end for _, _, end in read_entries(path)][99]  # where entry 100 starts
+    if damage == "a zeroed 4 KiB block":
+        at = 8192
+        raw[8192:12288] = bytes(4096)
+    elif damage == "a length's bit":
+        raw[at + 2] ^= 0x01
+    else:
+        raw[at + 4] ^= 0x80
+    path.write_bytes(bytes(raw))
+    journal = Journal(tmp_path)
+    assert all(end <= at for _, _, end in read_entries(path))
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "offsets" in errors[0] and "-199" in errors[0], errors
+    assert path.with_name(path.name + ".damaged").read_bytes() == bytes(raw)
+    journal.close(remove=False)
+
+
+def test_a_damaged_segments_copy_never_stands_for_another(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Sequence numbers start again after a clean stop: a second incident's segment 1 must not be
+    said kept in the first one's copy."""
+    for tag in (b"A", b"B"):
+        path = _left_by_a_crash(tmp_path, [(1, batch(i, tag=tag)) for i in range(3)])
+        raw = bytearray(path.read_bytes())
+        raw[ENTRY_HEADER.size + 40] ^= 0xFF
+        path.write_bytes(bytes(raw))
+        caplog.clear()
+        Journal(tmp_path).close(remove=False)
+        (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        kept = Path(error.rsplit("kept as ", 1)[1].rstrip("."))
+        assert kept.read_bytes() == bytes(raw)
+        for p in tmp_path.glob("journal/*.journal"):
+            p.unlink()  # applied and checkpointed, then a clean stop
+    assert len(list(tmp_path.glob("journal/*.damaged"))) == 2
 
 
 @pytest.mark.parametrize("tail", ["torn", "zeros", "earlier use"])
