@@ -34,7 +34,8 @@ from coordinator.logfmt import Repeated, describe_error
 from coordinator.metrics import LATENCY_BUCKETS, Histogram
 from coordinator.shard import Shard
 from coordinator.shardstate import ShardState
-from storage.journal import JournalSegment, segment_name
+from storage.journal import JournalSegment
+from storage.journalentries import segment_name
 from storage.journalsync import JournalSync
 from storage.log import LogEnd, PartitionLog
 from storage.sync import Claims

@@ -33,14 +33,15 @@ what the cleaner may compact and a recovery point may claim) follows at checkpoi
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from storage.batch import Batch, decode_batch, read_head
-from storage.journal import JournalError, batch_offsets, resolve
+from storage.journalentries import JournalError, batch_offsets, resolve
+from storage.recoverypoint import RECOVERY_POINT as RECOVERY_POINT
+from storage.recoverypoint import claim_lock, holds_before, read_claim, run_reaches, short_of
 from storage.segments import (
     Damage,
     Segment,
@@ -63,7 +64,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 100 * 1024 * 1024
-RECOVERY_POINT = "recovery-point"
 PROBE_FILE = ".write-probe"
 PROBE_BYTES = 64 * 1024
 CHECKPOINT_INTERVAL_S = 1.0
@@ -83,17 +83,6 @@ class RunNotWritten(TailNotCut):
     """The journal's run could not be written over the log (disk full, read-only): every batch the
     partition holds has still been read, the log's and then the rest of the run's from the journal,
     which keeps them; the log must not be written until a later recovery writes the run."""
-
-
-_CLAIM_LOCKS: dict[str, threading.RLock] = {}
-_CLAIM_LOCKS_GUARD = threading.Lock()
-
-
-def _claim_lock(directory: Path) -> threading.RLock:
-    """One lock per log directory, shared by every PartitionLog opened on it (a reload opens a new
-    one): recovery points are installed from the writer thread and from storage.sync's recorder."""
-    with _CLAIM_LOCKS_GUARD:
-        return _CLAIM_LOCKS.setdefault(str(directory), threading.RLock())
 
 
 class PartitionLog:
@@ -118,7 +107,7 @@ class PartitionLog:
         self._synced_size = 0
         self._dir_dirty = False
         self._checkpointed_at = 0.0
-        self._claim_lock = _claim_lock(directory)
+        self._claim_lock = claim_lock(directory)
         self.recovered = False  # the durable bookkeeping is only meaningful after recover()
         # storage.journal: every append also goes there (set by the runtime for its partition logs)
         self.journal: Journal | None = None
@@ -138,14 +127,14 @@ class PartitionLog:
         self.close()
         self.recovered = False
         self.segments = list_segments(self.directory)  # a retry after a failed recovery starts afresh
-        known_base, known_position = self.recorded_claim()
+        claim = known_base, known_position = self.recorded_claim()
         if known_base < 0 and os.path.lexists(self.directory / RECOVERY_POINT):
             # Logged here, once per load, not by every reader of the claim (the recorder reads it too).
             log.warning("%s is unreadable: recovering as if the log had no recovery point (everything past "
                         "the first segment's start may be cut as a torn tail)", self.directory / RECOVERY_POINT)
         if self.journal is not None:
             self.journal.recovering(self.partition)
-        run = self._journal_run()
+        run, gap = self._journal_run()
         rewrite_from = batch_offsets(run[0])[0] if run else None
         rewrite_at: tuple[int, int] | None = None  # (segment index, byte position) where the run goes
         self.next_offset = self.segments[0].base_offset if self.segments else 0
@@ -207,10 +196,13 @@ class PartitionLog:
             del self.segments[i + 1 :]
             break
         sync_from = known_base
+        if gap is not None and ((rewrite_at is None and self.next_offset != rewrite_from)
+                                or not holds_before(self.segments, claim, rewrite_at)):
+            raise LogCorruptError(f"{self.directory}: {gap}") from gap
         if rewrite_from is not None:
             # Whether the log and the run could be served from here should writing the run fail: only
             # if, written, they would pass the recovery point's check below.
-            servable = self._run_reaches(known_base, known_position, rewrite_at, run)
+            servable = run_reaches(self.segments, claim, rewrite_at, run)
             if rewrite_at is not None:
                 try:
                     self._clear_for_run(rewrite_at[0], rewrite_at[1], run)
@@ -223,7 +215,8 @@ class PartitionLog:
             yield from self._append_run(run, servable, replayable)
         # After the run, if there is one, not before: a crash between a cut and its rewrite leaves the log
         # short of a claim an earlier recovery recorded, and the journal still holds what brings it back.
-        self._check_reaches(known_base, known_position)
+        if (short := short_of(self.segments, claim)) is not None:
+            raise LogCorruptError(f"{self.directory}: {short}")
         for seg in self.segments:
             if seg.base_offset >= sync_from:
                 fsync_path(seg.path)
@@ -240,14 +233,21 @@ class PartitionLog:
             log.warning("%s: could not record the recovery point (%s); the log is intact", self.directory,
                         exc.strerror or exc)
 
-    def _journal_run(self) -> list[bytes]:
-        """This partition's batches in the journal that the log may not hold (storage.journal)."""
+    def _journal_run(self) -> tuple[list[bytes], JournalError | None]:
+        """This partition's batches in the journal that the log may not hold (storage.journal); where
+        they have a gap, the run after it, with the gap (``recover`` checks the log holds what precedes it): a segment a
+        start applied, kept until the next checkpoint and damaged before the start after it must not
+        fail a partition whose log has those batches on disk (a fault campaign failed every one)."""
         if self.journal is None:
-            return []
+            return [], None
+        batches = self.journal.entries_for(self.partition)
         try:
-            return resolve(self.journal.entries_for(self.partition))
-        except JournalError as exc:
-            raise LogCorruptError(f"{self.directory}: {exc}") from exc
+            return resolve(batches), None
+        except JournalError as gap:
+            try:
+                return resolve(batches, after_gap=True), gap
+            except JournalError as exc:
+                raise LogCorruptError(f"{self.directory}: {exc}") from exc
 
     def _clear_for_run(self, index: int, position: int, run: list[bytes]) -> None:
         """Makes room for the journal's run at segment ``index``'s byte ``position``. What the log holds
@@ -323,38 +323,6 @@ class PartitionLog:
         only once a power cut cannot take it back. One a rewrite that failed half-way removed serves
         nothing."""
         fsync_existing(seg.path for seg in self.segments)
-
-    def _run_reaches(self, known_base: int, known_position: int, at: tuple[int, int] | None,
-                     run: list[bytes]) -> bool:
-        """Whether the log, with ``run`` written at ``at`` (segment index, byte; None: at its end),
-        would pass ``_check_reaches``. False where that depends on where the run's appends roll to a
-        new segment (the recovery point in a segment past ``at``, which the rewrite removes)."""
-        if known_base < 0:
-            return True
-        if at is None:
-            if not self.segments:
-                return False
-            at = (len(self.segments) - 1, self.segments[-1].size)
-        base = self.segments[at[0]].base_offset
-        if base != known_base:
-            return base > known_base
-        return at[1] + sum(len(b) for b in run) >= known_position
-
-    def _check_reaches(self, known_base: int, known_position: int) -> None:
-        """Raises LogCorruptError when the log ends before its recovery point: its newest segments
-        removed, or the active one cut short at a batch boundary (which reads as a clean end). Served,
-        acknowledged commits would silently go back to older offsets, and the next claim recorded
-        would hide it. A closed segment that a compaction has since merged is shorter than a claim
-        recorded in it and is not checked (a cut of the active segment is: no compaction touches it)."""
-        if known_base < 0:
-            return
-        last = self.segments[-1] if self.segments else None
-        if last is None or last.base_offset < known_base:
-            raise LogCorruptError(f"{self.directory}: no segment at or after the recovery point's "
-                                  f"{segment_name(known_base)}: segments were removed")
-        if last.base_offset == known_base and last.size < known_position:
-            raise LogCorruptError(f"{last.path} ends at byte {last.size}, before the recovery point's byte "
-                                  f"{known_position}: acknowledged batches were removed")
 
     def read_durable(self, replayable: bool = False) -> Iterator[Batch]:
         """The batches below ``durable_offset``, read without writing anything: how a partition whose
@@ -519,11 +487,7 @@ class PartitionLog:
 
     def recorded_claim(self) -> tuple[int, int]:
         """The claim on disk, (-1, 0) if none is readable."""
-        try:
-            base, position = (self.directory / RECOVERY_POINT).read_text().split()
-            return int(base), int(position)
-        except (OSError, ValueError):
-            return -1, 0
+        return read_claim(self.directory)
 
     def truncate_to_durable(self) -> None:
         """Undoes appends that never became durable (after a failed write or fsync). These bytes were

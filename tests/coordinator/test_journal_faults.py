@@ -204,7 +204,7 @@ async def test_a_segment_deleted_while_its_sync_runs_has_its_descriptor_closed(t
 # marking it refused needs no lock (one attribute, set on the loop; discard() rebuilt lists on the
 # writer thread while the loop appended to them, and lost other partitions' batches)
 def test_a_refused_logs_batches_are_left_out_of_the_journal_write(tmp_path: Path) -> None:
-    from storage.journal import read_entries
+    from storage.journalentries import read_entries
     from storage.log import PartitionLog
     from tests.storage.test_journal import batch
     journal = Journal(tmp_path)

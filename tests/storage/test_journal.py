@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from storage.batchwriter import Entry, build_batch
-from storage.journal import ENTRY_HEADER, Journal, JournalError, read_entries, resolve
+from storage.journal import Journal
+from storage.journalentries import ENTRY_HEADER, JournalError, read_entries, resolve
 from storage.log import RECOVERY_POINT, LogCorruptError, PartitionLog
 
 T = 1700000000000
@@ -403,3 +404,34 @@ def test_a_segment_rolled_to_after_batches_a_power_cut_took_is_replaced_by_the_r
         assert not list(log_file(tmp_path).parent.glob("*.tr"))  # batch 3 in segment 3 is the run's own
         plog.close()
         journal.close(remove=False)
+
+
+@pytest.mark.parametrize("claimed", [True, False])
+def test_a_gap_left_by_a_damaged_applied_segment_is_filled_by_the_log_only_within_its_recovery_point(
+        tmp_path: Path, claimed: bool) -> None:
+    """A fault campaign's find: a start applies the journal an earlier process left, which stays until
+    the next checkpoint; the process dies again, and that older segment is damaged mid-file before
+    the next start. Its entries then stop short, the next segment's continue past a gap, and every
+    partition failed, though its log held the missing batches on disk. Now the run after the gap is
+    used when the log reaches it within its recovery point; otherwise the gap still fails it."""
+    journal, plog = opened(tmp_path)
+    acknowledged(journal, plog, [batch(0), batch(1), batch(2)])
+    first = journal.live
+    if claimed:
+        plog.sync()  # the earlier start's recovery: written into the log, fsynced, claimed
+        plog.checkpoint()
+    journal.rotate()
+    acknowledged(journal, plog, [batch(3), batch(4)])
+    plog.close()
+    journal.close(remove=False)
+    raw = bytearray(first.path.read_bytes())
+    raw[ENTRY_HEADER.size + len(batch(0)) + ENTRY_HEADER.size + 30] ^= 0xFF  # entry 1 damaged: 0, then 3-4
+    first.path.write_bytes(bytes(raw))
+    if not claimed:
+        with pytest.raises(LogCorruptError, match="does not follow"):
+            recovered(tmp_path)
+        return
+    journal, plog, offsets = recovered(tmp_path)
+    assert offsets == [0, 1, 2, 3, 4]
+    assert log_file(tmp_path).read_bytes() == b"".join(batch(i) for i in range(5))
+    journal.close(remove=False)

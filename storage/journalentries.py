@@ -1,0 +1,172 @@
+"""The journal's entries on disk (storage.journal has the design): their format, reading a segment
+back, what follows a segment's last valid entry (``report_tail``), and resolving one partition's
+entries to the run of consecutive batches recovery writes into its log (storage.log ``recover``)."""
+
+import logging
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import crc32c
+
+from storage.segments import fsync_path, write_aside
+
+log = logging.getLogger("storage.journal")  # the journal's log lines, wherever they are made
+
+ENTRY_HEADER: Final = struct.Struct(">iiI")  # length, partition, crc32c
+_SEQ_PARTITION: Final = struct.Struct(">qi")
+_BASE_OFFSET: Final = struct.Struct(">q")
+_LAST_DELTA: Final = struct.Struct(">i")  # at byte 23 of a v2 batch
+MAX_ENTRY_BYTES: Final = 1 << 30
+
+
+class JournalError(Exception):
+    """A partition's journal entries do not form a run of consecutive offsets (or do not continue its
+    log): something acknowledged is missing, and the partition must not serve from a guess."""
+
+
+def batch_offsets(batch: bytes) -> tuple[int, int]:
+    """A v2 batch's base and last offset, from its header."""
+    base = _BASE_OFFSET.unpack_from(batch, 0)[0]
+    return base, base + _LAST_DELTA.unpack_from(batch, 23)[0]
+
+
+def segment_name(seq: int) -> str:
+    return f"{seq:020d}.journal"
+
+
+def entry_crc(seq: int, partition: int, batch: bytes) -> int:
+    """Over the segment's number too: a recycled segment's old entries never pass for its new ones."""
+    crc: int = crc32c.crc32c(batch, crc32c.crc32c(_SEQ_PARTITION.pack(seq, partition)))
+    return crc  # typed here: the build type-checks without crc32c installed (setup.py), where it is Any
+
+
+def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, bytes, int]]:
+    """A segment's entries in order (partition, batch, the byte the entry ends at), up to its first
+    invalid one (or ``limit`` bytes). What follows is a torn write, zeros, or a recycled segment's
+    older entries."""
+    seq = int(path.name[:20])
+    with open(path, "rb") as f:
+        buf = f.read() if limit is None else f.read(limit)
+    pos, size = 0, len(buf)
+    while pos + ENTRY_HEADER.size <= size:
+        length, partition, crc = ENTRY_HEADER.unpack_from(buf, pos)
+        start = pos + ENTRY_HEADER.size
+        if length < 61 or length > MAX_ENTRY_BYTES or start + length > size or partition < 0:
+            break
+        batch = buf[start : start + length]
+        if entry_crc(seq, partition, batch) != crc:
+            break
+        pos = start + length
+        yield partition, batch, pos
+
+
+def report_tail(path: Path, stop: int) -> None:
+    """Logs what follows a segment's last valid entry (at byte ``stop``), left by an earlier process.
+    Zeros, a torn write or entries of the file's earlier use (a recycled segment) are a stop's usual
+    leftovers (INFO). Entries of this segment that still pass their CRC after the first invalid one
+    mean the file was damaged in its middle: not applied, since a write cut short by a crash can leave
+    its later pages on disk without its earlier ones (and was never acknowledged), but if the disk
+    damaged it, acknowledged batches are among them: an ERROR naming them, and a copy of the file
+    (``<segment>.damaged``) for the operator."""
+    seq = int(path.name[:20])
+    with open(path, "rb") as f:
+        buf = f.read()
+    rest = memoryview(buf)[stop:]
+    if not any(rest):
+        log.info("journal: %s ends with %d zero bytes after its last entry (at byte %d)", path.name, len(rest), stop)
+        return
+    reason = _entry_problem(buf, stop, seq)
+    found = _valid_entries_after(buf, stop, seq)
+    if not found:
+        log.info("journal: %s: read up to byte %d of %d, where %s (a write the process before did not finish, "
+                 "or the file's earlier use)", path.name, stop, len(buf), reason)
+        return
+    kept = _keep_damaged(path, buf)
+    ranges = "; ".join(f"partition {p}: {n} batch{'es' if n > 1 else ''}, offsets {first}-{last}"
+                       for p, (n, first, last) in sorted(found.items()))
+    log.error("journal: %s is damaged at byte %d (%s), yet valid entries of it follow (%s). They are not applied: "
+              "entries after a hole are either a write a crash cut short (never acknowledged) or acknowledged ones "
+              "the disk damaged since. Where a partition log still holds them (the process died, the machine kept "
+              "its power), recovery keeps them aside in .tr files beside the log; otherwise those commits are "
+              "lost. %s", path.name, stop, reason, ranges, kept)
+
+
+_BATCH_LENGTH: Final = struct.Struct(">i")  # at byte 8 of a v2 batch: its bytes after that field
+_MAGIC_AT: Final = ENTRY_HEADER.size + 16  # an entry's batch's magic byte (2), from the entry's start
+
+
+def _valid_entries_after(buf: bytes, stop: int, seq: int) -> dict[int, tuple[int, int, int]]:
+    """Per partition: how many entries of segment ``seq`` pass their CRC after byte ``stop``, and their
+    first and last offsets. Found at any byte, not by walking lengths (a damaged header or a zeroed
+    block must not hide what follows): a candidate has a v2 magic byte where its batch's would be
+    and a batch length agreeing with its entry's length; then its CRC decides."""
+    found: dict[int, tuple[int, int, int]] = {}
+    magic = buf.find(b"\x02", stop + _MAGIC_AT)
+    while magic >= 0:
+        at = magic - _MAGIC_AT
+        start = at + ENTRY_HEADER.size
+        length, partition, crc = ENTRY_HEADER.unpack_from(buf, at)
+        if 61 <= length <= MAX_ENTRY_BYTES and partition >= 0 and start + length <= len(buf) \
+                and _BATCH_LENGTH.unpack_from(buf, start + 8)[0] == length - 12:
+            batch = buf[start : start + length]
+            if entry_crc(seq, partition, batch) == crc:
+                base, last = batch_offsets(batch)
+                n, first, _ = found.get(partition, (0, base, base))
+                found[partition] = (n + 1, first, last)
+                magic = buf.find(b"\x02", start + length + _MAGIC_AT)
+                continue
+        magic = buf.find(b"\x02", magic + 1)
+    return found
+
+
+def _keep_damaged(path: Path, buf: bytes) -> str:
+    """A copy of a damaged segment for the operator, ``<segment>.damaged`` (numbered when an earlier
+    incident's copy has the name: sequence numbers start again after a clean stop); says where."""
+    copy, n = path.with_name(path.name + ".damaged"), 0
+    try:
+        while copy.exists():
+            if copy.read_bytes() == buf:
+                return f"The file is kept as {copy}."
+            n += 1
+            copy = path.with_name(f"{path.name}.{n}.damaged")
+        write_aside(copy, buf)
+        fsync_path(path.parent)
+    except OSError as exc:
+        return f"The file could not be copied ({exc.strerror or exc}) and goes at the next checkpoint."
+    return f"The file is kept as {copy}."
+
+
+def _entry_problem(buf: bytes, pos: int, seq: int) -> str:
+    """Why the entry at ``pos`` is not a valid one of segment ``seq`` (for the log)."""
+    if pos + ENTRY_HEADER.size > len(buf):
+        return f"{len(buf) - pos} bytes are left, less than an entry's header"
+    length, partition, _ = ENTRY_HEADER.unpack_from(buf, pos)
+    if length < 61 or length > MAX_ENTRY_BYTES or partition < 0:
+        return f"the entry's header is not valid (length {length}, partition {partition})"
+    if pos + ENTRY_HEADER.size + length > len(buf):
+        return f"the entry's {length} bytes run past the end of the file"
+    return "the entry's CRC does not match"
+
+
+def resolve(batches: list[bytes], after_gap: bool = False) -> list[bytes]:
+    """One partition's journal batches, in journal order, as the run of consecutive batches they leave:
+    a batch at an offset below the run's end replaces the run from that offset on (see the module
+    docstring). Raises JournalError on a gap or a batch starting inside another; ``after_gap``: a gap
+    starts the run again (storage.log then needs its log to hold what comes before, durably)."""
+    run: list[bytes] = []
+    ends: list[tuple[int, int]] = []
+    for batch in batches:
+        base, last = batch_offsets(batch)
+        while ends and ends[-1][0] >= base:
+            run.pop()
+            ends.pop()
+        if ends and after_gap and base > ends[-1][1] + 1:
+            run.clear()
+            ends.clear()
+        if ends and ends[-1][1] + 1 != base:
+            raise JournalError(f"journal batch at offset {base} does not follow the batch ending at {ends[-1][1]}")
+        run.append(batch)
+        ends.append((base, last))
+    return run
