@@ -68,7 +68,8 @@ def report_tail(path: Path, stop: int) -> None:
     leftovers (INFO). Entries of this segment that still pass their CRC after the first invalid one
     mean the file was damaged in its middle: not applied, since a write cut short by a crash can leave
     its later pages on disk without its earlier ones (and was never acknowledged), but if the disk
-    damaged it, acknowledged batches are among them: an ERROR naming them, and a copy of the file
+    damaged it, acknowledged batches are among them: a WARNING naming them (Kafka's level for invalid
+    batches its log recovery finds; a power cut's torn write reads the same), and a copy of the file
     (``<segment>.damaged``) for the operator."""
     seq = int(path.name[:20])
     with open(path, "rb") as f:
@@ -86,11 +87,11 @@ def report_tail(path: Path, stop: int) -> None:
     kept = _keep_damaged(path, buf)
     ranges = "; ".join(f"partition {p}: {n} batch{'es' if n > 1 else ''}, offsets {first}-{last}"
                        for p, (n, first, last) in sorted(found.items()))
-    log.error("journal: %s is damaged at byte %d (%s), yet valid entries of it follow (%s). They are not applied: "
-              "entries after a hole are either a write a crash cut short (never acknowledged) or acknowledged ones "
-              "the disk damaged since. Where a partition log still holds them (the process died, the machine kept "
-              "its power), recovery keeps them aside in .tr files beside the log; otherwise those commits are "
-              "lost. %s", path.name, stop, reason, ranges, kept)
+    log.warning("journal: %s is damaged at byte %d (%s), yet valid entries of it follow (%s). They are not "
+                "applied: entries after a hole are either a write a crash cut short (never acknowledged) or "
+                "acknowledged ones the disk damaged since. Where a partition log still holds them (the process "
+                "died, the machine kept its power), recovery keeps them aside in .tr files beside the log; "
+                "otherwise those commits are lost. %s", path.name, stop, reason, ranges, kept)
 
 
 _BATCH_LENGTH: Final = struct.Struct(">i")  # at byte 8 of a v2 batch: its bytes after that field
@@ -150,11 +151,10 @@ def _entry_problem(buf: bytes, pos: int, seq: int) -> str:
     return "the entry's CRC does not match"
 
 
-def resolve(batches: list[bytes], after_gap: bool = False) -> list[bytes]:
+def resolve(batches: list[bytes]) -> list[bytes]:
     """One partition's journal batches, in journal order, as the run of consecutive batches they leave:
-    a batch at an offset below the run's end replaces the run from that offset on (see the module
-    docstring). Raises JournalError on a gap or a batch starting inside another; ``after_gap``: a gap
-    starts the run again (storage.log then needs its log to hold what comes before, durably)."""
+    a batch at an offset below the run's end replaces the run from that offset on (storage.journal's
+    docstring). Raises JournalError on a gap or a batch starting inside another."""
     run: list[bytes] = []
     ends: list[tuple[int, int]] = []
     for batch in batches:
@@ -162,9 +162,6 @@ def resolve(batches: list[bytes], after_gap: bool = False) -> list[bytes]:
         while ends and ends[-1][0] >= base:
             run.pop()
             ends.pop()
-        if ends and after_gap and base > ends[-1][1] + 1:
-            run.clear()
-            ends.clear()
         if ends and ends[-1][1] + 1 != base:
             raise JournalError(f"journal batch at offset {base} does not follow the batch ending at {ends[-1][1]}")
         run.append(batch)

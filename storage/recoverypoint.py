@@ -71,13 +71,3 @@ def run_reaches(segments: list[Segment], claim: Claim, at: Place | None, run: li
     if base != known_base:
         return base > known_base
     return place[1] + sum(len(b) for b in run) >= known_position
-
-
-def holds_before(segments: list[Segment], claim: Claim, at: Place | None) -> bool:
-    """Whether the log's place ``at`` (None: its end), where the journal's run starts, lies within its
-    recovery point: everything the log holds before the run is then on disk."""
-    place = _end(segments, at)
-    if place is None:
-        return False
-    base = segments[place[0]].base_offset
-    return base < claim[0] or (base == claim[0] and place[1] <= claim[1])
