@@ -34,6 +34,15 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+def fill(mount: Path, leave: int) -> Path:
+    """A file taking all of ``mount``'s free space but ``leave`` bytes; delete it to free them."""
+    filler = mount / "filler"
+    free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
+    with open(filler, "wb") as f:
+        f.write(b"\0" * max(free - leave, 0))
+    return filler
+
+
 def commit_all(client: RawClient, value: int) -> dict[int, int]:
     """Commits ``value`` to every partition; returns the error code of each."""
     resp = client.call(commit_request(GROUP, {(TOPIC, p): value for p in range(PARTITIONS)}, METADATA), 8)
@@ -59,10 +68,7 @@ def test_full_disk_keeps_offsets_readable_and_commits_resume_when_space_returns(
     server.start()
     client = RawClient(server.port, timeout=30)
     try:
-        filler = small_disk / "filler"
-        free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
-        with open(filler, "wb") as f:
-            f.write(b"\0" * max(free - 1_500_000, 0))
+        filler = fill(small_disk, 1_500_000)
         acked = value = 0
         while True:
             value += 1
@@ -151,10 +157,7 @@ def test_room_freed_on_a_full_disk_is_compacted_before_writers_fill_it_again(sma
     server.start()
     client = RawClient(server.port, timeout=30)
     try:
-        filler = small_disk / "filler"
-        free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
-        with open(filler, "wb") as f:
-            f.write(b"\0" * max(free - 3_000_000, 0))
+        filler = fill(small_disk, 3_000_000)
         value = 0
         while True:  # the same keys again and again: nearly all of the log is dirty
             value += 1
