@@ -10,9 +10,9 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
 
+from coordinator.logfmt import Repeated, describe_error
 from coordinator.metrics import Metrics
-from coordinator.shard import Shard
-from coordinator.shardstate import ShardState
+from coordinator.shard import REPEAT_LOG_S, Shard
 from storage.cleaner import CleanAborted, CleanStats, clean, cleanable_count, dirty_ratio
 from storage.log import PartitionLog
 
@@ -39,6 +39,7 @@ class Compactor:
         self._clean_end = 0
         self._last_clean_ms = shard.clock.now_ms()
         self._stopping = False
+        self._trouble = Repeated(log, REPEAT_LOG_S)
 
     def stop(self) -> None:
         self._stopping = True
@@ -47,7 +48,7 @@ class Compactor:
         """Compacts closed segments when enough of the log is dirty, or when tombstones may have
         passed their delete horizon."""
         shard = self.shard
-        if shard.state is not ShardState.ACTIVE or self._stopping:
+        if not shard.compactable or self._stopping:
             return None
         loop = asyncio.get_running_loop()
         now = shard.clock.now_ms()
@@ -60,12 +61,15 @@ class Compactor:
                      shard.partition)
             return None
         except SwapFailed as exc:
-            if shard.state is ShardState.ACTIVE:
+            if shard.compactable:
                 shard.fail_write(exc)
             return None
         except Exception as exc:  # the rewrite failed before touching live files: try again next time
-            log.error("partition %d: compaction failed, the log is unchanged: %r", shard.partition, exc)
+            # every pass while a read-only partition's disk stays full: once, then at most every REPEAT_LOG_S
+            self._trouble.report(logging.ERROR, "partition %d: compaction failed, the log is unchanged: %s",
+                                 shard.partition, describe_error(exc))
             return None
+        self._trouble.reset()
         if stats is not None:
             self._metrics.log_cleaned(shard.partition, stats)
             log.info("partition %d: compacted %d segments into %d, %d -> %d bytes, %d records kept, %d dropped",
@@ -75,7 +79,7 @@ class Compactor:
 
     def _compact_if_due(self, now: int, delete_retention_ms: int) -> CleanStats | None:
         plog = self.shard.log
-        if self.shard.state is not ShardState.ACTIVE or not cleanable_count(plog):
+        if not self.shard.compactable or not cleanable_count(plog):
             return None
         dirty = dirty_ratio(plog, self._clean_end) >= MIN_CLEANABLE_DIRTY_RATIO
         if not dirty and now - self._last_clean_ms < delete_retention_ms:
@@ -90,7 +94,7 @@ class Compactor:
         shard = self.shard
 
         def guarded(swap: Callable[[], None]) -> None:
-            if shard.log is not plog or shard.state is not ShardState.ACTIVE or self._stopping:
+            if shard.log is not plog or not shard.compactable or self._stopping:
                 raise SwapRefused()
             try:
                 swap()

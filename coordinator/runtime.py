@@ -188,7 +188,7 @@ class Runtime:
                           self._open_log)
             groups = GroupHooks(shard, self.group_config, self.metrics)
             shard.hooks = groups
-            shard.writable_again = self._clean_soon.set
+            shard.wake_cleaner = self._clean_soon.set
             self.shards.append(shard)
             self.groups.append(groups)
             self.compactors.append(Compactor(shard, self._cleaner_thread, self.metrics))
@@ -224,10 +224,11 @@ class Runtime:
                  states[_SHARD_READ_ONLY], states[_SHARD_FAILED])
 
     async def _clean_periodically(self) -> None:
-        """Kafka's cleaner backoff: look at every partition each interval; each shard decides. Sooner
-        once a partition finds its disk writable again (after the other partitions' probes have had a
-        turn): compaction is what gives a full disk room back, and writers filled the freed room
-        within seconds, long before the next pass (a fault campaign's find)."""
+        """Kafka's cleaner backoff: look at every partition each interval; each shard decides. Sooner (a
+        second after, so the other partitions' probes and reloads have had a turn) once a partition's
+        write fails, its log cannot be written for want of room, or its writes work again after
+        failing: compaction is what gives a full disk room back, and writers filled freed room within
+        seconds, long before the next pass (a fault campaign's find)."""
         while True:
             try:
                 await asyncio.wait_for(self._clean_soon.wait(), self.config.log_cleaner_backoff_ms / 1000)

@@ -130,8 +130,9 @@ class Shard:
         self._task: asyncio.Task[None] | None = None  # the running reload or probe, kept referenced
         self._trouble = Repeated(log, REPEAT_LOG_S)
         self._tail_dirty = False  # READ_ONLY with an unacknowledged tail still on disk
-        # Writes work again after failing (a full disk, say): the runtime's cleaner looks soon (coordinator.runtime)
-        self.writable_again: Callable[[], None] = lambda: None
+        # The runtime's cleaner looks soon (coordinator.runtime) when a write fails, the log cannot be
+        # written for want of room, or writes work again after failing: compaction gives room back
+        self.wake_cleaner: Callable[[], None] = lambda: None
         self._write_failed = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -353,7 +354,7 @@ class Shard:
         self._metrics.batch_flushed(self.partition, len(batch.entries), outcome, time.perf_counter() - started)
         if self._write_failed:
             self._write_failed = False
-            self.writable_again()
+            self.wake_cleaner()
         if self._parked and self._pending_records() < SLICES_AHEAD:
             self._resume_parked()
 
@@ -367,6 +368,7 @@ class Shard:
     def fail_write(self, exc: BaseException) -> None:
         self.log.refused = True  # its batches not yet journaled are never acknowledged: keep them out
         self._write_failed = True
+        self.wake_cleaner()  # a full disk, likely
         log.error("partition %d: write failed (%s); failing the requests waiting on it, dropping what was not "
                   "durable and reloading", self.partition, describe_error(exc))
         self._metrics.write_failed(self.partition)
@@ -496,6 +498,13 @@ class Shard:
         if copy is not None:
             log.error("partition %d: its journal batches are kept in %s for the repair", self.partition, copy)
 
+    @property
+    def compactable(self) -> bool:
+        """Serving (ACTIVE), or READ_ONLY for want of room with its log as loaded (no tail left to cut,
+        no journal run to write): compaction then gives a full disk room back, where nothing else would
+        (a fault campaign's disk stayed full with every partition read-only)."""
+        return self.state is _SHARD_ACTIVE or (self.state is _SHARD_READ_ONLY and not self._tail_dirty)
+
     def reload_before_writing(self) -> None:
         """A read-only partition whose log may have lost pages (a failed checkpoint): it reloads (from
         the journal) before it writes again, not straight back to ACTIVE."""
@@ -511,6 +520,7 @@ class Shard:
             log.error("partition %d: its log cannot be written (%s): serving reads only, commits to its groups "
                       "get NOT_COORDINATOR until writing works again (checked every %.0f s)",
                       self.partition, problem, PROBE_INTERVAL_S)
+            self.wake_cleaner()
             self._task = asyncio.get_running_loop().create_task(self._probe_until_writable())
 
     def _probe(self) -> str | None:

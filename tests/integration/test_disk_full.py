@@ -182,3 +182,40 @@ def test_room_freed_on_a_full_disk_is_compacted_before_writers_fill_it_again(sma
         assert server.stop() == 0
     finally:
         server.kill() if server.proc is not None and server.proc.poll() is None else None
+
+
+def test_a_disk_its_own_log_filled_is_compacted_back_to_room_without_an_operator(small_disk: Path,
+                                                                                  report: Report) -> None:
+    """Fault campaign: once kcoord's own log had filled the disk and every partition was read-only,
+    nothing compacted (only serving partitions were), so the disk stayed full until an operator freed
+    space, though nearly all of it was superseded offsets. A partition read-only for want of room is
+    compacted now, and the cleaner looks as soon as a write fails (here its backoff is an hour)."""
+    data = small_disk / "data"
+    server = KcoordProcess(data, "--offsets-partitions", "4", "--segment-bytes", "65536",
+                           "--log-cleaner-backoff-ms", "3600000")
+    server.log_path = small_disk.parent / "kcoord.log"
+    server.start()
+    client = RawClient(server.port, timeout=30)
+    try:
+        fill(small_disk, 3_000_000)
+        value = acked = 0
+        refused_at: float | None = None
+        while True:  # the same keys again and again, with nobody freeing anything
+            value += 1
+            errors = commit_all(client, value)
+            if set(errors.values()) == {0}:
+                acked = value
+                if refused_at is not None:
+                    break
+                continue
+            assert set(errors.values()) <= RETRIABLE | {0}, errors
+            refused_at = refused_at or time.monotonic()
+            assert time.monotonic() - refused_at < 60, "commits never resumed on the full disk"
+            time.sleep(0.05)
+        report.figure("commits resuming on a disk the log filled", (time.monotonic() - refused_at) * 1000, "ms")
+        assert "compacted" in server.log()
+        assert set(fetch_all(client, time.monotonic() + 30).values()) == {acked}
+        client.close()
+        assert server.stop() == 0
+    finally:
+        server.kill() if server.proc is not None and server.proc.poll() is None else None
