@@ -13,6 +13,7 @@ from concurrent.futures import Executor
 from coordinator.logfmt import Repeated, describe_error
 from coordinator.metrics import Metrics
 from coordinator.shard import REPEAT_LOG_S, Shard
+from coordinator.shardstate import ShardState
 from storage.cleaner import CleanAborted, CleanStats, clean, cleanable_count, dirty_ratio
 from storage.log import PartitionLog
 
@@ -57,12 +58,16 @@ class Compactor:
         except CleanAborted:
             return None
         except SwapRefused:
-            log.info("partition %d: compaction abandoned, the partition was reloaded or closed meanwhile",
-                     shard.partition)
+            log.info("partition %d: compaction abandoned, the partition was reloaded or closed, or the journal "
+                     "keeps segments for a recovery, meanwhile", shard.partition)
             return None
         except SwapFailed as exc:
-            if shard.compactable:
+            if shard.state is ShardState.ACTIVE:
                 shard.fail_write(exc)
+            elif shard.compactable:  # read-only: reloads (the reopen finishes the swap) once the disk has room
+                log.error("partition %d: compaction's swap failed (%s); reloading once its log can be written",
+                          shard.partition, exc)
+                shard.reload_before_writing()
             return None
         except Exception as exc:  # the rewrite failed before touching live files: try again next time
             # every pass while a read-only partition's disk stays full: once, then at most every REPEAT_LOG_S
@@ -79,7 +84,7 @@ class Compactor:
 
     def _compact_if_due(self, now: int, delete_retention_ms: int) -> CleanStats | None:
         plog = self.shard.log
-        if not self.shard.compactable or not cleanable_count(plog):
+        if not self.shard.compactable or _journal_holds(plog) or not cleanable_count(plog):
             return None
         dirty = dirty_ratio(plog, self._clean_end) >= MIN_CLEANABLE_DIRTY_RATIO
         if not dirty and now - self._last_clean_ms < delete_retention_ms:
@@ -94,7 +99,7 @@ class Compactor:
         shard = self.shard
 
         def guarded(swap: Callable[[], None]) -> None:
-            if shard.log is not plog or not shard.compactable or self._stopping:
+            if shard.log is not plog or not shard.compactable or _journal_holds(plog) or self._stopping:
                 raise SwapRefused()
             try:
                 swap()
@@ -105,3 +110,11 @@ class Compactor:
             shard.writer.submit(guarded, swap).result()
 
         return run
+
+
+def _journal_holds(plog: PartitionLog) -> bool:
+    """The journal keeps segments for a partition yet to recover: a crash now would replay them whole,
+    into every log, so none may be compacted (a merged log failed its partition at the next start, "no
+    segment at or after the recovery point": a fault campaign's find, once the cleaner ran within a
+    second of a start on a full disk)."""
+    return plog.journal is not None and plog.journal.holding

@@ -1,0 +1,90 @@
+"""Compaction of a shard's log (coordinator.compaction) where the disk is full or the journal keeps
+segments for a recovery: real runtimes, real files, faults injected through the log factory."""
+
+import asyncio
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.shardstate import ShardState
+from tests.coordinator.harness import OK, Faults, append, commit, config, started, stop, wait_state
+from tests.coordinator.test_journal_mode import journal_config
+from tests.coordinator.test_journal_mode import started as started_journal
+
+
+async def _superseded(shard: Any, rounds: int) -> None:
+    """The same four offsets committed ``rounds`` times: nearly all of the log is superseded."""
+    for r in range(rounds):
+        assert await append(shard, [commit("g", p, r * 10 + p) for p in range(4)]) == OK
+
+
+async def test_a_read_only_partition_whose_swap_fails_reloads_once_the_disk_has_room(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review's find: a swap failing part-way on a partition read-only for want of room failed it for
+    good (no reload started: its task was the probe loop, which then ended), refusing reads too."""
+    faults = Faults()
+    runtime = await started(config(tmp_path, segment_bytes=2048), faults.factory)
+    shard = runtime.shards[0]
+    await _superseded(shard, 40)
+    faults.disk_full = True
+    assert await append(shard, [commit("g", 0, 9999)]) != OK
+    await wait_state(shard, ShardState.READ_ONLY)
+    assert shard.compactable
+    real_replace = os.replace
+
+    def swap_fails(src: Any, dst: Any, *args: Any, **kw: Any) -> None:
+        if str(dst).endswith(".swap"):
+            raise OSError(errno.ENOSPC, "No space left on device (injected in the swap)")
+        real_replace(src, dst, *args, **kw)
+
+    monkeypatch.setattr(os, "replace", swap_fails)  # storage.cleaner's
+    assert await runtime.compactors[0].compact(60_000) is None
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert shard.state is ShardState.READ_ONLY and not shard.compactable  # still serving reads
+    assert shard.data.committed("g", "t", 0) is not None
+    faults.disk_full = False
+    await wait_state(shard, ShardState.ACTIVE)  # the probe finds room: a reload, then writes
+    assert await append(shard, [commit("g", 0, 10_000)]) == OK
+    await stop(runtime)
+
+
+async def test_no_log_is_compacted_while_the_journal_keeps_segments_for_a_recovery(tmp_path: Path) -> None:
+    """A fault campaign's find: a crash while the journal keeps segments for a partition yet to recover
+    (its run not written on a full disk) replays them whole into every log, and a log compacted
+    meanwhile then failed its partition at the start ("no segment at or after the recovery point")."""
+    runtime = await started_journal(journal_config(tmp_path, partitions=2, segment_bytes=2048))
+    shard = runtime.shards[0]
+    await _superseded(shard, 40)
+    journal, checkpointer = runtime.journal, runtime.checkpointer
+    assert journal is not None and checkpointer is not None
+    assert await checkpointer.checkpoint()  # the logs synced: compactable from here on
+    segments = [seg.path.name for seg in shard.log.segments]
+    journal.recovering(1)  # partition 1 recovers (as if its run could not be written yet)
+    assert journal.holding
+    assert await runtime.compactors[0].compact(60_000) is None
+    assert [seg.path.name for seg in shard.log.segments] == segments
+    journal.applied(1)
+    stats = await runtime.compactors[0].compact(60_000)
+    assert stats is not None and stats.records_dropped > 0
+    await stop(runtime)
+
+
+async def test_a_partition_read_only_for_want_of_room_is_compacted_soon(tmp_path: Path) -> None:
+    """The cleaner looks a second after a write fails or a partition turns read-only for want of room,
+    not only every backoff (an hour here), and compacts it read-only as it is."""
+    faults = Faults()
+    runtime = await started(config(tmp_path, segment_bytes=2048, log_cleaner_backoff_ms=3_600_000), faults.factory)
+    shard = runtime.shards[0]
+    await _superseded(shard, 40)
+    faults.disk_full = True
+    assert await append(shard, [commit("g", 0, 9999)]) != OK
+    await wait_state(shard, ShardState.READ_ONLY)
+    deadline = asyncio.get_running_loop().time() + 10
+    while len(shard.log.segments) > 3:  # compacted, read-only as it is
+        assert asyncio.get_running_loop().time() < deadline, [s.path.name for s in shard.log.segments]
+        await asyncio.sleep(0.05)
+    assert shard.state is ShardState.READ_ONLY
+    await stop(runtime)
