@@ -189,7 +189,9 @@ def test_a_disk_its_own_log_filled_is_compacted_back_to_room_without_an_operator
     """Fault campaign: once kcoord's own log had filled the disk and every partition was read-only,
     nothing compacted (only serving partitions were), so the disk stayed full until an operator freed
     space, though nearly all of it was superseded offsets. A partition read-only for want of room is
-    compacted now, and the cleaner looks as soon as a write fails (here its backoff is an hour)."""
+    compacted now, and the cleaner looks as soon as a write fails (here its backoff is an hour). Not
+    while the journal keeps segments for a partition whose run cannot be written back (README, Full
+    disk), which one client's commits to one group do not bring about here."""
     data = small_disk / "data"
     server = KcoordProcess(data, "--offsets-partitions", "4", "--segment-bytes", "65536",
                            "--log-cleaner-backoff-ms", "3600000")
