@@ -266,7 +266,8 @@ class PartitionLog:
             if same < len(data):
                 aside = aside_path(path, start + same)
                 write_aside(aside, data[same:])
-                log.warning("%s: %d bytes from byte %d on are not what the journal holds, which replaces them; "
+                log.warning("%s: %d bytes from byte %d on are not what the journal holds (batches never "
+                            "acknowledged, or an older version of offsets written again), which replaces them; "
                             "kept in %s", path, len(data) - same, start + same, aside.name)
         with open(seg.path, "r+b") as f:
             f.truncate(position)
