@@ -34,6 +34,18 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+# Small segments to compact, and a cleaner backoff of an hour: what compacts within the tests is woken.
+COMPACTING = ("--segment-bytes", "65536", "--log-cleaner-backoff-ms", "3600000")
+
+
+def started_on(mount: Path, *extra: str) -> KcoordProcess:
+    """kcoord with its data directory on ``mount`` (``data``) and its own log beside it, not on it."""
+    server = KcoordProcess(mount / "data", "--offsets-partitions", "4", *extra)
+    server.log_path = mount.parent / "kcoord.log"  # the log must not land on the full disk
+    server.start()
+    return server
+
+
 def fill(mount: Path, leave: int) -> Path:
     """A file taking all of ``mount``'s free space but ``leave`` bytes; delete it to free them."""
     filler = mount / "filler"
@@ -62,10 +74,7 @@ def fetch_all(client: RawClient, deadline: float) -> dict[int, int]:
 
 def test_full_disk_keeps_offsets_readable_and_commits_resume_when_space_returns(small_disk: Path,
                                                                                report: Report) -> None:
-    data = small_disk / "data"
-    server = KcoordProcess(data, "--offsets-partitions", "4")
-    server.log_path = small_disk.parent / "kcoord.log"  # the log must not land on the full disk
-    server.start()
+    server = started_on(small_disk)
     client = RawClient(server.port, timeout=30)
     try:
         filler = fill(small_disk, 1_500_000)
@@ -109,9 +118,7 @@ def test_a_restart_on_a_full_disk_with_torn_tails_serves_reads_then_recovers(sma
     """Fault campaign D4: restarted with no space and torn tails to set aside, partitions stayed FAILED
     and empty .tr files piled up. Now: reads are served, and writes resume once space is freed."""
     data = small_disk / "data"
-    server = KcoordProcess(data, "--offsets-partitions", "4")
-    server.log_path = small_disk.parent / "kcoord.log"
-    server.start()
+    server = started_on(small_disk)
     client = RawClient(server.port, timeout=30)
     assert set(commit_all(client, 7).values()) == {0}
     client.close()
@@ -151,10 +158,7 @@ def test_room_freed_on_a_full_disk_is_compacted_before_writers_fill_it_again(sma
     seconds, long before the cleaner's next look (every 15 s), so compaction never gave any back. A
     partition finding its disk writable again now wakes the cleaner (here its backoff is an hour)."""
     data = small_disk / "data"
-    server = KcoordProcess(data, "--offsets-partitions", "4", "--segment-bytes", "65536",
-                           "--log-cleaner-backoff-ms", "3600000")
-    server.log_path = small_disk.parent / "kcoord.log"
-    server.start()
+    server = started_on(small_disk, *COMPACTING)
     client = RawClient(server.port, timeout=30)
     try:
         filler = fill(small_disk, 3_000_000)
@@ -192,11 +196,7 @@ def test_a_disk_its_own_log_filled_is_compacted_back_to_room_without_an_operator
     compacted now, and the cleaner looks as soon as a write fails (here its backoff is an hour). Not
     while the journal keeps segments for a partition whose run cannot be written back (README, Full
     disk), which one client's commits to one group do not bring about here."""
-    data = small_disk / "data"
-    server = KcoordProcess(data, "--offsets-partitions", "4", "--segment-bytes", "65536",
-                           "--log-cleaner-backoff-ms", "3600000")
-    server.log_path = small_disk.parent / "kcoord.log"
-    server.start()
+    server = started_on(small_disk, *COMPACTING)
     client = RawClient(server.port, timeout=30)
     try:
         fill(small_disk, 3_000_000)
