@@ -151,7 +151,7 @@ class Runtime:
         self.compactors: list[Compactor] = []
         self._loads: list[asyncio.Task[None]] = []
         self._cleaner: asyncio.Task[None] | None = None
-        self._clean_soon = asyncio.Event()  # set when a partition's disk is writable again
+        self._clean_soon = asyncio.Event()  # set by a shard's wake_cleaner (a failed write, a full disk)
         self._load_report: asyncio.Task[None] | None = None
         self._lock: int | None = None  # the data directory's lock, held until stopped (storage.dirlock)
         self.journal: Journal | None = None  # --sync-mode journal (storage.journal)

@@ -21,9 +21,9 @@ Layout: ``<data-dir>/journal/<20-digit sequence>.journal``, each a run of entrie
 A segment ends at its first entry that is not whole and valid (a torn write, zeros): nothing after it
 is read. A segment that had a failed write or sync is never appended to again (the next cycle starts
 a new one), so an acknowledged entry never sits behind a hole, unless the disk damaged the file since:
-the start logs what follows each segment's last valid entry (``report_tail``), as an ERROR with a copy
-of the file when valid entries follow a damaged one (Kafka's log recovery also truncates at the first
-invalid batch, with a warning).
+the start logs what follows each segment's last valid entry (storage.journalentries ``report_tail``), as
+a WARNING with a copy of the file when valid entries follow a damaged one (Kafka's log recovery also
+truncates at the first invalid batch, with a warning).
 
 Recovery (storage.log ``recover``): each partition's entries, in journal order, resolve to one run of
 consecutive batches (an entry at an offset below the run's end replaces the run from there: the log

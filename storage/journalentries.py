@@ -42,6 +42,11 @@ def entry_crc(seq: int, partition: int, batch: bytes) -> int:
     return crc  # typed here: the build type-checks without crc32c installed (setup.py), where it is Any
 
 
+def _plausible(length: int, partition: int) -> bool:
+    """An entry header that could be one: a whole v2 batch's length (61 bytes at least), a partition."""
+    return 61 <= length <= MAX_ENTRY_BYTES and partition >= 0
+
+
 def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, bytes, int]]:
     """A segment's entries in order (partition, batch, the byte the entry ends at), up to its first
     invalid one (or ``limit`` bytes). What follows is a torn write, zeros, or a recycled segment's
@@ -53,7 +58,7 @@ def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, by
     while pos + ENTRY_HEADER.size <= size:
         length, partition, crc = ENTRY_HEADER.unpack_from(buf, pos)
         start = pos + ENTRY_HEADER.size
-        if length < 61 or length > MAX_ENTRY_BYTES or start + length > size or partition < 0:
+        if not _plausible(length, partition) or start + length > size:
             break
         batch = buf[start : start + length]
         if entry_crc(seq, partition, batch) != crc:
@@ -109,7 +114,7 @@ def _valid_entries_after(buf: bytes, stop: int, seq: int) -> dict[int, tuple[int
         at = magic - _MAGIC_AT
         start = at + ENTRY_HEADER.size
         length, partition, crc = ENTRY_HEADER.unpack_from(buf, at)
-        if 61 <= length <= MAX_ENTRY_BYTES and partition >= 0 and start + length <= len(buf) \
+        if _plausible(length, partition) and start + length <= len(buf) \
                 and _BATCH_LENGTH.unpack_from(buf, start + 8)[0] == length - 12:
             batch = buf[start : start + length]
             if entry_crc(seq, partition, batch) == crc:
@@ -144,7 +149,7 @@ def _entry_problem(buf: bytes, pos: int, seq: int) -> str:
     if pos + ENTRY_HEADER.size > len(buf):
         return f"{len(buf) - pos} bytes are left, less than an entry's header"
     length, partition, _ = ENTRY_HEADER.unpack_from(buf, pos)
-    if length < 61 or length > MAX_ENTRY_BYTES or partition < 0:
+    if not _plausible(length, partition):
         return f"the entry's header is not valid (length {length}, partition {partition})"
     if pos + ENTRY_HEADER.size + length > len(buf):
         return f"the entry's {length} bytes run past the end of the file"

@@ -33,12 +33,6 @@ def read_claim(directory: Path) -> Claim:
         return -1, 0
 
 
-def _end(segments: list[Segment], at: Place | None) -> Place | None:
-    if at is not None:
-        return at
-    return (len(segments) - 1, segments[-1].size) if segments else None
-
-
 def short_of(segments: list[Segment], claim: Claim) -> str | None:
     """Why the log ends before its recovery point, or None: its newest segments removed, or the active
     one cut short at a batch boundary (which reads as a clean end). Served, acknowledged commits would
@@ -64,10 +58,11 @@ def run_reaches(segments: list[Segment], claim: Claim, at: Place | None, run: li
     known_base, known_position = claim
     if known_base < 0:
         return True
-    place = _end(segments, at)
-    if place is None:
-        return False
-    base = segments[place[0]].base_offset
+    if at is None:
+        if not segments:
+            return False
+        at = (len(segments) - 1, segments[-1].size)
+    base = segments[at[0]].base_offset
     if base != known_base:
         return base > known_base
-    return place[1] + sum(len(b) for b in run) >= known_position
+    return at[1] + sum(len(b) for b in run) >= known_position
