@@ -28,17 +28,17 @@ from typing import Any, Final, NamedTuple
 from mypy_extensions import mypyc_attr
 
 from coordinator.flusher import Flusher, FlushOutcome
-from coordinator.gcpause import freeze_loaded, gc_paused
+from coordinator.loader import LoadCancelled, replay_log
 from coordinator.logfmt import Repeated, describe_error
 from coordinator.metrics import Metrics
 from coordinator.pending import Batch, Flush
 from coordinator.request import Fixup, Request, ShardUnavailable
 from coordinator.shardstate import ALLOWED_FROM, READ_ERRORS, WRITE_ERRORS, ShardState
-from coordinator.state import NO_PRODUCER, ShardData
+from coordinator.state import ShardData
 from coordinator.timers import Clock, Timers
 from protocol.errors import ErrorCode
 from protocol.records import LiveRecord, RecordError, encode_record
-from storage.batch import COMMIT, BatchError, decode_runs
+from storage.batch import BatchError
 from storage.batchwriter import Entry
 from storage.log import LogCorruptError, PartitionLog, TailNotCut
 
@@ -49,7 +49,6 @@ APPEND_SLICE: Final = 1024  # records replayed per loop pass for a huge operatio
 # loop replays faster than the writer appends, and unbounded, one flush cycle would take on tens of
 # thousands of records (~130 ms measured) that every other partition's commit then waits behind.
 SLICES_AHEAD: Final = 2 * APPEND_SLICE
-GC_FREEZE_EVERY: Final = 50_000  # records loaded between gc.freeze() calls
 RETRY_BACKOFF_S: Final = 0.5
 RETRY_BACKOFF_MAX_S: Final = 30.0
 PROBE_INTERVAL_S = 1.0  # how soon a READ_ONLY partition notices the disk is writable again
@@ -91,10 +90,6 @@ class ShardHooks:
 
     def on_unloaded(self, shard: "Shard") -> None:
         pass
-
-
-class LoadCancelled(Exception):
-    pass
 
 
 class Shard:
@@ -435,7 +430,8 @@ class Shard:
             data = ShardData()
             started = time.perf_counter()
             try:
-                records = await loop.run_in_executor(self._loader, self._replay_log, data, durable_only)
+                records = await loop.run_in_executor(self._loader, replay_log, self.partition, self.log, data,
+                                                     durable_only, self._is_closing)
             except LoadCancelled:
                 return
             except TailNotCut as torn:  # each handler its own name: compiled, one name holds one type
@@ -547,30 +543,8 @@ class Shard:
                 return
             trouble.report(logging.WARNING, "partition %d: still cannot write its log (%s)", self.partition, problem)
 
-    def _replay_log(self, data: ShardData, durable_only: bool = False) -> int:
-        """Loader thread: the same ``replay`` as the live path, for every record read back, with the
-        collector paused and what has been loaded frozen as it grows (coordinator/gcpause.py)."""
-        records = unknown = 0
-        frozen_at = 0
-        with gc_paused():
-            for batch in (self.log.read_durable(True) if durable_only else self.log.recover(True)):
-                if self._closing:
-                    raise LoadCancelled()
-                if records - frozen_at >= GC_FREEZE_EVERY:
-                    freeze_loaded()
-                    frozen_at = records
-                if batch.control_type is not None:
-                    data.replay_end_transaction(batch.producer_id, batch.control_type == COMMIT)
-                    continue
-                producer = batch.producer_id if batch.is_transactional else NO_PRODUCER
-                runs, skipped = (batch.runs, batch.unknown) if batch.runs is not None else decode_runs(batch.records)
-                for start, run in runs:
-                    data.replay_records(start, run, producer)
-                    records += len(run)
-                unknown += skipped
-        if unknown:
-            log.warning("partition %d: skipped %d records of types kcoord does not model", self.partition, unknown)
-        return records
+    def _is_closing(self) -> bool:
+        return self._closing
 
     # -- shutdown ------------------------------------------------------------------------------
 
