@@ -128,7 +128,11 @@ class Shard:
         # The runtime's cleaner looks soon (coordinator.runtime) when a write fails, the log cannot be
         # written for want of room, or writes work again after failing: compaction gives room back
         self.wake_cleaner: Callable[[], None] = lambda: None
-        self._write_failed = False
+        self._write_failed = False  # set from a failed write until the next flush that succeeds
+        # A disk that stays full makes a partition fail, reload read-only, find room and fail again every
+        # few seconds: each of its two ERROR lines once, then once a minute, until a flush succeeds.
+        self._failed_writes = Repeated(log, REPEAT_LOG_S)
+        self._unwritable = Repeated(log, REPEAT_LOG_S)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -349,6 +353,8 @@ class Shard:
         self._metrics.batch_flushed(self.partition, len(batch.entries), outcome, time.perf_counter() - started)
         if self._write_failed:
             self._write_failed = False
+            self._failed_writes.reset()
+            self._unwritable.reset()
             self.wake_cleaner()
         if self._parked and self._pending_records() < SLICES_AHEAD:
             self._resume_parked()
@@ -364,8 +370,9 @@ class Shard:
         self.log.refused = True  # its batches not yet journaled are never acknowledged: keep them out
         self._write_failed = True
         self.wake_cleaner()  # a full disk, likely
-        log.error("partition %d: write failed (%s); failing the requests waiting on it, dropping what was not "
-                  "durable and reloading", self.partition, describe_error(exc))
+        self._failed_writes.report(logging.ERROR, "partition %d: write failed (%s); failing the requests waiting on "
+                                   "it, dropping what was not durable and reloading", self.partition,
+                                   describe_error(exc))
         self._metrics.write_failed(self.partition)
         if not self._transition(_SHARD_FAILED):
             self._fail_pending(_ERR_NOT_COORDINATOR)
@@ -513,9 +520,10 @@ class Shard:
             self._transition(_SHARD_ACTIVE)
             return
         if self._transition(_SHARD_READ_ONLY):
-            log.error("partition %d: its log cannot be written (%s): serving reads only, commits to its groups "
-                      "get NOT_COORDINATOR until writing works again (checked every %.0f s)",
-                      self.partition, problem, PROBE_INTERVAL_S)
+            self._unwritable.report(logging.ERROR, "partition %d: its log cannot be written (%s): serving reads only, "
+                                    "commits to its groups get NOT_COORDINATOR until writing works again (checked "
+                                    "every %.0f s)", self.partition, problem, PROBE_INTERVAL_S)
+            self._write_failed = True  # the first flush once room is back resets the reports and wakes the cleaner
             self.wake_cleaner()
             self._task = asyncio.get_running_loop().create_task(self._probe_until_writable())
 

@@ -240,6 +240,31 @@ async def test_a_tail_that_cannot_be_cut_still_serves_the_durable_part_read_only
     await stop(runtime)
 
 
+async def test_repeated_write_failures_are_logged_once_until_a_write_succeeds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A disk that stays nearly full fails a partition's writes again after every reload: one ERROR
+    line (then one a minute), not one per failure, for each of 50 partitions; a write that succeeds
+    ends the incident, so the next failure is logged at once."""
+    faults = Faults()
+    runtime = await started(config(tmp_path), faults.factory)
+    shard = runtime.shards[0]
+
+    def failures_logged() -> int:
+        return sum("write failed" in r.getMessage() for r in caplog.records)
+
+    for _ in range(3):
+        faults.fail_next_sync = True
+        assert await append(shard, [commit("g", 0, 2)]) == ErrorCode.NOT_COORDINATOR
+        await wait_state(shard, ShardState.ACTIVE)
+    assert failures_logged() == 1
+    assert await append(shard, [commit("g", 0, 3)]) == OK
+    faults.fail_next_sync = True
+    assert await append(shard, [commit("g", 0, 4)]) == ErrorCode.NOT_COORDINATOR
+    assert failures_logged() == 2
+    await stop(runtime)
+
+
 async def test_close_racing_a_reload_ends_closed(tmp_path: Path) -> None:
     faults = Faults()
     runtime = await started(config(tmp_path), faults.factory)
