@@ -5,6 +5,7 @@ runs the Spark jobs over an offsets log (pipeline/cli.py)."""
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import importlib
 import logging
@@ -12,6 +13,7 @@ import os
 import resource
 import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -126,6 +128,20 @@ def _check_builds() -> None:
         log.exception("could not check whether the compiled modules are up to date")
 
 
+async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> None:
+    """Runs ``work`` until it ends or ``stop`` is set (then cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((task, stopping), return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    elif (failed := task.exception()) is not None:
+        raise failed
+
+
 async def serve(config: Config, event_loop: str = "asyncio") -> int:
     tune_interpreter()
     runtime = Runtime(config)
@@ -141,18 +157,19 @@ async def serve(config: Config, event_loop: str = "asyncio") -> int:
         gateway = Gateway(server, config, GatewayMetrics())
         exporter.registry.register(gateway.metrics)
         server.gateway = gateway
-    await server.start()
-    if gateway is not None:
-        await gateway.start()
-    exporter.start()
-    if config.metrics_listen is not None:
-        log.info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)", host, port)
     loop = asyncio.get_running_loop()
-    loop.run_in_executor(None, _check_builds)
-    after_load = loop.create_task(_when_loaded(runtime))
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: the JVM's shutdown too, as Kafka's
         loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    exporter.start()
+    if config.metrics_listen is not None:
+        log.info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)", host, port)
+    loop.run_in_executor(None, _check_builds)
+    after_load = loop.create_task(_when_loaded(runtime))
+    if gateway is not None:
+        # Up to 10 s while the upstream does not answer: health checks and a stop are served meanwhile.
+        await _unless_stopped(gateway.start(), stop)
     await stop.wait()
     log.info("signal received: stopping (no new requests; pending writes get %d ms to finish)",
              config.shutdown_timeout_ms)

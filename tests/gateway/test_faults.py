@@ -5,6 +5,7 @@ listener meanwhile, and clients must recover by themselves once the broker is ba
 import socket
 import struct
 import time
+import urllib.request
 from pathlib import Path
 
 import confluent_kafka as ck
@@ -15,7 +16,7 @@ from kafka import KafkaAdminClient
 from tests.gateway.cable import Cable
 from tests.gateway.conftest import Member, node_ports, relayed_apis, scrape, start_gateway, wait_all
 from tests.gateway.mock_cluster import MockCluster
-from tests.kcoord_process import KcoordProcess
+from tests.kcoord_process import KcoordProcess, free_port
 from tests.tansu_process import TansuProcess
 
 PARTITIONS = 4
@@ -243,3 +244,24 @@ def test_stalled_broker_times_out(tmp_path: Path) -> None:
         kcoord.stop()
         tansu.stop()
         cable.close()
+
+
+def test_stop_and_health_are_served_while_the_upstream_has_not_answered_yet(tmp_path: Path) -> None:
+    """With the upstream down at start-up, kcoord waits up to 10 s for its first answer before it takes
+    the cluster's view; meanwhile /healthz answers and SIGTERM stops it cleanly (before, neither the
+    metrics listener nor the signal handlers were set up until that wait ended: SIGTERM killed it
+    with exit 143, leaving its journal behind)."""
+    nothing = free_port()  # nothing listens there
+    kcoord = start_gateway(tmp_path, f"127.0.0.1:{nothing}")
+    try:
+        started = time.monotonic()
+        with urllib.request.urlopen(kcoord.metrics_url + "/healthz", timeout=5) as response:
+            assert response.status == 200
+        assert time.monotonic() - started < 5  # well within the upstream wait
+        assert "upstream" in kcoord.log_since_start()  # still trying
+        assert kcoord.stop(timeout=8) == 0
+        assert "kcoord stopped" in kcoord.log_since_start()
+        assert not any((tmp_path / "data" / "journal").iterdir())  # a clean stop leaves no journal
+    finally:
+        if kcoord.proc is not None and kcoord.proc.poll() is None:
+            kcoord.kill()
