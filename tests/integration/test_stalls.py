@@ -7,9 +7,21 @@ import socket
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from kafka.protocol.consumer.group import OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse
+from kafka.protocol.admin import (
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+)
+from kafka.protocol.consumer.group import (
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+)
 
 from protocol.codec import MessageCodec
 from protocol.schema import load_message
@@ -175,3 +187,50 @@ def test_a_fetch_of_100k_groups_does_not_freeze_others(server: KcoordProcess, re
     resp = OffsetFetchResponse.decode(answer[5:], version=8)
     assert len(resp.groups) == 100_000 and {g.error_code for g in resp.groups} == {0}
     report.figure("bystander worst round trip during an OffsetFetch of 100k groups", bystander.worst_ms(), "ms")
+
+
+def _encoded(req: Any, version: int, correlation_id: int) -> bytes:
+    req.with_header(correlation_id=correlation_id, client_id="x")
+    return bytes(req.encode(version=version, header=True, framed=True))
+
+
+def _commit(group: str, correlation_id: int) -> bytes:
+    topic = OffsetCommitRequest.OffsetCommitRequestTopic
+    req = OffsetCommitRequest(group_id=group, generation_id_or_member_epoch=-1, member_id="", retention_time_ms=-1,
+                              topics=[topic(name="t", partitions=[
+                                  topic.OffsetCommitRequestPartition(partition_index=0, committed_offset=5,
+                                                                     committed_metadata="")])])
+    return _encoded(req, 2, correlation_id)
+
+
+def test_describe_and_delete_of_many_groups_are_answered_in_slices(server: KcoordProcess, report: Report) -> None:
+    """Fuzz campaign: a DescribeGroups or DeleteGroups naming a million groups (a few MB) held the event
+    loop for seconds. They are handled 1,024 names per loop pass now (coordinator.apis.slices), which
+    must answer every name, in order, and keep the client's next request behind the last slice."""
+    kept, deleted = "sliced-kept", "sliced-deleted"
+    names = [f"described-{i}" for i in range(200_000)]
+    names[150_000] = kept
+    doomed = [f"doomed-{i}" for i in range(5_000)]
+    doomed[4_000] = doomed[100] = doomed[4_500] = deleted  # named thrice, in different slices
+    fetch = OffsetFetchRequest(group_id=deleted, topics=[
+        OffsetFetchRequest.OffsetFetchRequestTopic(name="t", partition_indexes=[0])])
+    with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:
+        sock.sendall(_commit(kept, 1) + _commit(deleted, 2))
+        for _ in range(2):
+            assert OffsetCommitResponse.decode(read_frame(sock)[4:], version=2).topics[0].partitions[0].error_code == 0
+        with Bystander(server.port) as bystander:
+            sock.sendall(_encoded(DescribeGroupsRequest(groups=names, include_authorized_operations=False), 5, 3)
+                         + _encoded(DeleteGroupsRequest(groups_names=doomed), 2, 4) + _encoded(fetch, 5, 5))
+            described = DescribeGroupsResponse.decode(read_frame(sock)[5:], version=5)
+            results = DeleteGroupsResponse.decode(read_frame(sock)[5:], version=2)
+            fetched = OffsetFetchResponse.decode(read_frame(sock)[4:], version=5)
+    assert not bystander.errors
+    assert [g.group_id for g in described.groups] == names
+    assert {(g.group_state, g.error_code) for i, g in enumerate(described.groups) if i != 150_000} == {("Dead", 0)}
+    assert (described.groups[150_000].group_state, described.groups[150_000].error_code) == ("Empty", 0)
+    assert [r.group_id for r in results.results] == list(dict.fromkeys(doomed))  # each name once, in order
+    assert {r.error_code for r in results.results if r.group_id != deleted} == {69}  # GROUP_ID_NOT_FOUND
+    assert next(r.error_code for r in results.results if r.group_id == deleted) == 0
+    assert fetched.topics[0].partitions[0].committed_offset == -1  # the delete took effect before the fetch ran
+    report.figure("bystander worst round trip during a DescribeGroups of 200k groups and a DeleteGroups of 5k",
+                  bystander.worst_ms(), "ms")
