@@ -111,6 +111,7 @@ class Membership:
             over = group.members.get(j.member_id)
             if over is not None:  # the group shrank below its members (a lower group.max.size)
                 self._drop_member(group, over)
+            group.pending_members.discard(j.member_id)  # as Kafka's group.remove: its id is spent
             return OpResult(records, JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED), replay=False)
         if not j.member_id:
             result = self._join_new(data, req, group, j)
@@ -120,12 +121,14 @@ class Membership:
 
     def _accepts(self, group: ClassicGroup, member_id: str) -> bool:
         """``group.max.size``: a new member is refused once the group is full (counting the members
-        awaiting join while a rebalance gathers them)."""
+        awaiting join while a rebalance gathers them). A pending member (KIP-394: given an id, not yet
+        joined with it) is a new member here, as in Kafka: many instances starting at once all get
+        pending ids while the group is Empty, and their second joins must not all be let in."""
         if group.is_in(GroupState.EMPTY, GroupState.DEAD):
             return True
         member = group.members.get(member_id)
         if group.is_in(GroupState.PREPARING_REBALANCE):
-            if member_id in group.pending_members or (member is not None and member.awaiting_join is not None):
+            if member is not None and member.awaiting_join is not None:
                 return True
             return group.awaiting_join < self.config.max_size
         return member is not None or len(group.members) < self.config.max_size
@@ -230,8 +233,10 @@ class Membership:
             old.awaiting_sync.complete(SyncResult(ErrorCode.FENCED_INSTANCE_ID))
             old.awaiting_sync = None
         self.shard.timers.cancel(heartbeat_key(group.group_id, old_id))
+        # The entry keeps its client id and host (Kafka's replaceStaticMember copies them), and is a
+        # member through a join phase already: its session timeout does not apply while it waits in one.
         member = group.replace_static(j.group_instance_id or "", old_id, new_id)
-        member.client_id, member.client_host = j.client_id, j.client_host
+        member.is_new = False
         member.protocols, member.rebalance_timeout_ms, member.session_timeout_ms = (
             j.protocols, j.rebalance_timeout_ms, j.session_timeout_ms)
         self._reschedule_heartbeat(group, member)

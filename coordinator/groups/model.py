@@ -171,9 +171,12 @@ class ClassicGroup:
 
     def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
         """Whether a joining member can be in this group: same protocol type, and a protocol every
-        current member also supports (any, for an empty group)."""
-        if not self.members:
+        current member also supports (any, for an Empty group; in a rebalance every member has left,
+        any of the group's protocol type, as Kafka's supportsProtocols)."""
+        if self.is_in(GroupState.EMPTY):
             return bool(protocol_type) and bool(protocols)
+        if not self.members:
+            return protocol_type == self.protocol_type and bool(protocols)
         candidates = self.candidate_protocols()
         return protocol_type == self.protocol_type and any(name in candidates for name, _ in protocols)
 

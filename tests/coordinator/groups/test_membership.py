@@ -85,6 +85,26 @@ def test_protocol_selection_takes_the_one_all_support_by_votes() -> None:
     assert sorted(m[2] for m in leader.members) == [b"a2", b"b2", b"c2"]
 
 
+def test_a_rebalance_every_member_left_still_checks_the_protocol_type() -> None:
+    """Group campaign D3: a consumer joins (the initial delay starts) and leaves; until the join phase
+    ends the group is PreparingRebalance with no members, and Kafka's supportsProtocols still wants
+    its protocol type there (only an Empty group takes any)."""
+    shard = GroupShard()
+    a = Client(shard, client_id="a")
+    a.join()
+    a.leave()
+    group = shard.data.groups["g"]
+    assert group.state is GroupState.PREPARING_REBALANCE and not group.members
+    other_type = Client(shard, client_id="x", protocol_type="connect")
+    assert shard.call(shard.membership.join, other_type.join_request(3), version=3).response.error is \
+        E.INCONSISTENT_GROUP_PROTOCOL
+    assert group.protocol_type == "consumer"
+    same_type = Client(shard, client_id="y", protocols=[("cooperative-sticky", b"")])
+    reply = same_type.join(version=3)
+    until_released(shard, reply)
+    assert same_type.joined(reply).error is E.NONE
+
+
 def test_a_member_without_a_common_protocol_is_inconsistent() -> None:
     shard = GroupShard()
     a, b = Client(shard, client_id="a"), Client(shard, client_id="b", protocols=[("cooperative-sticky", b"")])
@@ -101,6 +121,24 @@ def test_group_max_size_refuses_new_members() -> None:
     a, b, c = Client(shard, client_id="a"), Client(shard, client_id="b"), Client(shard, client_id="c")
     stable_group(shard, a, b)
     assert shard.call(shard.membership.join, c.join_request(3), version=3).response.error is E.GROUP_MAX_SIZE_REACHED
+    assert len(shard.data.groups["g"].members) == 2
+
+
+def test_group_max_size_counts_pending_members_as_new_ones() -> None:
+    """Group campaign D1: three instances starting at once all get pending ids while the group is
+    Empty; their second joins must not all be let in (Kafka's acceptJoiningMember), and the refused
+    id is spent, so it does not hold up the join phase."""
+    shard = GroupShard(GroupConfig(max_size=2))
+    clients = [Client(shard, client_id=name) for name in "abc"]
+    for c in clients:  # the first round: member ids handed out, nobody joined yet
+        reply = shard.call(shard.membership.join, c.join_request(9))
+        assert reply.response.error is E.MEMBER_ID_REQUIRED
+        c.member_id = reply.response.member_id
+    replies = [shard.call(shard.membership.join, c.join_request(9)) for c in clients]
+    assert replies[2].response.error is E.GROUP_MAX_SIZE_REACHED
+    assert clients[2].member_id not in shard.data.groups["g"].pending_members
+    until_released(shard, *replies[:2])
+    assert [clients[i].joined(replies[i]).error for i in range(2)] == [E.NONE, E.NONE]
     assert len(shard.data.groups["g"].members) == 2
 
 
@@ -396,6 +434,29 @@ def test_a_restarted_static_leader_gets_skip_assignment_from_v9() -> None:
     older = Client(shard, client_id="a", instance_id="ia")
     result = older.joined(older.join(version=8))
     assert not result.skip_assignment and result.leader == again.member_id  # the previous leader id
+
+
+def test_a_static_member_restarting_while_it_waits_in_its_first_rebalance_is_not_expired() -> None:
+    """Group campaign D2: a new static member's join is parked in a rebalance; its process restarts and
+    joins again (member id "", same instance id). The replacement is a member through a join phase
+    (Kafka's replaceStaticMember makes a fresh, not-new member), so waiting there keeps it alive past
+    its session timeout; it keeps the old entry's client id (D5)."""
+    shard = GroupShard()
+    b = Client(shard, client_id="b", session_ms=30_000, rebalance_ms=20_000)
+    stable_group(shard, b)
+    first = Client(shard, client_id="a-one", instance_id="ia", session_ms=6_000, rebalance_ms=20_000)
+    old_reply = first.join()  # parked: b has not rejoined
+    restarted = Client(shard, client_id="a-two", instance_id="ia", session_ms=6_000, rebalance_ms=20_000)
+    reply = restarted.join()
+    assert first.joined(old_reply).error is E.FENCED_INSTANCE_ID
+    shard.advance(6_000)  # its session timeout passes while it waits for b
+    assert not reply.released
+    rejoined = b.join()
+    until_released(shard, reply, rejoined)
+    result = restarted.joined(reply)
+    assert result.error is E.NONE and result.generation == b.joined(rejoined).generation
+    member = shard.data.groups["g"].members[restarted.member_id]
+    assert member.client_id == "a-one"
 
 
 def test_static_members_are_not_dropped_for_missing_a_rebalance() -> None:
