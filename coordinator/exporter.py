@@ -249,8 +249,9 @@ class KcoordCollector(Collector):
             aborted.add_metric([reason], n)
         yield aborted
         if server is not None:
-            yield GaugeMetricFamily("kcoord_buffered_request_bytes", "Request bytes buffered across connections "
-                                    "(bounded by --max-buffered-bytes).", value=server.memory.buffered)
+            yield GaugeMetricFamily("kcoord_buffered_request_bytes", "Bytes of requests over 256 KiB buffered "
+                                    "across connections (bounded by --max-buffered-bytes; smaller ones are not "
+                                    "counted).", value=server.memory.buffered)
         yield GaugeMetricFamily("kcoord_event_loop_lag_seconds", "How late the event loop's last 1 s heartbeat "
                                 "ran, or how long ago it last ran if that is longer.", value=self.health.lag())
 
