@@ -274,7 +274,7 @@ class Connection(asyncio.Protocol):
             return
         spec = api.spec
         if not spec.supports(version):
-            if api_key == API_VERSIONS and version > spec.max_version:
+            if api_key == API_VERSIONS:  # KIP-511: any version it does not know, below the range too, as Kafka
                 req = Request(self, api, 0, correlation_id)
                 req.released = True
                 req.data = api_versions_fallback(correlation_id)

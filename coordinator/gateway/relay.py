@@ -185,11 +185,8 @@ class Gateway:
 
     def _api_versions(self, conn: Connection, frame: bytes, version: int, correlation_id: int) -> None:
         spec = k18.SPEC
-        if version > spec.max_version:
+        if not spec.supports(version):  # KIP-511: any version it does not know, below the range too, as Kafka
             self._reply(conn, api_versions_fallback(correlation_id))
-            return
-        if version < spec.min_version:
-            conn.abort(f"ApiVersions v{version} is not supported", "unsupported_version")
             return
         offered = self.cluster.offered
         if offered is None:

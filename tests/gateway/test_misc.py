@@ -52,6 +52,21 @@ def test_api_versions_intersection(upstream: Upstream, gateway: KcoordProcess) -
         assert api_versions(port) == offered
 
 
+def test_api_versions_outside_the_range_get_the_v0_fallback(upstream: Upstream, gateway: KcoordProcess) -> None:
+    """KIP-511, as a broker answers: a version above the range, or below it, gets UNSUPPORTED_VERSION in
+    the v0 body with kcoord's ApiVersions range, and the connection stays open."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        for correlation_id, version in ((7, 127), (8, -1)):
+            payload = struct.pack(">hhih", 18, version, correlation_id, 1) + b"x"
+            sock.sendall(struct.pack(">i", len(payload)) + payload)
+            answer = b""
+            while len(answer) < 20:
+                chunk = sock.recv(20 - len(answer))
+                assert chunk, "closed"
+                answer += chunk
+            assert answer == struct.pack(">iihih", 16, correlation_id, 35, 1, 18) + bytes.fromhex("00000004")
+
+
 def test_transactional_producer_and_read_committed(tmp_path: Path) -> None:
     """FindCoordinator for a transaction key, InitProducerId, AddPartitionsToTxn and EndTxn go upstream;
     the transaction coordinator's address comes back as kcoord's listener for it."""

@@ -283,6 +283,9 @@ def test_api_versions_too_new_gets_fallback_and_connection_stays_open(kcoord: Kc
         # a much newer one too, then the reference request vector byte for byte, on the same connection
         sock.sendall(frame(header(18, 32767, 9)))
         assert recv_exact(sock, 20) == bytes.fromhex("0000001000000009002300000001001200000004")
+        # below the range as well (Kafka's isVersionSupported): a fuzz campaign found it closed here
+        sock.sendall(frame(header(18, -1, 10)))
+        assert recv_exact(sock, 20) == bytes.fromhex("000000100000000a002300000001001200000004")
         sock.sendall(bytes.fromhex("0000001b001200030000000100047465737400076b636f6f726404302e3100"))
         resp = ApiVersionsResponse.decode(read_frame(sock), version=3, header=True)
         assert (resp.header.correlation_id, resp.error_code) == (1, 0)
