@@ -4,7 +4,7 @@ for deletions, tombstones, replayed like any other record)."""
 
 from dataclasses import dataclass, field
 
-from coordinator.groups.model import ClassicGroup, GroupState
+from coordinator.groups.model import GroupState
 from coordinator.offsets import partition_error
 from coordinator.shard import OpResult
 from coordinator.state import ShardData
@@ -100,12 +100,11 @@ def delete_offsets(data: ShardData, group_id: str, topics: list[tuple[str, list[
         return OpResult([], (ErrorCode.GROUP_ID_NOT_FOUND, []))
     if not group.is_in(GroupState.EMPTY) and group.protocol_type != "consumer":
         return OpResult([], (ErrorCode.NON_EMPTY_GROUP, []))
-    subscribed = _subscribed(group)
     committed = data.offsets.get(group_id, {})
     records: list[LiveRecord] = []
     results: TopicPartitionErrors = []
     for topic, partitions in topics:
-        if topic in subscribed:
+        if group.is_subscribed_to(topic):
             results.append((topic, [(p, ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC) for p in partitions]))
             continue
         errors = []
@@ -118,8 +117,3 @@ def delete_offsets(data: ShardData, group_id: str, topics: list[tuple[str, list[
         results.append((topic, errors))
     return OpResult(records, (ErrorCode.NONE, results))
 
-
-def _subscribed(group: ClassicGroup) -> set[str]:
-    if group.is_in(GroupState.EMPTY):
-        return set()
-    return group.subscribed_topics() or set()

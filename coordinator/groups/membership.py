@@ -337,10 +337,12 @@ class Membership:
         if not group.members:
             group.protocol = None
             group.leader = None
+            group.subscribed = group.compute_subscribed()
             group.transition(GroupState.EMPTY, now)
             log.info("Group %s with generation %d is now empty", group.group_id, group.generation)
             return OpResult([GroupMetadataRecord(group.group_id, group.to_record())], None)
         group.protocol = group.select_protocol()
+        group.subscribed = group.compute_subscribed()
         group.transition(GroupState.COMPLETING_REBALANCE, now)
         log.info("Group %s generation %d: %d members joined (leader %s, protocol %s)", group.group_id,
                  group.generation, len(group.members), group.leader, group.protocol)

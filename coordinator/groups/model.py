@@ -101,6 +101,10 @@ class ClassicGroup:
     pending_members: set[str] = field(default_factory=set)  # KIP-394: ids handed out, rejoin awaited
     pending_sync: set[str] = field(default_factory=set)  # joined this generation, no SyncGroup yet
     new_member_added: bool = False  # extends the initial rebalance delay
+    # The topics the members subscribe to as of this generation (Kafka's subscribedTopics): taken when a
+    # generation starts and when the group is loaded, not as members rejoin with other subscriptions.
+    # None when unknown (not a consumer group, no protocol, a subscription that does not parse).
+    subscribed: frozenset[str] | None = None
     previous_state: GroupState = GroupState.EMPTY
 
     # -- state ---------------------------------------------------------------------------------
@@ -189,10 +193,15 @@ class ClassicGroup:
         order = [name for name, _ in preferred.protocols if name in candidates]
         return next(name for name in order if votes.get(name) == best)
 
-    def subscribed_topics(self) -> set[str] | None:
-        """Topics the members of a ``consumer`` group subscribe to, decoded from their subscriptions
-        with Kafka's ConsumerProtocolSubscription schema; None when unknown (no protocol or members)."""
-        if self.protocol_type != CONSUMER_PROTOCOL or self.protocol is None or not self.members:
+    def compute_subscribed(self) -> frozenset[str] | None:
+        """Topics the members of a ``consumer`` group subscribe to now, decoded from their subscriptions
+        with Kafka's ConsumerProtocolSubscription schema (none without members); None when unknown
+        (another protocol type, no protocol chosen, a subscription that does not parse)."""
+        if self.protocol_type != CONSUMER_PROTOCOL:
+            return None
+        if not self.members:
+            return frozenset()
+        if self.protocol is None:
             return None
         topics: set[str] = set()
         for member in self.members.values():
@@ -200,7 +209,14 @@ class ClassicGroup:
             if decoded is None:
                 return None
             topics.update(decoded)
-        return topics
+        return frozenset(topics)
+
+    def is_subscribed_to(self, topic: str) -> bool:
+        """As of this generation; when that is unknown, a consumer group counts as subscribed to every
+        topic (Kafka's isSubscribedToTopic), another kind to none."""
+        if self.subscribed is None:
+            return self.protocol_type == CONSUMER_PROTOCOL
+        return topic in self.subscribed
 
     # -- persistence ---------------------------------------------------------------------------
 
@@ -230,6 +246,7 @@ class ClassicGroup:
                                                      m.assignment)
             if m.group_instance_id is not None:
                 group.static_members[m.group_instance_id] = m.member_id
+        group.subscribed = group.compute_subscribed()
         return group
 
 

@@ -43,7 +43,7 @@ def _base(group: ClassicGroup | None) -> Base | None:
         since = group.current_state_timestamp
         return lambda value, topic: since if since != -1 else value.commit_timestamp
     if group.protocol_type == CONSUMER_PROTOCOL and group.is_in(GroupState.STABLE):
-        subscribed = group.subscribed_topics()
+        subscribed = group.subscribed
         if subscribed is not None:
             return lambda value, topic: None if topic in subscribed else value.commit_timestamp
     return None

@@ -105,6 +105,32 @@ def test_offset_delete_refuses_subscribed_topics_and_deletes_the_others() -> Non
     assert simple.offsets == {}
 
 
+def test_offset_delete_goes_by_the_subscriptions_of_the_generation_not_a_pending_rejoin() -> None:
+    """Group campaign D4: Kafka takes a group's subscribed topics when a generation starts (and at load),
+    so a member rejoining with another subscription changes nothing until the next generation."""
+    shard = GroupShard()
+    a, b = consumer_group(shard, "t")
+    for topic in ("t", "u"):
+        shard.data.offsets.setdefault("g", {})[(topic, 0)] = simple_offset(0)
+    a.protocols = [("range", subscription("u"))]
+    rejoin = a.join()  # the group now waits for b
+    assert not rejoin.released and shard.data.groups["g"].state is GroupState.PREPARING_REBALANCE
+    result = delete_offsets(shard.data, "g", [("t", [0]), ("u", [0])])
+    assert result.response == (E.NONE, [("t", [(0, E.GROUP_SUBSCRIBED_TO_TOPIC)]), ("u", [(0, E.NONE)])])
+    b.join()  # the next generation: a subscribes to u, b to t
+    assert delete_offsets(shard.data, "g", [("t", [0]), ("u", [0])]).response == \
+        (E.NONE, [("t", [(0, E.GROUP_SUBSCRIBED_TO_TOPIC)]), ("u", [(0, E.GROUP_SUBSCRIBED_TO_TOPIC)])])
+
+
+def test_a_consumer_group_whose_subscriptions_do_not_parse_counts_as_subscribed_to_every_topic() -> None:
+    """Kafka's isSubscribedToTopic: unknown subscriptions of a consumer group keep OffsetDelete away."""
+    shard = GroupShard()
+    stable_group(shard, Client(shard, client_id="odd", protocols=[("range", b"\x00")]))
+    shard.data.offsets.setdefault("g", {})[("t", 0)] = simple_offset(0)
+    result = delete_offsets(shard.data, "g", [("t", [0])])
+    assert result.response == (E.NONE, [("t", [(0, E.GROUP_SUBSCRIBED_TO_TOPIC)])])
+
+
 def simple_offset(p: int) -> OffsetAndMetadata:
     return OffsetAndMetadata(p, -1, "", T0)
 
