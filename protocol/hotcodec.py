@@ -192,16 +192,19 @@ class _Reader:
                 raise DecodeError("tagged field runs past the end of the frame")
 
     def header(self, flexible: bool) -> str:
-        """The client id (an int16-length string in every header version; null reads as "") and, in
+        """The client id (an int16-length string in every header version; null, any negative length,
+        reads as ""; bytes that are not UTF-8 are replaced, as Kafka's RequestHeader reads it) and, in
         header v2, the header's tagged fields."""
         self.pos = _HEADER_FIXED
         n = self.int16()
         client_id = ""
         if n >= 0:
-            self.pos -= 2
-            client_id = self.text(False, "client id")
-        elif n != -1:
-            raise DecodeError(f"client id length {n}")
+            start = self.pos
+            end = start + n
+            if end > self.end:
+                raise DecodeError("client id runs past the end of the frame")
+            client_id = self.buf[start:end].decode("utf-8", "replace")
+            self.pos = end
         if flexible:
             self.skip_tags()
         return client_id

@@ -86,17 +86,12 @@ def _read_client_id(frame: bytes) -> tuple[int, str]:
     except struct.error:
         raise DecodeError("request header ends before its client id") from None
     pos = _HEADER_FIXED + 2
-    if n < 0:
-        if n != -1:
-            raise DecodeError(f"client id length {n}")
+    if n < 0:  # null, as Kafka's RequestHeader reads any negative length
         return pos, ""
     end = pos + n
     if end > len(frame):
         raise DecodeError("client id runs past the end of the frame")
-    try:
-        return end, frame[pos:end].decode()
-    except UnicodeDecodeError as exc:
-        raise DecodeError(f"client id is not UTF-8: {exc}") from None
+    return end, frame[pos:end].decode("utf-8", "replace")  # as Kafka's readString: bad bytes replaced
 
 
 def skip_tagged_fields(buf: bytes, pos: int) -> int:

@@ -291,6 +291,24 @@ def test_api_versions_too_new_gets_fallback_and_connection_stays_open(kcoord: Kc
         assert (resp.header.correlation_id, resp.error_code) == (1, 0)
 
 
+@pytest.mark.parametrize("client_id", [struct.pack(">h", 4) + b"caf\xe9", struct.pack(">h", -2)],
+                         ids=["latin-1", "length-minus-2"])
+def test_a_client_id_kafka_reads_is_read(kcoord: KcoordProcess, client_id: bytes) -> None:
+    """Kafka's RequestHeader reads a client id that is not UTF-8 with its bad bytes replaced, and any
+    negative length as null; kcoord closed such connections (a fuzz campaign). Both codec paths: the
+    commit's own decoder and the generated ones (ApiVersions)."""
+    commit = encode(commit_request("latin-group", "raw-topic", 0, 3), 8, 1)
+    version_request = encode(ApiVersionsRequest(client_software_name="x", client_software_version="1"), 3, 2)
+    with connect(kcoord) as sock:
+        for correlation_id, framed in ((1, commit), (2, version_request)):
+            head = framed[4:12] + client_id
+            body = framed[12 + 2 + len("bad-input-test"):]  # after the client id encode() wrote
+            sock.sendall(frame(head + body))
+            answer = read_frame(sock)
+            assert struct.unpack_from(">i", answer)[0] == correlation_id
+        assert raw_fetch(sock, ["latin-group"], 3) == {"latin-group": 3}
+
+
 def test_api_versions_invalid_software_name_keeps_connection(kcoord: KcoordProcess) -> None:
     """Reference 2: INVALID_REQUEST(42) in the request's own version (v3 body: error, empty compact array,
     throttle, tags), not the v0 fallback body; kafka-python's decoder assumes v0 on any error, so the
