@@ -7,7 +7,7 @@ For each size a log is written with storage/ code (as kcoord's writer writes it:
 commit of a consumer's 8 partitions, groups spread over the partitions by Kafka's hash), then, each in a
 process of its own so none inherits another's memory or JVM:
 
-- ``kcoord loader``: kcoord's ``Runtime`` loading every partition (``Shard._replay_log``: decode_batch,
+- ``kcoord loader``: kcoord's ``Runtime`` loading every partition (``coordinator.loader.replay_log``: decode_batch,
   decode_record, ShardData.replay), the single-process baseline;
 - ``decoder, no Spark``: the pipeline's decoding and map-side combine in one process (what each Spark
   task runs), to tell Spark's overhead from the decoding itself;

@@ -7,7 +7,8 @@ Bounded memory (a client that pipelines without reading must not starve the othe
 * ``data_received`` only buffers; the dispatcher starts the requests.
 * A connection stops starting requests while ``MAX_IN_FLIGHT`` of its replies are unsent, while a
   large request's reply is, while its transport's send buffer is over the high-water mark or while it
-  is held (one of its huge writes is still being applied, a slice per pass: coordinator.shard), and
+  is held (one of its huge writes is still being applied, a slice per pass: coordinator.shard; or a
+  DescribeGroups or DeleteGroups of thousands of groups: coordinator.apis.slices), and
   stops *reading* while it also has a backlog of ``READ_BACKLOG_BYTES`` of complete frames, so its
   socket buffers push back on the client.
 * Frames over ``SMALL_FRAME_BYTES`` are read only while their declared size fits in
@@ -20,6 +21,8 @@ Bounded memory (a client that pipelines without reading must not starve the othe
 
 Bad input (a frame size outside [0, max], an unknown API or version, a body that does not parse, a
 connection that ends inside a frame) closes that connection with a log line; nothing else is touched.
+Except ApiVersions of a version it does not know, above or below its range: answered UNSUPPORTED_VERSION
+in the v0 body (KIP-511), as Kafka does, and the connection stays open.
 """
 
 import asyncio
@@ -278,7 +281,8 @@ class Connection(asyncio.Protocol):
                 req = Request(self, api, 0, correlation_id)
                 req.released = True
                 req.data = api_versions_fallback(correlation_id)
-                self._runtime.metrics.request(API_VERSIONS, version, _ERR_UNSUPPORTED_VERSION, 0, 0.0)
+                # One label for every version it does not know: a client could make up to 64k series.
+                self._runtime.metrics.request(API_VERSIONS, -1, _ERR_UNSUPPORTED_VERSION, 0, 0.0)
                 self._queue.append(req)
                 self._server.want_write(self)
                 return

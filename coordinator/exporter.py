@@ -310,9 +310,13 @@ class Health:
             by_state.setdefault(shard.state.value, []).append(shard.partition)
         not_loaded = {s: ps for s, ps in by_state.items() if ShardState(s) not in LOADED}
         stopping = self.server is not None and self.server.stopping
-        ok = bool(self.runtime.shards) and not not_loaded and not stopping
+        gateway = self.server.gateway if self.server is not None else None
+        no_upstream = gateway is not None and not gateway.ready  # clients would all be turned away
+        ok = bool(self.runtime.shards) and not not_loaded and not stopping and not no_upstream
         body: dict[str, Any] = {"status": "ready" if ok else ("stopping" if stopping else "not ready"),
                                 "partitions": len(self.runtime.shards)}
+        if no_upstream:
+            body["upstream"] = "no broker has answered yet"
         body.update({s: ps for s, ps in sorted(by_state.items()) if s != ShardState.ACTIVE.value})
         return ok, body
 

@@ -30,8 +30,8 @@ class ReplySink(Protocol):
 
     def hold(self) -> None:
         """Start none of this sink's later requests until ``unhold``: an operation applied over several
-        loop passes (coordinator.shard's slices) must be whole before the same client's next request
-        runs, as Kafka runs one connection's requests in order."""
+        loop passes (coordinator.shard's slices, coordinator.apis.slices) must be whole before the same
+        client's next request runs, as Kafka runs one connection's requests in order."""
         ...
 
     def unhold(self) -> None: ...
@@ -89,6 +89,12 @@ class Gateway(Protocol):
     def closed(self, conn: "Connection") -> None: ...
 
     def writable(self, conn: "Connection", writable: bool) -> None: ...
+
+    @property
+    def ready(self) -> bool:
+        """An upstream broker has answered once (until then every client connection is closed at its
+        ApiVersions request): what ``/readyz`` waits for besides the partitions."""
+        ...
 
 
 class Request:

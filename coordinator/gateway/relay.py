@@ -107,6 +107,10 @@ class Gateway:
         for task in self._tasks:
             task.cancel()
 
+    @property
+    def ready(self) -> bool:
+        return self.cluster.offered is not None  # a plain read: /readyz asks from the metrics thread
+
     def _serve_listener(self, sock: socket.socket, node: int) -> None:
         """The socket is bound and listening already (its port is given out at once); serving starts on
         the loop. Connections arriving in between wait in its backlog."""

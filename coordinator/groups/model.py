@@ -255,14 +255,13 @@ _SUBSCRIPTION = MessageCodec(load_message("ConsumerProtocolSubscription"))
 
 def decode_subscription(metadata: bytes) -> list[str] | None:
     """The topics of a consumer-protocol subscription (int16 version + struct); None if it does not parse.
-    A version newer than the schema's is read with the newest known layout (fields are only added)."""
-    if len(metadata) < 2:
-        return None
-    version = min(int.from_bytes(metadata[:2], "big", signed=True), _SUBSCRIPTION.spec.valid[1])
-    if version < 0:
+    Only the v0 prefix (topics, user data) is read, whatever the version says, as Kafka's
+    computeSubscribedTopics does: every version starts with it, and a client's own layout after it
+    (KafkaJS sends version 1 without owned partitions) must not make the topics unknown."""
+    if len(metadata) < 2 or int.from_bytes(metadata[:2], "big", signed=True) < 0:
         return None
     try:
-        sub, _ = _SUBSCRIPTION.decode(metadata, version, 2)
+        sub, _ = _SUBSCRIPTION.decode(metadata, 0, 2)
     except DecodeError:
         return None
     return list(sub.topics or [])

@@ -5,10 +5,12 @@ listener meanwhile, and clients must recover by themselves once the broker is ba
 import socket
 import struct
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import confluent_kafka as ck
+import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # defined here; confluent_kafka.admin does not re-export it
 from kafka import KafkaAdminClient
@@ -258,6 +260,9 @@ def test_stop_and_health_are_served_while_the_upstream_has_not_answered_yet(tmp_
         with urllib.request.urlopen(kcoord.metrics_url + "/healthz", timeout=5) as response:
             assert response.status == 200
         assert time.monotonic() - started < 5  # well within the upstream wait
+        with pytest.raises(urllib.error.HTTPError) as not_ready:  # every client would be turned away
+            urllib.request.urlopen(kcoord.metrics_url + "/readyz", timeout=5)
+        assert not_ready.value.code == 503 and b"no broker has answered yet" in not_ready.value.read()
         assert "upstream" in kcoord.log_since_start()  # still trying
         assert kcoord.stop(timeout=8) == 0
         assert "kcoord stopped" in kcoord.log_since_start()

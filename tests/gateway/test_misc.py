@@ -128,6 +128,7 @@ def test_metrics(upstream: Upstream, gateway: KcoordProcess) -> None:
     assert re.search(r'^kcoord_gateway_relayed_request_bytes_total\{api="Produce",[^}]*\} (\d+)', text, re.M)
     assert re.search(r"^kcoord_gateway_upstream_brokers 3\.0$", text, re.M)
     assert "kcoord_gateway_upstream_errors_total" in text or "kcoord_gateway_upstream_errors" in text
+    assert re.search(r"^kcoord_ready 1\.0$", text, re.M)  # the upstream has answered: /readyz says 200
 
 
 def test_slow_client_bounded(upstream: Upstream, gateway: KcoordProcess) -> None:

@@ -211,7 +211,8 @@ def test_describe_and_delete_of_many_groups_are_answered_in_slices(server: Kcoor
     names = [f"described-{i}" for i in range(200_000)]
     names[150_000] = kept
     doomed = [f"doomed-{i}" for i in range(5_000)]
-    doomed[4_000] = doomed[100] = doomed[4_500] = deleted  # named thrice, in different slices
+    # Named thrice, in later slices only: the fetch after it must wait for the slices to reach it.
+    doomed[1_500] = doomed[4_000] = doomed[4_500] = deleted
     fetch = OffsetFetchRequest(group_id=deleted, topics=[
         OffsetFetchRequest.OffsetFetchRequestTopic(name="t", partition_indexes=[0])])
     with socket.create_connection(("127.0.0.1", server.port), timeout=120) as sock:

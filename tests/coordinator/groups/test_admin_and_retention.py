@@ -131,6 +131,19 @@ def test_a_consumer_group_whose_subscriptions_do_not_parse_counts_as_subscribed_
     assert result.response == (E.NONE, [("t", [(0, E.GROUP_SUBSCRIBED_TO_TOPIC)])])
 
 
+def test_a_subscription_is_read_by_its_v0_prefix_whatever_its_version() -> None:
+    """KafkaJS's round-robin assigner sends version 1 with topics and user data but no owned partitions;
+    Kafka reads every subscription's v0 prefix, so its topics are known (a review of the change above:
+    they read as unknown, and so as subscribed to every topic)."""
+    shard = GroupShard()
+    kafkajs = b"\x00\x01" + subscription("t")[2:]
+    stable_group(shard, Client(shard, client_id="kafkajs", protocols=[("RoundRobinAssigner", kafkajs)]))
+    for topic in ("t", "u"):
+        shard.data.offsets.setdefault("g", {})[(topic, 0)] = simple_offset(0)
+    result = delete_offsets(shard.data, "g", [("t", [0]), ("u", [0])])
+    assert result.response == (E.NONE, [("t", [(0, E.GROUP_SUBSCRIBED_TO_TOPIC)]), ("u", [(0, E.NONE)])])
+
+
 def simple_offset(p: int) -> OffsetAndMetadata:
     return OffsetAndMetadata(p, -1, "", T0)
 
