@@ -85,9 +85,12 @@ class LogRecord(Protocol):
     def value(self) -> bytes | None: ...
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ (an object.__setattr__ per field) took 1.3 of the 3.8 us a
+# small batch (~3 records, as kcoord's own flush cycles write them) took to load.
+@dataclass(slots=True)
 class Batch:
-    """One decoded batch: its placement, producer fields and records (or its control marker)."""
+    """One decoded batch: its placement, producer fields and records (or its control marker); treated
+    as immutable."""
 
     base_offset: int
     last_offset: int
@@ -152,21 +155,11 @@ def _batch(
     runs: list[Run] | None = None,
     unknown: int = 0,
 ) -> Batch:
-    return Batch(
-        base_offset=raw.base_offset,
-        last_offset=raw.base_offset + raw.last_offset_delta,
-        size=len(data),
-        producer_id=raw.producer_id,
-        producer_epoch=raw.producer_epoch,
-        is_transactional=raw.is_transactional,
-        control_type=control,
-        records=records,
-        base_timestamp=raw.first_timestamp,
-        max_timestamp=raw.max_timestamp,
-        attributes=raw.attributes,
-        runs=runs,
-        unknown=unknown,
-    )
+    base_offset = raw.base_offset
+    # positional, in the fields' order: keywords cost ~0.3 us more per batch
+    return Batch(base_offset, base_offset + raw.last_offset_delta, len(data), raw.producer_id, raw.producer_epoch,
+                 raw.is_transactional, control, records, raw.first_timestamp, raw.max_timestamp, raw.attributes,
+                 runs, unknown)
 
 
 def decode_runs(records: Sequence[LogRecord]) -> tuple[list[Run], int]:
