@@ -432,7 +432,9 @@ class Connection(asyncio.Protocol):
         Once only: several of its requests may fail to be answered in one pass (coordinator.request)."""
         if self.closed:
             return
-        log.warning("%s: closing connection: %s", self.peer, why)
+        # at a stop, an expected close (a parked JoinGroup's, coordinator.groups.membership) is no warning
+        log.log(logging.INFO if reason == "stopping" else logging.WARNING, "%s: closing connection: %s", self.peer,
+                why)
         self._runtime.metrics.connection_refused(reason)
         self.closed = True
         if self._transport is not None:

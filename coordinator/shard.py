@@ -554,6 +554,11 @@ class Shard:
     def _is_closing(self) -> bool:
         return self._closing
 
+    @property
+    def closing(self) -> bool:
+        """kcoord is stopping (``close`` has begun)."""
+        return self._closing
+
     # -- shutdown ------------------------------------------------------------------------------
 
     @property

@@ -1,7 +1,7 @@
 """The group side of one shard: its membership operations, and the timers armed while it serves writes
 (members' sessions, offset retention: a pass runs a step per flush cycle). Registered as the shard's
-hooks, so a shard that fails or closes answers its parked JoinGroup/SyncGroup requests NOT_COORDINATOR
-and forgets its timers."""
+hooks, so a shard that fails answers its parked JoinGroup/SyncGroup requests NOT_COORDINATOR (at a stop
+their connections are closed instead: coordinator.groups.membership ``disarm``) and forgets its timers."""
 
 from coordinator.groups.membership import Membership
 from coordinator.groups.messages import GroupConfig
@@ -25,7 +25,7 @@ class GroupHooks(ShardHooks):
         shard.schedule(RETENTION_KEY, self.config.offsets_retention_check_interval_ms, self._expire)
 
     def on_unloaded(self, shard: Shard) -> None:
-        self.membership.disarm(shard.data)
+        self.membership.disarm(shard.data, stopping=shard.closing)
 
     def _expire(self, data: ShardData) -> OpResult:
         """One step of a retention pass; the next step once this one's tombstones are durable (so steps

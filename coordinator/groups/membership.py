@@ -562,16 +562,30 @@ class Membership:
                 self._prepare_rebalance(data, group, f"group has {len(group.members)} members, more than "
                                                      f"group.max.size {self.config.max_size}")
 
-    def disarm(self, data: ShardData) -> None:
-        """The shard stopped serving: parked requests are answered NOT_COORDINATOR (they rediscover)."""
+    def disarm(self, data: ShardData, stopping: bool = False) -> None:
+        """The shard stopped serving: parked requests are answered NOT_COORDINATOR (they rediscover), as
+        Kafka answers them when it unloads a group. When kcoord itself stops, their connections are
+        closed instead, unanswered, as a crash would: kcoord is the only coordinator its clients have,
+        and KafkaJS, told NOT_COORDINATOR and then finding no broker, gives up for good (a client sweep:
+        a member joining at a SIGTERM never came back), where a dropped connection is retried."""
         for group in data.groups.values():
             for member in group.members.values():
                 if member.awaiting_join is not None:
-                    member.awaiting_join.complete(JoinResult(ErrorCode.NOT_COORDINATOR, member.member_id))
+                    if not (stopping and _dropped(member.awaiting_join)):
+                        member.awaiting_join.complete(JoinResult(ErrorCode.NOT_COORDINATOR, member.member_id))
                     member.awaiting_join = None
                 if member.awaiting_sync is not None:
-                    member.awaiting_sync.complete(SyncResult(ErrorCode.NOT_COORDINATOR))
+                    if not (stopping and _dropped(member.awaiting_sync)):
+                        member.awaiting_sync.complete(SyncResult(ErrorCode.NOT_COORDINATOR))
                     member.awaiting_sync = None
+
+
+def _dropped(req: Request) -> bool:
+    """Closes the connection of a parked request at a stop; False if it has none to close."""
+    if req.sink is None:
+        return False
+    req.sink.abort("kcoord is stopping: a parked JoinGroup/SyncGroup is dropped with its connection", "stopping")
+    return True
 
 
 def _inconsistent(requested: str | None, current: str | None) -> bool:

@@ -10,6 +10,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Report
 from tests.kcoord_process import REPO, KcoordProcess
 from tests.rawclient import RawClient, commit_request, fetch_request
@@ -48,6 +50,32 @@ def test_sigterm_finishes_parked_commits_and_exits_0(kcoord: KcoordProcess) -> N
     got = reader.call(fetch_request("graceful", {"t": [0]}), 7)
     assert got.topics[0].partitions[0].committed_offset >= acked
     reader.close()
+
+
+def test_sigterm_drops_a_parked_join_with_its_connection(kcoord: KcoordProcess) -> None:
+    """A JoinGroup waiting out the initial rebalance delay when kcoord stops is not answered
+    NOT_COORDINATOR (KafkaJS then finds no coordinator and gives up for good: a client sweep); its
+    connection is closed, as at a crash, which every client retries. The stop is still clean."""
+    from kafka.protocol.consumer.group import JoinGroupRequest
+
+    client = RawClient(kcoord.port)
+    join = JoinGroupRequest(group_id="parked-at-stop", session_timeout_ms=10_000, rebalance_timeout_ms=60_000,
+                            member_id="", group_instance_id=None, protocol_type="consumer",
+                            protocols=[JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"")])
+    first = client.call(join, 5)
+    assert first.error_code == 79  # MEMBER_ID_REQUIRED
+    join.member_id = first.member_id
+    client.send(join, 5)  # parked: the group waits 3 s for more members
+    time.sleep(0.3)
+    assert kcoord.proc is not None
+    kcoord.proc.send_signal(signal.SIGTERM)
+    with pytest.raises((ConnectionError, OSError)):
+        client.receive(11, 5)  # closed, no answer
+    assert kcoord.proc.wait(30) == 0
+    log = kcoord.log()
+    assert "kcoord stopped" in log and "(some requests were not answered" not in log
+    assert "a parked JoinGroup/SyncGroup is dropped with its connection" in log
+    client.close()
 
 
 def test_refuses_a_different_partition_count_for_existing_data(tmp_path: Path) -> None:
