@@ -13,7 +13,7 @@ import os
 import resource
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -263,15 +263,20 @@ def _dump(parser: argparse.ArgumentParser, target: Path) -> int:
         parser.error(f"{target} does not exist")
     _note_journal(target)
     try:
-        return 1 if dump_log(target, sys.stdout) else 0
+        return _until_reader_leaves(lambda: 1 if dump_log(target, sys.stdout) else 0)
     except FileNotFoundError as exc:
         parser.error(str(exc))
+    return 0
+
+
+def _until_reader_leaves(work: Callable[[], int]) -> int:
+    """``work()``, stopped quietly if the reader of its output goes away (``| head``); stdout is then
+    redirected so the interpreter's final flush does not raise again."""
+    try:
+        return work()
     except BrokenPipeError:
-        # The reader went away (``| head``): stop quietly; stdout is redirected so the interpreter's
-        # final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    return 0
 
 
 def _add_pipeline_parser(sub: Any) -> None:
@@ -301,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "dump-log":
         return _dump(dump, args.target)
     if args.command == "groups":
-        return run_groups(args)
+        return _until_reader_leaves(lambda: run_groups(args))
     if args.command == "pipeline":
         from pipeline.cli import run as run_pipeline
 

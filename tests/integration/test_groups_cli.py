@@ -138,3 +138,14 @@ def test_describe_shows_an_assignment_that_is_not_a_consumers(server: KcoordProc
     table = groups(server, "describe", "odd", json_out=False)
     assert table.returncode == 0 and "Traceback" not in table.stderr
     member.close()
+
+
+def test_output_into_a_closed_pipe_stops_quietly(server: KcoordProcess) -> None:
+    """``kcoord groups offsets G | head`` (a client sweep saw a BrokenPipeError traceback), with more
+    output than a pipe holds."""
+    simple_offsets(server, "wide", {("a-rather-long-topic-name", p): p for p in range(4000)})
+    cmd = f"{sys.executable} -m coordinator.cli groups --bootstrap {server.bootstrap} offsets wide | head -n 1"
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=REPO, capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout.split()[:3] == ["GROUP", "TOPIC", "PARTITION"], result.stdout
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
