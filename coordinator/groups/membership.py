@@ -563,11 +563,9 @@ class Membership:
                                                      f"group.max.size {self.config.max_size}")
 
     def disarm(self, data: ShardData, stopping: bool = False) -> None:
-        """The shard stopped serving: parked requests are answered NOT_COORDINATOR (they rediscover), as
-        Kafka answers them when it unloads a group. When kcoord itself stops, their connections are
-        closed instead, unanswered, as a crash would: kcoord is the only coordinator its clients have,
-        and KafkaJS, told NOT_COORDINATOR and then finding no broker, gives up for good (a client sweep:
-        a member joining at a SIGTERM never came back), where a dropped connection is retried."""
+        """The shard stopped serving: parked requests are answered NOT_COORDINATOR, as Kafka does. When
+        kcoord stops, their connections are closed unanswered instead, as at a crash: KafkaJS, told
+        NOT_COORDINATOR by its only coordinator, gives up for good (a client sweep's find)."""
         for group in data.groups.values():
             for member in group.members.values():
                 if member.awaiting_join is not None:
@@ -581,7 +579,7 @@ class Membership:
 
 
 def _dropped(req: Request) -> bool:
-    """Closes the connection of a parked request at a stop; False if it has none to close."""
+    """Closes a parked request's connection at a stop; False if it has none."""
     if req.sink is None:
         return False
     req.sink.abort("kcoord is stopping: a parked JoinGroup/SyncGroup is dropped with its connection", "stopping")
