@@ -273,7 +273,9 @@ def _until_reader_leaves(work: Callable[[], int]) -> int:
     """``work()``, stopped quietly if the reader of its output goes away (``| head``); stdout is then
     redirected so the interpreter's final flush does not raise again."""
     try:
-        return work()
+        code = work()
+        sys.stdout.flush()  # the last buffered output too, or the interpreter's own flush at exit raises
+        return code
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -432,9 +432,7 @@ class Connection(asyncio.Protocol):
         Once only: several of its requests may fail to be answered in one pass (coordinator.request)."""
         if self.closed:
             return
-        # at a stop, an expected close (a parked JoinGroup's, coordinator.groups.membership) is no warning
-        log.log(logging.INFO if reason == "stopping" else logging.WARNING, "%s: closing connection: %s", self.peer,
-                why)
+        log.warning("%s: closing connection: %s", self.peer, why)
         self._runtime.metrics.connection_refused(reason)
         self.closed = True
         if self._transport is not None:
@@ -451,6 +449,19 @@ class Connection(asyncio.Protocol):
 
     def stop_reading(self) -> None:
         self._update_reading()
+
+    def forget(self, req: Request) -> bool:
+        """Drops ``req`` unanswered if it is the last request started on this connection (a stop then
+        closes the connection once the replies before it are written); False if others follow it."""
+        queue = self._queue
+        if self.closed or not queue or queue[-1] is not req:
+            return False
+        queue.pop()
+        if req.holds_gc:
+            req.holds_gc = False
+            gcpause.release(1)
+        self._server.want_write(self)
+        return True
 
     def close(self) -> None:
         if self._transport is not None and not self.closed:

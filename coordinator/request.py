@@ -36,6 +36,11 @@ class ReplySink(Protocol):
 
     def unhold(self) -> None: ...
 
+    def forget(self, request: "Request") -> bool:
+        """Drops ``request`` unanswered if no later request of this sink's waits behind it (coordinator.
+        groups.membership, at a stop); False if one does."""
+        ...
+
     def abort(self, why: str, reason: str = "other") -> None:
         """Close the connection at once (a request of it could not be answered)."""
         ...

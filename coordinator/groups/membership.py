@@ -564,8 +564,9 @@ class Membership:
 
     def disarm(self, data: ShardData, stopping: bool = False) -> None:
         """The shard stopped serving: parked requests are answered NOT_COORDINATOR, as Kafka does. When
-        kcoord stops, their connections are closed unanswered instead, as at a crash: KafkaJS, told
-        NOT_COORDINATOR by its only coordinator, gives up for good (a client sweep's find)."""
+        kcoord stops, one its connection has nothing else started behind is left unanswered instead (the
+        connection closes after the replies before it), as at a crash: KafkaJS, told NOT_COORDINATOR by
+        its only coordinator, gives up for good (a client sweep's find)."""
         for group in data.groups.values():
             for member in group.members.values():
                 if member.awaiting_join is not None:
@@ -579,10 +580,12 @@ class Membership:
 
 
 def _dropped(req: Request) -> bool:
-    """Closes a parked request's connection at a stop; False if it has none."""
-    if req.sink is None:
+    """Leaves a parked request unanswered at a stop, unless later requests on its connection would wait
+    behind it (replies go in order: a commit made durable after it must still be answered)."""
+    if req.sink is None or not req.sink.forget(req):
         return False
-    req.sink.abort("kcoord is stopping: a parked JoinGroup/SyncGroup is dropped with its connection", "stopping")
+    log.info("%s: kcoord is stopping: a parked %s is left unanswered, its connection closes", req.client_host,
+             req.api.spec.name)
     return True
 
 

@@ -68,6 +68,9 @@ class Holds:
     def abort(self, why: str, reason: str = "other") -> None:
         self.aborted = reason
 
+    def forget(self, request: Request) -> bool:
+        return False  # as a connection with later requests behind this one
+
 
 class FutureSink(Holds):
     """A connection stand-in: the reply's release resolves a future with the response."""
