@@ -438,7 +438,7 @@ class Shard:
             started = time.perf_counter()
             try:
                 records = await loop.run_in_executor(self._loader, replay_log, self.partition, self.log, data,
-                                                     durable_only, self._is_closing)
+                                                     durable_only, lambda: self._closing)
             except LoadCancelled:
                 return
             except TailNotCut as torn:  # each handler its own name: compiled, one name holds one type
@@ -550,9 +550,6 @@ class Shard:
                     log.warning("partition %d: its log is writable again; serving commits", self.partition)
                 return
             trouble.report(logging.WARNING, "partition %d: still cannot write its log (%s)", self.partition, problem)
-
-    def _is_closing(self) -> bool:
-        return self._closing
 
     @property
     def closing(self) -> bool:
