@@ -17,11 +17,12 @@ from types import ModuleType
 SLACK_S = 2.0  # file systems with coarse timestamps
 PACKAGES = ("coordinator", "protocol", "storage")
 # What setup.py compiles (its COMPILED, as module names; a test keeps the two lists equal).
-MODULES = ("storage.loadcodec", "coordinator.state", "storage.batchwriter", "protocol.framing", "protocol.header",
-           "protocol.registry", "coordinator.server", "coordinator.connection", "coordinator.request",
-           "coordinator.runtime", "coordinator.shard", "coordinator.shardstate", "coordinator.pending",
-           "coordinator.flusher", "coordinator.metrics", "coordinator.timers", "protocol.hotcodec", "protocol.commit",
-           "coordinator.offsets", "coordinator.apis.k08_offset_commit", "coordinator.apis.k09_offset_fetch")
+MODULES = ("storage.segments", "storage.batch", "storage.loadcodec", "coordinator.loader", "coordinator.state",
+           "storage.batchwriter", "protocol.framing", "protocol.header", "protocol.registry", "coordinator.server",
+           "coordinator.connection", "coordinator.request", "coordinator.runtime", "coordinator.shard",
+           "coordinator.shardstate", "coordinator.pending", "coordinator.flusher", "coordinator.metrics",
+           "coordinator.timers", "protocol.hotcodec", "protocol.commit", "coordinator.offsets",
+           "coordinator.apis.k08_offset_commit", "coordinator.apis.k09_offset_fetch")
 
 
 def pure_python_forced() -> bool:

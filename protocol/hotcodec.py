@@ -60,7 +60,7 @@ def int16_at(data: bytes, pos: i64) -> i64:
     return v - 0x10000 if v >= 0x8000 else v
 
 
-def _uint32_at(data: bytes, pos: i64) -> i64:
+def uint32_at(data: bytes, pos: i64) -> i64:
     b0: i64 = data[pos]
     b1: i64 = data[pos + 1]
     b2: i64 = data[pos + 2]
@@ -69,12 +69,12 @@ def _uint32_at(data: bytes, pos: i64) -> i64:
 
 
 def int32_at(data: bytes, pos: i64) -> i64:
-    v = _uint32_at(data, pos)
+    v = uint32_at(data, pos)
     return v - 0x100000000 if v >= 0x80000000 else v
 
 
 def int64_at(data: bytes, pos: i64) -> i64:
-    return int32_at(data, pos) * 0x100000000 + _uint32_at(data, pos + 4)
+    return int32_at(data, pos) * 0x100000000 + uint32_at(data, pos + 4)
 
 
 # An offset-commit value's layout (reference section 7): version int16 | offset int64 at 2 | (v3 only)

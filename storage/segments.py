@@ -8,15 +8,15 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Final
 
 from storage.batch import LOG_OVERHEAD, Batch, BatchError, decode_batch, read_head
 
 log = logging.getLogger(__name__)
 
-LOAD_BUFFER_BYTES = 5 * 1024 * 1024
-_SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
-_SWAP_RE = re.compile(r"^(\d{20})-(\d{20})\.swap$")
+LOAD_BUFFER_BYTES: Final = 5 * 1024 * 1024
+_SEGMENT_RE: Final = re.compile(r"^(\d{20})\.log$")
+_SWAP_RE: Final = re.compile(r"^(\d{20})-(\d{20})\.swap$")
 
 
 def segment_name(base_offset: int) -> str:
