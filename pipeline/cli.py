@@ -6,13 +6,15 @@
     kcoord pipeline reshard  --data-dir D --out O --partitions 64
 
 Common options: ``--master`` (default ``local[*]``), ``--format parquet|csv``, ``--skip-corrupt``,
-``--split-bytes N``, ``--conf KEY=VALUE``. Exit codes: 0 done, 1 corrupt batches found (nothing written)
-or the job failed, 2 bad usage or the pipeline extra not installed. Nothing here imports PySpark until a
+``--ignore-journal``, ``--split-bytes N``, ``--conf KEY=VALUE``. Exit codes: 0 done, 1 corrupt batches
+found (nothing written) or the job failed, 2 bad usage, an input a running kcoord serves or whose
+journal holds batches, or the pipeline extra not installed. Nothing here imports PySpark until a
 job runs, so ``kcoord`` without the extra still starts.
 """
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from pathlib import Path
@@ -62,6 +64,9 @@ def add_jobs(parser: argparse.ArgumentParser) -> None:
     common.add_argument("--master", default=None, help=f"Spark master (default {DEFAULT_MASTER})")
     common.add_argument("--skip-corrupt", action="store_true",
                         help="write what can be read when batches are corrupt (they are still reported)")
+    common.add_argument("--ignore-journal", action="store_true",
+                        help="read the logs of a data directory whose journal holds batches a crash left, as they "
+                             "are (refused otherwise: start and stop kcoord on it first)")
     common.add_argument("--split-bytes", type=_positive, default=None,
                         help="cut segments into ranges of about this size (default: a core's share, 4-128 MiB)")
     common.add_argument("--conf", type=_conf, action="append", default=[], metavar="KEY=VALUE",
@@ -92,19 +97,19 @@ def run(args: argparse.Namespace, err: TextIO = sys.stderr, spark: Any = None,
     except ImportError:
         print("kcoord pipeline: PySpark is not installed: pip install 'kcoord[pipeline]'", file=err)
         return 2
-    from pipeline.layout import LayoutError, is_uri
+    from pipeline.layout import LayoutError
     from pipeline.output import OutputError
     from pipeline.session import build_session
-    from storage.journal import left_over_note
 
-    for data_dir in getattr(args, "data_dir", None) or []:
-        note = None if is_uri(data_dir) else left_over_note(Path(data_dir))
-        if note:  # as kcoord dump-log says it: the output may lack the newest commits
-            print(f"kcoord pipeline {args.job}: {note}", file=err)
-    own = spark is None
-    if own:
-        spark = build_session(args.master or default_master, f"kcoord-pipeline-{args.job}", conf=dict(args.conf))
     try:
+        holds = _hold_inputs(args, err)
+    except _Refused as exc:
+        print(f"kcoord pipeline {args.job}: {exc}", file=err)
+        return 2
+    own = spark is None
+    try:
+        if own:
+            spark = build_session(args.master or default_master, f"kcoord-pipeline-{args.job}", conf=dict(args.conf))
         job = importlib.import_module(JOBS[args.job])
         code: int = job.run(spark, args, err)
         return code
@@ -112,8 +117,52 @@ def run(args: argparse.Namespace, err: TextIO = sys.stderr, spark: Any = None,
         print(f"kcoord pipeline {args.job}: {exc}", file=err)
         return 2
     finally:
-        if own:
+        if own and spark is not None:
             spark.stop()
+        for fd in holds:
+            os.close(fd)
+
+
+class _Refused(Exception):
+    """An input the job must not read as it is."""
+
+
+def _hold_inputs(args: argparse.Namespace, err: TextIO) -> list[int]:
+    """Shared holds on the local data directories' locks for the job's length (a running kcoord rewrites
+    and removes segments under a reader, and one cannot start meanwhile), and their journals checked: a
+    journal that holds batches (a crash's, or a copy's of a running directory) means the logs may lack
+    acknowledged commits and hold ones never acknowledged, which kcoord's next start resolves; the job
+    reads them as they are only with ``--ignore-journal``. URIs are read as given."""
+    from pipeline.layout import data_dir_of, is_uri
+    from storage.dirlock import DirectoryInUse, share_directory
+    from storage.journal import left_over_note
+
+    holds: list[int] = []
+    try:
+        for given in getattr(args, "data_dir", None) or []:
+            if is_uri(given):
+                continue
+            data_dir = data_dir_of(Path(given))
+            try:
+                fd = share_directory(data_dir)
+            except DirectoryInUse as exc:
+                raise _Refused(f"{exc}: stop it first, or read a copy made while it was stopped") from None
+            except OSError as exc:
+                raise _Refused(f"cannot open {data_dir}'s lock: {exc}") from None
+            if fd is not None:
+                holds.append(fd)
+            note = left_over_note(data_dir)
+            if note and not args.ignore_journal:
+                raise _Refused(f"{note}. Start kcoord on {data_dir} once and stop it (it writes them in and sets "
+                               f"aside what was never acknowledged), or pass --ignore-journal to read the logs as "
+                               f"they are")
+            if note:
+                print(f"kcoord pipeline {args.job}: {note}", file=err)
+    except BaseException:
+        for fd in holds:
+            os.close(fd)
+        raise
+    return holds
 
 
 def main(argv: list[str] | None = None, default_master: str | None = DEFAULT_MASTER) -> int:

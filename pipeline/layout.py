@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from storage.log import RECOVERY_POINT
@@ -164,13 +165,22 @@ def _partition_dirs(path: str) -> list[tuple[int, str]]:
     return found
 
 
+def data_dir_of(path: Path) -> Path:
+    """The data directory a ``--data-dir`` names: itself, or the parent of a single partition's
+    directory (where its lock and journal are)."""
+    return path.parent if _PARTITION_DIR.match(path.name) else path
+
+
 def _basename(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _segments_of(number: int, directory: str) -> list[SegmentFile]:
     files = files_for(directory)
-    entries = files.listdir(directory)
+    try:
+        entries = files.listdir(directory)
+    except (OSError, ValueError) as exc:  # e.g. a segment name whose file cannot be stat'ed
+        raise LayoutError(f"cannot list {directory}: {exc}") from exc
     segments = sorted((int(m.group(1)), e) for e in entries if (m := _SEGMENT.match(e.name)) and not e.is_dir)
     known_base, known_position = _recovery_point(files, directory, {e.name for e in entries})
     out = []

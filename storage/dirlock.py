@@ -62,9 +62,40 @@ def lock_directory(directory: Path) -> int | None:
     return fd
 
 
+def share_directory(directory: Path) -> int | None:
+    """A shared hold on ``directory``'s lock, for a reader of its files that must not run beside a
+    server (the pipeline: a running kcoord rewrites and removes segments under it) while other readers
+    may: the descriptor holds it until closed, and a server cannot start meanwhile. DirectoryInUse if
+    a server holds it; None where there is no lock file (no kcoord ever served the directory)."""
+    path = directory / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = _holder(fd)
+        os.close(fd)
+        if exc.errno in _HELD:
+            raise DirectoryInUse(f"{directory} is in use by a running kcoord{holder} (it holds {path})") from None
+        raise
+    return fd
+
+
 def _holder(fd: int) -> str:
+    """`` (pid N)`` from the lock file, if that process still runs: the file keeps the pid of the last
+    server that held it, and a reader's shared hold writes none."""
     try:
         pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
     except OSError:
         return ""
-    return f" (pid {pid})" if pid.isdigit() else ""
+    if not pid.isdigit():
+        return ""
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, OverflowError):
+        return ""
+    except OSError:  # it runs, as another user
+        pass
+    return f" (pid {pid})"

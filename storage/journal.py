@@ -65,12 +65,14 @@ def left_over(data_dir: Path) -> int:
 
 def left_over_note(data_dir: Path, logs: str = "the logs") -> str | None:
     """What offline readers of ``data_dir``'s logs (kcoord dump-log, the pipeline) say when its journal
-    holds batches: their output may lack the newest commits. None when it holds none."""
+    holds batches: their output may lack the newest acknowledged commits, and hold commits never
+    acknowledged that the next start sets aside. None when it holds none."""
     left = left_over(data_dir)
     if not left:
         return None
-    return (f"{data_dir / JOURNAL_DIR} holds {left} batches that {logs} may lack (by up to a checkpoint while "
-            f"kcoord runs; after a machine crash, until kcoord starts again and writes them in)")
+    return (f"{data_dir / JOURNAL_DIR} holds {left} batches that {logs} may lack, and {logs} may hold batches "
+            f"never acknowledged (while kcoord runs, or after a crash until it starts again, writes the journal's "
+            f"batches in and sets aside what it replaces)")
 
 
 @dataclass(slots=True)

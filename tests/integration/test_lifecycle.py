@@ -1,6 +1,7 @@
 """Start-up and shutdown as an operator sees them."""
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from storage.dirlock import share_directory
 from tests.conftest import Report
 from tests.kcoord_process import REPO, KcoordProcess
 from tests.rawclient import RawClient, commit_request, fetch_request
@@ -171,6 +173,29 @@ def test_a_second_server_on_the_same_data_directory_is_refused(tmp_path: Path) -
         for server in (first, second):
             if server.proc is not None and server.proc.poll() is None:
                 server.kill()
+
+
+def test_a_server_does_not_start_while_a_reader_holds_its_directory(tmp_path: Path) -> None:
+    """The pipeline holds a data directory's lock shared while it reads it (storage.dirlock
+    share_directory): a server started meanwhile exits 2 rather than rewrite segments under it, and
+    names no pid, as the pid the lock file keeps is the last server's, which has exited."""
+    server = KcoordProcess(tmp_path / "data").start()
+    assert server.proc is not None and server.stop() == 0
+    gone = server.proc.pid
+    fd = share_directory(tmp_path / "data")
+    assert fd is not None
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(tmp_path / "data"),
+             "--listen", "127.0.0.1:0", "--metrics-listen", "off"],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )
+        assert result.returncode == 2, result.stderr
+        assert "in use by another process (it holds" in result.stderr and f"pid {gone}" not in result.stderr
+    finally:
+        os.close(fd)
+    server.start()
+    assert server.stop() == 0
 
 
 def test_logs_without_their_meta_file_keep_their_partition_count(tmp_path: Path) -> None:

@@ -16,7 +16,15 @@ from kafka import KafkaAdminClient
 from pipeline.cli import add_jobs, run
 from pipeline.reader import read_offsets_log
 from protocol.partitioning import partition_for
-from protocol.records import GroupMetadataRecord, OffsetCommitRecord, decode_record
+from protocol.records import (
+    GroupMetadataRecord,
+    OffsetAndMetadata,
+    OffsetCommitRecord,
+    OffsetKey,
+    decode_record,
+    encode_record,
+)
+from storage.batchwriter import build_batch
 from storage.log import PartitionLog
 from tests.kcoord_process import REPO, KcoordProcess
 from tests.pipeline.conftest import IDLE, MOVING, CommittedLog, Offsets, offset_fetch
@@ -72,17 +80,56 @@ def test_snapshot_equals_offset_fetch_for_every_group(spark: Any, committed_log:
     report.figure("snapshot offsets", sum(len(v) for v in got.values()), "rows")
 
 
-def test_a_data_directory_whose_journal_holds_batches_is_noted(spark: Any, tmp_path: Path) -> None:
-    """As ``kcoord dump-log`` says it: a snapshot may lack the batches the journal holds."""
+def test_a_data_directory_whose_journal_holds_batches_is_refused_unless_told(spark: Any, tmp_path: Path) -> None:
+    """A journal that holds batches (a kill -9's) means the logs may lack acknowledged commits and hold
+    ones never acknowledged, which kcoord's next start sets aside: a campaign's reshard carried one of
+    those into a new data directory, where kcoord served it. The jobs refuse such a directory, naming
+    the way out, and read it as it is with ``--ignore-journal`` (saying so)."""
     (tmp_path / "data").mkdir()
     journal, plog = test_journal.opened(tmp_path / "data")
-    test_journal.acknowledged(journal, plog, [test_journal.batch(0)])
+    commit = encode_record(OffsetCommitRecord(OffsetKey("g", "t", 0), OffsetAndMetadata(5, -1, "", 1)))
+    test_journal.acknowledged(journal, plog, [build_batch(0, [commit], 1)])
     plog.close()
     journal.close(remove=False)  # as a kill -9 leaves it
-    (tmp_path / "out").mkdir()  # the job then stops at once (the output must not exist)
+    partition_dir = next((tmp_path / "data").glob("__consumer_offsets-*"))
+    for given in (tmp_path / "data", partition_dir):  # a whole data directory, or one partition's
+        code, err = job(spark, "reshard", "--data-dir", str(given), "--out", str(tmp_path / "out"), "--partitions", "3")
+        assert code == 2
+        assert f"{tmp_path / 'data' / 'journal'} holds 1 batches that the logs may lack" in err
+        assert "--ignore-journal" in err and not (tmp_path / "out").exists()
+    code, err = job(spark, "snapshot", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out"),
+                    "--ignore-journal")
+    assert code == 0, err
+    assert "holds 1 batches that the logs may lack" in err
+    assert snapshot_rows(spark, tmp_path / "out") == {"g": {("t", 0): (5, "", -1)}}
+
+
+def test_a_data_directory_a_running_kcoord_serves_is_refused(spark: Any, tmp_path: Path) -> None:
+    """A running kcoord rewrites and removes segments under a reader (a campaign's snapshot died in a
+    Spark worker with ~275 lines of traceback while the cleaner ran; a reshard wrote a stale copy):
+    the jobs refuse its directory, naming the process, and hold the lock while they read."""
+    server = KcoordProcess(tmp_path / "data").start()
+    try:
+        code, err = job(spark, "snapshot", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out"))
+        assert code == 2 and not (tmp_path / "out").exists()
+        assert f"{tmp_path / 'data'} is in use by a running kcoord (pid {server.proc.pid})" in err, err  # type: ignore[union-attr]
+        assert server.stop() == 0
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
+    code, err = job(spark, "snapshot", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out"))
+    assert code == 0, err
+
+
+def test_a_segment_that_cannot_be_read_is_one_line_not_a_traceback(spark: Any, tmp_path: Path) -> None:
+    """A name like a segment's whose file cannot be stat'ed (here a dangling symlink) is a usage error
+    naming it, as a missing --data-dir is, not a driver traceback."""
+    partition = tmp_path / "data" / "__consumer_offsets-0"
+    partition.mkdir(parents=True)
+    (partition / "00000000000000000000.log").symlink_to(tmp_path / "gone")
     code, err = job(spark, "snapshot", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out"))
     assert code == 2
-    assert f"{tmp_path / 'data' / 'journal'} holds 1 batches that the logs may lack" in err
+    assert err.count("\n") == 1 and f"cannot list {partition}" in err and "00000000000000000000.log" in err, err
 
 
 def test_snapshot_as_csv_with_a_header(spark: Any, committed_log: CommittedLog, tmp_path: Path) -> None:
