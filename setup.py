@@ -1,5 +1,5 @@
-"""The optional compile step: the modules in COMPILED (the loader: a segment's batches read, decoded and
-replayed; the flush's batch builder, and every request's way from its frame to its reply, with OffsetCommit's and
+"""The optional compile step: the modules in COMPILED (the loader: batches decoded and replayed, no
+generators; the flush's batch builder, and every request's way from its frame to its reply, with OffsetCommit's and
 OffsetFetch's codecs and handlers) are built with mypyc when mypy and a working C compiler are
 present, and shipped as plain source otherwise (one line on stderr says which).
 ``KCOORD_PURE_PYTHON=1`` forces pure Python (and, at run time, imports every module from its source:
@@ -21,8 +21,7 @@ from setuptools.command.build_ext import build_ext
 # each also gets a small shim module of its own name.
 COMPILED = [
     # the loader (a segment's batches read, decoded and replayed), and the flush's batch builder
-    "storage/segments.py", "storage/batch.py", "storage/loadcodec.py", "coordinator/loader.py", "coordinator/state.py",
-    "storage/batchwriter.py",
+    "storage/batch.py", "storage/loadcodec.py", "coordinator/loader.py", "coordinator/state.py", "storage/batchwriter.py",
     # every request's way: framing, header, registry, server, connection, request, runtime, shard, flusher,
     # metrics
     "protocol/framing.py", "protocol/header.py", "protocol/registry.py", "coordinator/server.py",

@@ -17,7 +17,7 @@ from types import ModuleType
 SLACK_S = 2.0  # file systems with coarse timestamps
 PACKAGES = ("coordinator", "protocol", "storage")
 # What setup.py compiles (its COMPILED, as module names; a test keeps the two lists equal).
-MODULES = ("storage.segments", "storage.batch", "storage.loadcodec", "coordinator.loader", "coordinator.state",
+MODULES = ("storage.batch", "storage.loadcodec", "coordinator.loader", "coordinator.state",
            "storage.batchwriter", "protocol.framing", "protocol.header", "protocol.registry", "coordinator.server",
            "coordinator.connection", "coordinator.request", "coordinator.runtime", "coordinator.shard",
            "coordinator.shardstate", "coordinator.pending", "coordinator.flusher", "coordinator.metrics",
