@@ -355,6 +355,24 @@ class Connection(asyncio.Protocol):
     def slot_filled(self) -> None:
         self._server.want_write(self)
 
+    def drop_unanswered_relays(self) -> int:
+        """At a stop (gateway mode): the replies from the first relayed request still waiting for the
+        upstream on are given up, as they must be sent in order, and the connection closes once those
+        before it are written (coordinator.server's stop); returns how many were dropped."""
+        queue = self._queue
+        first = next((i for i, slot in enumerate(queue) if isinstance(slot, Relayed) and slot.data is None), None)
+        if first is None or self.closed:
+            return 0
+        dropped = len(queue) - first
+        released = 0
+        for _ in range(dropped):
+            slot = queue.pop()
+            released += slot.holds_gc
+        if released:
+            gcpause.release(released)
+        self._server.want_write(self)
+        return dropped
+
     def hold(self) -> None:
         self.held += 1
 

@@ -46,6 +46,8 @@ class Cluster:
         self.upstream_versions: dict[int, tuple[int, int]] = {}
         self.advertised_host = config.broker_host or config.advertised[0]
         self.cluster_id: str | None = None  # the upstream's, as last seen
+        # every topic a relayed Metadata answer described, for answering while the upstream is away
+        self.topics: dict[str, rewrite.TopicFacts] = {}
         self.controller_id = -1
         self._add_listener = add_listener
         self._healthy = False

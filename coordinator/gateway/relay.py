@@ -68,6 +68,8 @@ class ClientLinks(LinkOwner):
         never come); an idle one is just dropped, and the next request opens a new one."""
         if self.links.get(link.addr) is link:
             del self.links[link.addr]
+        if self.gateway.stopping:
+            return  # the stop gives up what the link still waited for (Gateway.stop)
         if "cannot connect" in why or "did not answer" in why:
             self.gateway.cluster.mark_down(link.addr)
         if outstanding and not self.conn.closed:
@@ -93,6 +95,7 @@ class Gateway:
         self.metrics.upstream_brokers = lambda: len(self.cluster.brokers)
         self._tasks: list[asyncio.Task[None]] = []
         self._starting: set[asyncio.Task[None]] = set()  # listeners being set up (a task needs a reference)
+        self.stopping = False
 
     async def start(self, wait_s: float = 10.0) -> None:
         """First discovery (bounded: an upstream that is down at start-up is retried in the background,
@@ -104,8 +107,22 @@ class Gateway:
         self._tasks = [loop.create_task(self.cluster.run()), loop.create_task(self._sweep())]
 
     def stop(self) -> None:
+        """Called before the server's stop: relayed requests still waiting for the upstream are given up
+        (a stalled upstream held every such connection, and the stop, until --shutdown-timeout-ms), a
+        Metadata request answered from kcoord's own view; each such connection closes once the replies
+        before the first one given up are written, as after kill -9 the client retries elsewhere."""
+        self.stopping = True
         for task in self._tasks:
             task.cancel()
+        dropped = 0
+        for conn in list(self.server.connections):
+            if isinstance(conn.links, ClientLinks):
+                for link in list(conn.links.links.values()):
+                    link.fail("kcoord is stopping")
+                dropped += conn.drop_unanswered_relays()
+        if dropped:
+            log.info("stopping: %d requests behind relayed ones still waiting for the upstream are not answered; "
+                     "their connections close after the replies before them", dropped)
 
     @property
     def ready(self) -> bool:
@@ -253,6 +270,9 @@ class Gateway:
             links = conn.links = ClientLinks(self, conn)
         slot = Relayed()
         conn.enqueue(slot)
+        if self.stopping:  # read before the stop: given up as the stop gave up those waiting (stop)
+            conn.drop_unanswered_relays()
+            return
         metrics = self.metrics
         started = time.perf_counter()
 
@@ -278,7 +298,7 @@ class Gateway:
             assert fallback is not None
             if conn.closed:
                 return
-            if candidates:
+            if candidates and not self.stopping:
                 attempt()
                 return
             try:

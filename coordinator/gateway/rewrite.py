@@ -14,7 +14,7 @@ out so that no client takes them to the upstream's own coordinator.
 import struct
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from coordinator.apis import k03_metadata as k03
 from coordinator.apis import k10_find_coordinator as k10
@@ -28,6 +28,7 @@ from protocol.schema import load_message
 
 _SIZE = struct.Struct(">i")
 _NO_ID = uuid.UUID(int=0)
+UNKNOWN_TOPIC_OR_PARTITION = 3
 LEADER_NOT_AVAILABLE = 5  # retriable: clients ask again shortly
 
 # Answered by kcoord's own coordinator on every listener, at kcoord's versions.
@@ -85,9 +86,19 @@ def _encode(codec: MessageCodec, body: Any, version: int, correlation: int, flex
     return _SIZE.pack(len(head) + len(payload)) + head + payload
 
 
+class TopicFacts(NamedTuple):
+    """A topic as the upstream's last Metadata answer naming it described it: enough to answer for it
+    while the upstream is away."""
+
+    topic_id: uuid.UUID
+    partitions: int
+    is_internal: bool
+
+
 class ClusterFacts(Protocol):
     cluster_id: str | None
     controller_id: int
+    topics: dict[str, TopicFacts]
 
     def address(self, node: int) -> tuple[str, int] | None: ...
 
@@ -111,22 +122,50 @@ def rewrite_brokers(codec: MessageCodec, frame: bytes, version: int, cluster: Cl
         mapped = address(b.node_id if hasattr(b, "node_id") else b.broker_id)
         if mapped is not None:
             b.host, b.port = mapped
+    for t in getattr(body, "topics", None) or []:  # Metadata (DescribeCluster has none)
+        if t.name is None:
+            continue
+        if t.error_code == 0:
+            cluster.topics[t.name] = TopicFacts(t.topic_id or _NO_ID, len(t.partitions), bool(t.is_internal))
+        elif t.error_code == UNKNOWN_TOPIC_OR_PARTITION:
+            cluster.topics.pop(t.name, None)
     return _encode(codec, body, version, correlation)
 
 
 def metadata_from_cache(request: Any, version: int, correlation: int, cluster: ClusterFacts) -> bytes:
-    """A Metadata answer without the upstream: the brokers known, every topic asked for retriable."""
+    """A Metadata answer without the upstream: the brokers known, and each topic asked for (every topic
+    known, for a request of all) as a broker whose leaders are offline answers it: its partitions, each
+    LEADER_NOT_AVAILABLE without a leader, which clients retry while keeping their assignments. An
+    empty partition list instead read as "the topic has no partitions now" to librdkafka, which revoked
+    its assignment and asked again hundreds of times a second (a fault campaign's find). A topic never
+    seen is LEADER_NOT_AVAILABLE itself, as Kafka answers one it is still creating."""
     cls = METADATA_RESPONSE.cls
     brokers = []
     for node in cluster.nodes():
         mapped = cluster.address(node)
         if mapped is not None:
             brokers.append(cls.MetadataResponseBroker(node_id=node, host=mapped[0], port=mapped[1], rack=None))
-    # Before v12 a response topic has a name, even when the request looked one up by id.
-    topics = [cls.MetadataResponseTopic(error_code=LEADER_NOT_AVAILABLE,
-                                        name=t.name if t.name is not None or version >= 12 else "",
-                                        topic_id=getattr(t, "topic_id", None) or _NO_ID, is_internal=False,
-                                        partitions=[]) for t in request.topics or []]
+    by_id = {facts.topic_id: name for name, facts in cluster.topics.items() if facts.topic_id != _NO_ID}
+    asked = request.topics
+    everything = asked is None or (version == 0 and not asked)  # v0 asks for every topic with an empty list
+    wanted: Iterable[tuple[str | None, uuid.UUID]] = (
+        [(name, facts.topic_id) for name, facts in cluster.topics.items()] if everything
+        else [(t.name if t.name is not None else by_id.get(getattr(t, "topic_id", None) or _NO_ID),
+               getattr(t, "topic_id", None) or _NO_ID) for t in asked])
+    topics = []
+    for name, topic_id in wanted:
+        facts = cluster.topics.get(name) if name is not None else None
+        # Before v12 a response topic has a name, even when the request looked one up by id.
+        shown = name if name is not None or version >= 12 else ""
+        if facts is None:
+            topics.append(cls.MetadataResponseTopic(error_code=LEADER_NOT_AVAILABLE, name=shown, topic_id=topic_id,
+                                                    is_internal=False, partitions=[]))
+            continue
+        partitions = [cls.MetadataResponseTopic.MetadataResponsePartition(
+            error_code=LEADER_NOT_AVAILABLE, partition_index=i, leader_id=-1, leader_epoch=-1, replica_nodes=[],
+            isr_nodes=[], offline_replicas=[]) for i in range(facts.partitions)]
+        topics.append(cls.MetadataResponseTopic(error_code=0, name=shown, topic_id=facts.topic_id,
+                                                is_internal=facts.is_internal, partitions=partitions))
     body = cls(throttle_time_ms=0, brokers=brokers, cluster_id=cluster.cluster_id, controller_id=cluster.controller_id,
                topics=topics)
     return _encode(METADATA_RESPONSE, body, version, correlation)

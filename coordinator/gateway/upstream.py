@@ -21,9 +21,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import cast
 
+from coordinator.logfmt import Repeated
 from protocol.framing import FrameError, FrameReader
 
 log = logging.getLogger(__name__)
+_LINK_FAILURES = Repeated(log, 60.0)
 
 _SIZE = struct.Struct(">i")
 MAX_REPLY_BYTES = 1 << 30  # a Fetch reply is bounded by the client's fetch.max.bytes; this only refuses nonsense
@@ -92,6 +94,7 @@ class UpstreamLink(asyncio.Protocol):
                       f"(descriptor {sock.fileno()} is past {self.highest_fd}: the rest are kept for the logs)")
             return
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        _LINK_FAILURES.reset()
         if sock is not None:  # a relayed Produce request of ~1 MB goes to the kernel in one write
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
@@ -210,7 +213,9 @@ class UpstreamLink(asyncio.Protocol):
         pending = list(self._pending)
         self._pending.clear()
         if pending and why != "closed":
-            log.info("%s (%d replies outstanding)", why, len(pending))
+            # once, then once a minute while links keep failing: with the upstream down, every client's
+            # retry fails a link (a campaign counted ~1,000 such lines a second)
+            _LINK_FAILURES.report(logging.INFO, "%s (%d replies outstanding)", why, len(pending))
         outstanding = 0
         for _, on_fail, _ in pending:
             if on_fail is None:

@@ -2,6 +2,9 @@
 cluster killed. kcoord must neither hang nor crash, must keep serving groups and offsets on every
 listener meanwhile, and clients must recover by themselves once the broker is back."""
 
+import os
+import re
+import signal
 import socket
 import struct
 import time
@@ -19,6 +22,7 @@ from tests.gateway.cable import Cable
 from tests.gateway.conftest import Member, node_ports, relayed_apis, scrape, start_gateway, wait_all
 from tests.gateway.mock_cluster import MockCluster
 from tests.kcoord_process import KcoordProcess, free_port
+from tests.rawclient import RawClient, commit_request
 from tests.tansu_process import TansuProcess
 
 PARTITIONS = 4
@@ -154,6 +158,85 @@ def test_whole_upstream_killed(tmp_path: Path) -> None:
     finally:
         kcoord.stop()
         mock.stop()
+
+
+def metadata_from_cache(kcoord: KcoordProcess) -> float:
+    m = re.search(r"^kcoord_gateway_metadata_from_cache_total (\S+)$", scrape(kcoord), re.M)
+    assert m is not None
+    return float(m.group(1))
+
+
+def test_a_consumer_keeps_its_assignment_while_the_upstream_is_down(tmp_path: Path) -> None:
+    """While no upstream broker answers, kcoord answers Metadata itself. It gave each topic an empty
+    partition list, which librdkafka read as the topic shrinking to nothing: it revoked its assignment
+    and asked again hundreds of times a second, each answer logged (a fault campaign's find; with a
+    short session timeout the member was then expired). A topic kcoord has seen keeps its partitions,
+    each without a leader, as a broker whose leaders are offline answers."""
+    tansu = TansuProcess(tmp_path).start()
+    kcoord = start_gateway(tmp_path, tansu.bootstrap, "--upstream-timeout-ms", "3000")
+    revoked: list[ck.TopicPartition] = []
+    consumer = None
+    try:
+        admin = AdminClient({"bootstrap.servers": kcoord.bootstrap})
+        admin.create_topics([NewTopic("four", 4, 1)])["four"].result(30)
+        consumer = ck.Consumer({"bootstrap.servers": kcoord.bootstrap, "group.id": "keeps",
+                                "topic.metadata.refresh.interval.ms": 1000, "session.timeout.ms": 6000,
+                                "heartbeat.interval.ms": 500})
+        consumer.subscribe(["four"], on_revoke=lambda _, parts: revoked.extend(parts))
+        deadline = time.monotonic() + 30
+        while len(consumer.assignment()) < 4:
+            assert time.monotonic() < deadline, consumer.assignment()
+            consumer.poll(0.2)
+        assert tansu.proc is not None
+        tansu.proc.kill()
+        tansu.proc.wait(10)
+        before = metadata_from_cache(kcoord)
+        until = time.monotonic() + 8
+        while time.monotonic() < until:
+            consumer.poll(0.2)
+        assert revoked == [] and len(consumer.assignment()) == 4
+        asked = metadata_from_cache(kcoord) - before
+        assert 0 < asked < 100, asked  # a few refreshes (~1 a second), not a storm
+    finally:
+        if consumer is not None:
+            consumer.close()
+        kcoord.stop()
+        tansu.stop()
+
+
+def test_a_stop_does_not_wait_for_a_stalled_upstream(tmp_path: Path) -> None:
+    """A relayed request the upstream never answers (Tansu stopped) held its connection, and with it the
+    whole stop, until --shutdown-timeout-ms (a fault campaign: 10.5 s instead of 0.5 s, group coordination
+    offline meanwhile). At a stop it is given up: the replies before it are still written, then the
+    connection closes, and the stop is prompt and clean."""
+    tansu = TansuProcess(tmp_path).start()
+    kcoord = start_gateway(tmp_path, tansu.bootstrap)  # the upstream timeout stays 30 s
+    assert tansu.proc is not None and kcoord.proc is not None
+    client = RawClient(kcoord.port, timeout=30)
+    try:
+        assert client.call(commit_request("stays", {("t", 0): 7}), 8).topics[0].partitions[0].error_code == 0
+        os.kill(tansu.proc.pid, signal.SIGSTOP)
+        commit_id, commit = client.encode(commit_request("stays", {("t", 0): 8}), 8)
+        produce = struct.pack(">hhih", 0, 3, 99, 4) + b"test" + struct.pack(">hhii", -1, 1, 1000, 0)
+        client.sock.sendall(commit + struct.pack(">i", len(produce)) + produce)
+        got, reply = client.receive(8, 8)
+        assert (got, reply.topics[0].partitions[0].error_code) == (commit_id, 0)
+        time.sleep(0.5)  # the Produce is on its way to the stopped upstream
+        started = time.monotonic()
+        kcoord.proc.send_signal(signal.SIGTERM)
+        with pytest.raises(ConnectionError):
+            client.read_frame()  # no reply to the Produce: the connection closes
+        assert kcoord.proc.wait(20) == 0
+        assert time.monotonic() - started < 5.0  # the shutdown timeout is 10 s
+        log = kcoord.log_since_start()
+        assert "not answered by the deadline" not in log and "kcoord stopped" in log
+    finally:
+        client.close()
+        if tansu.proc.poll() is None:
+            os.kill(tansu.proc.pid, signal.SIGCONT)
+        if kcoord.proc.poll() is None:
+            kcoord.kill()
+        tansu.stop()
 
 
 def test_upstream_broker_killed_and_restarted(tmp_path: Path) -> None:

@@ -15,14 +15,16 @@ from protocol.registry import REGISTRY
 
 Request = k03.SPEC.request.cls
 Topic = Request.MetadataRequestTopic
+_ID = uuid.UUID(int=7)
 
 
 class Facts:
     cluster_id: str | None = "up-cluster"
     controller_id = 2
 
-    def __init__(self) -> None:
+    def __init__(self, topics: dict[str, rewrite.TopicFacts] | None = None) -> None:
         self.learnt: list[tuple[int, str, int]] = []
+        self.topics = topics or {}
 
     def address(self, node: int) -> tuple[str, int] | None:
         return ("kcoord.local", 40000 + node)
@@ -51,6 +53,43 @@ def test_metadata_from_cache_every_version(version: int) -> None:
     assert [(b.node_id, b.host, b.port) for b in reply.brokers] == [(n, "kcoord.local", 40000 + n) for n in (1, 2, 3)]
     assert {t.error_code for t in reply.topics} == {rewrite.LEADER_NOT_AVAILABLE}
     assert reply.topics[0].name == "orders"
+
+
+@pytest.mark.parametrize("version", range(0, 13))
+def test_metadata_from_cache_keeps_a_known_topics_partitions_leaderless(version: int) -> None:
+    """A topic a relayed answer described keeps its partitions, each LEADER_NOT_AVAILABLE with no
+    leader (an empty list read to librdkafka as a topic shrunk to nothing); asked by name, by id
+    (v10+), or as every topic (None; v0's empty list)."""
+    known = uuid.uuid4()
+    facts = Facts({"orders": rewrite.TopicFacts(known, 3, False)})
+    asked = [[Topic(name="orders")], None if version >= 1 else []]
+    if version >= 10:
+        asked.append([Topic(name=None, topic_id=known)])
+    for topics in asked:
+        reply = stock_decode(rewrite.metadata_from_cache(Request(topics=topics, allow_auto_topic_creation=False),
+                                                         version, 77, facts), version)
+        [topic] = reply.topics
+        assert (topic.error_code, topic.name) == (0, "orders")
+        assert [(p.error_code, p.partition_index, p.leader_id) for p in topic.partitions] == [
+            (rewrite.LEADER_NOT_AVAILABLE, i, -1) for i in range(3)]
+
+
+@pytest.mark.parametrize("version", [1, 9, 12])
+def test_a_relayed_metadata_answer_teaches_the_cache_its_topics(version: int) -> None:
+    cls = rewrite.METADATA_RESPONSE.cls
+    part = cls.MetadataResponseTopic.MetadataResponsePartition
+    def topic(name: str, error: int, partitions: int) -> object:
+        return cls.MetadataResponseTopic(error_code=error, name=name, topic_id=_ID, is_internal=False, partitions=[
+            part(error_code=0, partition_index=i, leader_id=1, leader_epoch=0, replica_nodes=[1], isr_nodes=[1],
+                 offline_replicas=[]) for i in range(partitions)])
+    upstream = cls(throttle_time_ms=0, cluster_id="up", controller_id=1, brokers=[], topics=[
+        topic("kept", 0, 2), topic("gone", 3, 0)])
+    payload = rewrite.METADATA_RESPONSE.encode(upstream, version)
+    head = struct.pack(">i", 77) + (b"\x00" if version >= 9 else b"")
+    facts = Facts({"gone": rewrite.TopicFacts(_ID, 1, False)})
+    rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, struct.pack(">i", len(head) + len(payload)) + head + payload,
+                            version, facts)
+    assert facts.topics == {"kept": rewrite.TopicFacts(_ID if version >= 10 else uuid.UUID(int=0), 2, False)}
 
 
 @pytest.mark.parametrize("version", [0, 1, 5, 9, 12])
