@@ -147,6 +147,11 @@ class Cluster:
 
     # -- discovery -----------------------------------------------------------------------------
 
+    @property
+    def reachable(self) -> bool:
+        """Whether the last discovery round got an answer (every --upstream-refresh-ms)."""
+        return self._healthy
+
     async def refresh(self) -> bool:
         """One discovery round: the first broker that answers ApiVersions and Metadata wins."""
         candidates = list(dict.fromkeys([*self.brokers.values(), *self.config.upstream]))

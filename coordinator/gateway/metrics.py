@@ -30,6 +30,7 @@ class GatewayMetrics(Collector):
         self.relayed_by: dict[tuple[int, int], list[float]] = {}
         self.errors: Counter[tuple[int, str]] = Counter()  # (upstream node, kind) -> n
         self.upstream_brokers: Callable[[], int] = lambda: 0
+        self.upstream_reachable: Callable[[], bool] = lambda: False
         self.metadata_from_cache = 0
 
     def relayed(self, api_key: int, node: int, sent: int, received: int, seconds: float) -> None:
@@ -75,3 +76,6 @@ class GatewayMetrics(Collector):
                                   value=self.metadata_from_cache)
         yield GaugeMetricFamily("kcoord_gateway_upstream_brokers", "Upstream brokers known (each has a listener).",
                                 value=self.upstream_brokers())
+        yield GaugeMetricFamily("kcoord_gateway_upstream_reachable", "1 if the last discovery round (every "
+                                "--upstream-refresh-ms) got an answer from an upstream broker, else 0.",
+                                value=1 if self.upstream_reachable() else 0)

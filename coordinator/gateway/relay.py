@@ -93,6 +93,7 @@ class Gateway:
         self.cluster = Cluster(config, self._serve_listener)
         server.runtime.lists_partition = self.cluster.lists_partition
         self.metrics.upstream_brokers = lambda: len(self.cluster.brokers)
+        self.metrics.upstream_reachable = lambda: self.cluster.reachable
         self._tasks: list[asyncio.Task[None]] = []
         self._starting: set[asyncio.Task[None]] = set()  # listeners being set up (a task needs a reference)
         self.stopping = False

@@ -147,8 +147,13 @@ def test_whole_upstream_killed(tmp_path: Path) -> None:
         consumer = ck.Consumer({"bootstrap.servers": kcoord.bootstrap, "group.id": "kept", "enable.auto.commit": False})
         consumer.commit(offsets=[ck.TopicPartition("t", 0, 1)], asynchronous=False)
         consumer.close()
+        assert "kcoord_gateway_upstream_reachable 1.0" in scrape(kcoord)
         mock.proc.kill()
         mock.proc.wait(10)
+        deadline = time.monotonic() + 15  # the next discovery round (every second here) finds nobody
+        while "kcoord_gateway_upstream_reachable 0.0" not in scrape(kcoord):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
         for port in [kcoord.port, *node_ports(kcoord).values()]:
             assert metadata_request_answered(port)
             assert group_offsets(f"127.0.0.1:{port}", "kept", "t") == {0: 1}
