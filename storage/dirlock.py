@@ -66,12 +66,19 @@ def share_directory(directory: Path) -> int | None:
     """A shared hold on ``directory``'s lock, for a reader of its files that must not run beside a
     server (the pipeline: a running kcoord rewrites and removes segments under it) while other readers
     may: the descriptor holds it until closed, and a server cannot start meanwhile. DirectoryInUse if
-    a server holds it; None where there is no lock file (no kcoord ever served the directory)."""
+    a server holds it. The lock file is made if missing (a reshard's output, a copy without it), so a
+    server cannot start meanwhile there either; None where it cannot be (a directory that cannot be
+    written, where no server can start either, or one that does not exist)."""
     path = directory / LOCK_FILE
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except FileNotFoundError:
         return None
+    except OSError:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as exc:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 
 from coordinator.config import Config
 from coordinator.gateway import rewrite
-from coordinator.gateway.upstream import LinkOwner, UpstreamLink
+from coordinator.gateway.upstream import LinkOwner, UpstreamLink, upstream_reached_again
 from protocol.partitioning import partition_for
 
 log = logging.getLogger(__name__)
@@ -175,6 +175,7 @@ class Cluster:
                 self.controller_id = body.controller_id
             if not self._healthy:
                 log.info("upstream cluster reachable: %d brokers %s", len(self.brokers), sorted(self.brokers))
+                upstream_reached_again()
             self._healthy = True
             return True
         if self._healthy or self.offered is None:

@@ -25,7 +25,13 @@ from coordinator.logfmt import Repeated
 from protocol.framing import FrameError, FrameReader
 
 log = logging.getLogger(__name__)
-_LINK_FAILURES = Repeated(log, 60.0)
+_LINK_FAILURES = Repeated(log, 60.0)  # reset when a discovery round reaches the upstream again (cluster.py)
+
+
+def upstream_reached_again() -> None:
+    """The next link failure is logged at once: the upstream answered discovery after failing it. (Not
+    reset per link connected: a stalled upstream accepts every link before it fails.)"""
+    _LINK_FAILURES.reset()
 
 _SIZE = struct.Struct(">i")
 MAX_REPLY_BYTES = 1 << 30  # a Fetch reply is bounded by the client's fetch.max.bytes; this only refuses nonsense
@@ -94,7 +100,6 @@ class UpstreamLink(asyncio.Protocol):
                       f"(descriptor {sock.fileno()} is past {self.highest_fd}: the rest are kept for the logs)")
             return
         self._transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
-        _LINK_FAILURES.reset()
         if sock is not None:  # a relayed Produce request of ~1 MB goes to the kernel in one write
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)

@@ -4,7 +4,7 @@ import struct
 
 import crc32c
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -172,7 +172,9 @@ _FIELDS = ("base_offset", "last_offset", "size", "producer_id", "producer_epoch"
 
 
 @settings(max_examples=300, deadline=None)
-@given(base=st.integers(0, 2**63 - 1), epoch=st.integers(-(2**31), 2**31 - 1),
+@example(base=2**63 - 1, epoch=0, last_delta=1, attributes=0, times=(0, 0), producer=(-1, -1))  # a review's find:
+@example(base=-(2**63), epoch=0, last_delta=-1, attributes=0, times=(0, 0), producer=(-1, -1))  # i64 sums wrapped
+@given(base=st.integers(-(2**63), 2**63 - 1), epoch=st.integers(-(2**31), 2**31 - 1),
        last_delta=st.integers(-(2**31), 2**31 - 1), attributes=st.integers(-(2**15), 2**15 - 1),
        times=st.tuples(*[st.integers(-(2**63), 2**63 - 1)] * 2),
        producer=st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**15), 2**15 - 1)))
