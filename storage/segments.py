@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
 
-from storage.batch import LOG_OVERHEAD, Batch, BatchError, decode_batch, read_head
+from storage.batch import LOG_OVERHEAD, Batch, BatchError, decode_batch, decode_run, read_head
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,12 @@ def read_segment(path: Path, start: int = 0, replayable: bool = False) -> Iterat
         pos = start
         while pos < size:
             rel = pos - buf_start
+            run: list[Batch] = []
+            taken = decode_run(buf, rel, size - buf_start, replayable, run)  # the valid batches, compiled
+            if taken:
+                yield from run
+                pos += taken
+                continue
             if len(buf) - rel < LOG_OVERHEAD:
                 buf, buf_start, rel = _refill(f, buf, rel, pos, LOAD_BUFFER_BYTES)
             if len(buf) - rel < LOG_OVERHEAD:

@@ -1,0 +1,77 @@
+"""storage.segments.read_segment: a segment's batches in order, the valid ones taken in compiled runs
+(storage.batch.decode_run) and everything else left to the per-batch checks, in the same order."""
+
+from pathlib import Path
+
+import pytest
+
+import storage.batch
+from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, RecordError, encode_record
+from storage.batch import Batch, decode_batch
+from storage.batchwriter import build_batch
+from storage.segments import LOAD_BUFFER_BYTES, Damage, read_segment
+
+T = 1_700_000_000_000
+
+
+def batches(count: int, records: int = 3, first: int = 0) -> list[bytes]:
+    out = []
+    for i in range(count):
+        base = first + i * records
+        out.append(build_batch(base, [encode_record(OffsetCommitRecord(OffsetKey(f"g{base}", "t", r),
+                                                                       OffsetAndMetadata(base + r, -1, "", T)))
+                                      for r in range(records)], T))
+    return out
+
+
+def read(path: Path, replayable: bool = True) -> list[Batch | Damage]:
+    return list(read_segment(path, replayable=replayable))
+
+
+@pytest.mark.parametrize("replayable", [True, False])
+def test_every_batch_across_buffer_refills_and_runs(tmp_path: Path, replayable: bool) -> None:
+    """More than one 5 MiB read and many runs of 64 KiB: every batch once, in order, as a
+    batch-by-batch decode gives it."""
+    raw = batches(30_000)
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(b"".join(raw))
+    assert path.stat().st_size > LOAD_BUFFER_BYTES
+    got = read(path, replayable)
+    assert all(isinstance(b, Batch) for b in got) and len(got) == len(raw)
+    for b, data in zip(got, raw, strict=True):
+        want = decode_batch(data, replayable)
+        assert isinstance(b, Batch)
+        assert (b.base_offset, b.last_offset, b.size, b.runs) == (want.base_offset, want.last_offset, want.size,
+                                                                  want.runs)
+
+
+def test_a_batch_that_fails_to_decode_comes_after_the_ones_before_it(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record kcoord cannot read inside a batch with a valid CRC raises RecordError, as it did batch
+    by batch: only once the batches before it were handed over (a recovery may stop before it, where a
+    journal run replaces the rest), never while they are still being decoded ahead."""
+    monkeypatch.setattr(storage.batch, "FAST_REPLAY", True)  # the loader's decoder: it reads the records
+    bad = build_batch(30, [(b"\x00\x01\xff", b"\x00\x01")], T)
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(b"".join(batches(10)) + bad + b"".join(batches(5, first=31)))
+    seen = []
+    with pytest.raises(RecordError):
+        for item in read_segment(path, replayable=True):
+            seen.append(item)
+    assert [b.base_offset for b in seen if isinstance(b, Batch)] == [i * 3 for i in range(10)]
+
+
+def test_damage_after_valid_batches_is_reported_where_it_starts(tmp_path: Path) -> None:
+    raw = batches(2_000)
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(b"".join(raw) + raw[0][:40])  # a torn batch: its header only in part
+    got = read(path)
+    assert len(got) == 2_001 and isinstance(got[-1], Damage)
+    assert (got[-1].position, got[-1].torn) == (sum(len(b) for b in raw), True)
+    corrupt = bytearray(b"".join(raw))
+    at = sum(len(b) for b in raw[:1500])
+    corrupt[at + 70] ^= 0xFF  # a record byte of batch 1,500: its CRC fails
+    path.write_bytes(bytes(corrupt))
+    got = read(path)
+    assert len(got) == 1_501 and isinstance(got[-1], Damage) and not got[-1].torn
+    assert got[-1].position == at and "CRC" in got[-1].reason
