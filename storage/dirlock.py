@@ -45,14 +45,7 @@ def lock_directory(directory: Path) -> int | None:
                             "off this directory", directory, LOCK_FILE, exc.strerror)
                 return None
             raise exc from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = _holder(fd)
-        os.close(fd)
-        if exc.errno in _HELD:
-            raise DirectoryInUse(f"{directory} is in use by another process{holder} (it holds {path})") from None
-        raise
+    _flock(fd, fcntl.LOCK_EX, f"{directory} is in use by another process", path)
     if writable:
         try:  # who holds it, for the next one's message; only a hint
             os.ftruncate(fd, 0)
@@ -79,15 +72,21 @@ def share_directory(directory: Path) -> int | None:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
+    _flock(fd, fcntl.LOCK_SH, f"{directory} is in use by a running kcoord", path)
+    return fd
+
+
+def _flock(fd: int, mode: int, in_use: str, path: Path) -> None:
+    """Takes the lock without waiting; closes ``fd`` and raises DirectoryInUse (``in_use``, the holder's
+    pid if known, and the lock file ``path``) if another process holds it in a conflicting mode."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
     except OSError as exc:
         holder = _holder(fd)
         os.close(fd)
         if exc.errno in _HELD:
-            raise DirectoryInUse(f"{directory} is in use by a running kcoord{holder} (it holds {path})") from None
+            raise DirectoryInUse(f"{in_use}{holder} (it holds {path})") from None
         raise
-    return fd
 
 
 def _holder(fd: int) -> str:
