@@ -357,21 +357,13 @@ class Connection(asyncio.Protocol):
 
     def drop_unanswered_relays(self) -> int:
         """At a stop (gateway mode): the replies from the first relayed request still waiting for the
-        upstream on are given up, as they must be sent in order, and the connection closes once those
-        before it are written (coordinator.server's stop); returns how many were dropped."""
+        upstream on are given up, as they must be sent in order; those before it are written, and the
+        stop closes the connection with the others (coordinator.server). Returns how many were dropped."""
         queue = self._queue
         first = next((i for i, slot in enumerate(queue) if isinstance(slot, Relayed) and slot.data is None), None)
         if first is None or self.closed:
             return 0
-        dropped = len(queue) - first
-        released = 0
-        for _ in range(dropped):
-            slot = queue.pop()
-            released += slot.holds_gc
-        if released:
-            gcpause.release(released)
-        self._server.want_write(self)
-        return dropped
+        return self._drop_from(first)
 
     def hold(self) -> None:
         self.held += 1
@@ -474,12 +466,24 @@ class Connection(asyncio.Protocol):
         queue = self._queue
         if self.closed or not queue or queue[-1] is not req:
             return False
-        queue.pop()
-        if req.holds_gc:
-            req.holds_gc = False
-            gcpause.release(1)
-        self._server.want_write(self)
+        self._drop_from(len(queue) - 1)
         return True
+
+    def _drop_from(self, first: int) -> int:
+        """Drops the replies from queue position ``first`` on, unanswered (the collector holds of those
+        that took one released), and lets the ones before it be written; returns how many."""
+        queue = self._queue
+        dropped = len(queue) - first
+        released = 0
+        for _ in range(dropped):
+            slot = queue.pop()
+            if isinstance(slot, Request) and slot.holds_gc:
+                slot.holds_gc = False
+                released += 1
+        if released:
+            gcpause.release(released)
+        self._server.want_write(self)
+        return dropped
 
     def close(self) -> None:
         if self._transport is not None and not self.closed:

@@ -153,16 +153,22 @@ def _partition_dirs(path: str) -> list[tuple[int, str]]:
     own = _PARTITION_DIR.match(_basename(path))
     if own:
         return [(int(own.group(1)), path)]
-    try:
-        entries = files.listdir(path)
-    except (OSError, ValueError) as exc:
-        raise LayoutError(f"cannot list {path}: {exc}") from exc
+    entries = _listed(files, path)
     found = []
     for entry in entries:
         m = _PARTITION_DIR.match(entry.name)
         if m and entry.is_dir:
             found.append((int(m.group(1)), files.join(path, entry.name)))
     return found
+
+
+def _listed(files: Files, path: str) -> list[Entry]:
+    """``path``'s entries, or a LayoutError naming it (unreadable, or an entry that cannot be stat'ed,
+    such as a dangling symlink named like a segment)."""
+    try:
+        return files.listdir(path)
+    except (OSError, ValueError) as exc:
+        raise LayoutError(f"cannot list {path}: {exc}") from exc
 
 
 def data_dir_of(path: Path) -> Path:
@@ -177,10 +183,7 @@ def _basename(path: str) -> str:
 
 def _segments_of(number: int, directory: str) -> list[SegmentFile]:
     files = files_for(directory)
-    try:
-        entries = files.listdir(directory)
-    except (OSError, ValueError) as exc:  # e.g. a segment name whose file cannot be stat'ed
-        raise LayoutError(f"cannot list {directory}: {exc}") from exc
+    entries = _listed(files, directory)
     segments = sorted((int(m.group(1)), e) for e in entries if (m := _SEGMENT.match(e.name)) and not e.is_dir)
     known_base, known_position = _recovery_point(files, directory, {e.name for e in entries})
     out = []

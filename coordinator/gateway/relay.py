@@ -108,10 +108,11 @@ class Gateway:
         self._tasks = [loop.create_task(self.cluster.run()), loop.create_task(self._sweep())]
 
     def stop(self) -> None:
-        """Called before the server's stop: relayed requests still waiting for the upstream are given up
-        (a stalled upstream held every such connection, and the stop, until --shutdown-timeout-ms), a
-        Metadata request answered from kcoord's own view; each such connection closes once the replies
-        before the first one given up are written, as after kill -9 the client retries elsewhere."""
+        """Called just before the server's stop (which then starts no request): relayed requests still
+        waiting for the upstream are given up (a stalled upstream held every such connection, and the
+        stop, until --shutdown-timeout-ms), a Metadata request answered from kcoord's own view; the
+        replies before the first one given up are written, and the stop closes the connection with the
+        others: the client retries elsewhere, as after kill -9."""
         self.stopping = True
         for task in self._tasks:
             task.cancel()
@@ -271,9 +272,6 @@ class Gateway:
             links = conn.links = ClientLinks(self, conn)
         slot = Relayed()
         conn.enqueue(slot)
-        if self.stopping:  # read before the stop: given up as the stop gave up those waiting (stop)
-            conn.drop_unanswered_relays()
-            return
         metrics = self.metrics
         started = time.perf_counter()
 

@@ -145,13 +145,16 @@ def metadata_from_cache(request: Any, version: int, correlation: int, cluster: C
         mapped = cluster.address(node)
         if mapped is not None:
             brokers.append(cls.MetadataResponseBroker(node_id=node, host=mapped[0], port=mapped[1], rack=None))
-    by_id = {facts.topic_id: name for name, facts in cluster.topics.items() if facts.topic_id != _NO_ID}
     asked = request.topics
-    everything = asked is None or (version == 0 and not asked)  # v0 asks for every topic with an empty list
-    wanted: Iterable[tuple[str | None, uuid.UUID]] = (
-        [(name, facts.topic_id) for name, facts in cluster.topics.items()] if everything
-        else [(t.name if t.name is not None else by_id.get(getattr(t, "topic_id", None) or _NO_ID),
-               getattr(t, "topic_id", None) or _NO_ID) for t in asked])
+    wanted: list[tuple[str | None, uuid.UUID]]
+    if asked is None or (version == 0 and not asked):  # v0 asks for every topic with an empty list
+        wanted = [(name, facts.topic_id) for name, facts in cluster.topics.items()]
+    else:
+        by_id = {facts.topic_id: name for name, facts in cluster.topics.items() if facts.topic_id != _NO_ID}
+        wanted = []
+        for t in asked:
+            topic_id = getattr(t, "topic_id", None) or _NO_ID  # v10+ may ask by id, its name null
+            wanted.append((t.name if t.name is not None else by_id.get(topic_id), topic_id))
     topics = []
     for name, topic_id in wanted:
         facts = cluster.topics.get(name) if name is not None else None
