@@ -64,6 +64,8 @@ class Config:
     upstream: tuple[tuple[str, int], ...] = ()  # gateway mode when set: the upstream cluster's bootstrap
     broker_port_base: int | None = None  # gateway: node N listens on base + N (None: any free port)
     broker_host: str | None = None  # gateway: host advertised for the node listeners (None: advertised host)
+    coordinator_node_id: int = 1_000_000_000  # gateway: kcoord's group coordinator, a node of its own
+    coordinator_port: int = 0  # gateway: its listener's port (0: any free port)
     upstream_timeout_ms: int = 30_000
     upstream_refresh_ms: int = 10_000
 
@@ -236,6 +238,11 @@ OPTIONS: list[Option] = [
     Option("--broker-advertised-host", "KCOORD_BROKER_ADVERTISED_HOST", str, _field("broker_host"),
            "gateway mode: host name clients are given for the per-broker listeners (default: the advertised "
            "host)", "HOST"),
+    Option("--coordinator-node-id", "KCOORD_COORDINATOR_NODE_ID", bounded_int(0), _field("coordinator_node_id"),
+           "gateway mode: node id clients are given for kcoord's group coordinator, a broker of its own that "
+           "leads no partition, so group requests never wait behind relayed ones (default 1000000000)"),
+    Option("--coordinator-port", "KCOORD_COORDINATOR_PORT", bounded_int(0, 65535), _field("coordinator_port"),
+           "gateway mode: port of the group coordinator's listener (default 0: any free port)"),
     Option("--upstream-timeout-ms", "KCOORD_UPSTREAM_TIMEOUT_MS", bounded_int(100), _field("upstream_timeout_ms"),
            "gateway mode: longest wait for an upstream connection or reply before the client's connection is "
            "closed (clients retry) (default 30000)"),

@@ -139,8 +139,8 @@ class Runtime:
         self.clock: Clock = clock or SystemClock()
         self.shards: list[Shard] = []
         self.groups: list[GroupHooks] = []  # the group side of each shard
-        # gateway mode: whether ListGroups on the listener of a node names the groups of a partition
-        self.lists_partition: Callable[[int | None, int], bool] | None = None
+        # gateway mode: whether ListGroups on the listener of a node names kcoord's groups
+        self.lists_groups: Callable[[int | None], bool] | None = None
         self._log_factory = log_factory
         self._journal_factory = journal_factory
         self._writer = WriterThread()

@@ -8,7 +8,6 @@ transaction or share coordinator, so those keys get COORDINATOR_NOT_AVAILABLE / 
 Like Kafka, FindCoordinator never reports loading: clients learn that from the group APIs.
 """
 
-from collections.abc import Callable
 from typing import Any
 
 from coordinator.apis import handles
@@ -21,7 +20,6 @@ SPEC = register(10, "FindCoordinator", 0, 6)
 Response = SPEC.response.cls
 
 GROUP, TRANSACTION, SHARE = 0, 1, 2
-Outcome = tuple[ErrorCode, str | None, tuple[int, str, int]]  # a key's error, message and node
 
 
 def resolve(key_type: int) -> tuple[ErrorCode, str | None]:
@@ -36,30 +34,16 @@ def resolve(key_type: int) -> tuple[ErrorCode, str | None]:
 
 
 def answer(version: int, keys: list[str], error: ErrorCode, message: str | None, node: tuple[int, str, int]) -> Any:
-    """Every key with the same outcome."""
-    return answer_each(version, keys, lambda _key: (error, message, node))
-
-
-def answer_each(version: int, keys: list[str], outcome: Callable[[str], Outcome]) -> Any:
-    """Each key with its own outcome (gateway mode spreads groups over nodes); v0-v3 carry one key."""
-
-    def fields(key: str) -> tuple[ErrorCode, str | None, int, str, int]:
-        error, message, node = outcome(key)
-        node_id, host, port = node if error is ErrorCode.NONE else (-1, "", -1)  # on error: Node.noNode()
-        return error, message, node_id, host, port
-
+    """Every key with the same outcome (v0-v3 carry one key)."""
+    node_id, host, port = node if error is ErrorCode.NONE else (-1, "", -1)  # on error: Node.noNode()
     if version < 4:
-        error, message, node_id, host, port = fields(keys[0])
         # Kafka fills a v1-v3 success with the error's name, "NONE"; clients print it.
         return Response(throttle_time_ms=0, error_code=error,
                         error_message="NONE" if error is ErrorCode.NONE else message,
                         node_id=node_id, host=host, port=port)
-    coordinators = []
-    for key in keys:
-        error, message, node_id, host, port = fields(key)
-        coordinators.append(Response.Coordinator(key=key, node_id=node_id, host=host, port=port, error_code=error,
-                                                  error_message=message))
-    return Response(throttle_time_ms=0, coordinators=coordinators)
+    return Response(throttle_time_ms=0, coordinators=[
+        Response.Coordinator(key=key, node_id=node_id, host=host, port=port, error_code=error, error_message=message)
+        for key in keys])
 
 
 def error_response(body: Any, version: int, error: ErrorCode) -> Any:

@@ -33,10 +33,10 @@ def list_all_groups(runtime: Runtime, req: Request, body: Any) -> Any:
     def fail(error: ErrorCode) -> None:
         response.error_code = error
 
-    listed, node = runtime.lists_partition, getattr(req.sink, "node", None)
+    listed = runtime.lists_groups
+    if listed is not None and not listed(getattr(req.sink, "node", None)):
+        return response  # gateway mode: an upstream broker's listener; the groups' coordinator is another node
     for shard in runtime.shards:
-        if listed is not None and not listed(node, shard.partition):
-            continue  # gateway mode: another listener's node coordinates these groups
         try:
             found = shard.read(req, fail, list_groups, states, types)
         except ShardUnavailable as exc:

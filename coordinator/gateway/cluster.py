@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable
 from coordinator.config import Config
 from coordinator.gateway import rewrite
 from coordinator.gateway.upstream import LinkOwner, UpstreamLink, upstream_reached_again
-from protocol.partitioning import partition_for
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +40,7 @@ class Cluster:
         self.config = config
         self.brokers: dict[int, tuple[str, int]] = {}  # upstream addresses
         self.listeners: dict[int, int] = {}  # node id -> kcoord's port for it
+        self.coordinator_node = config.coordinator_node_id
         self.live: list[int] = []  # the node ids of the last broker list seen (a left broker keeps its listener)
         self.offered: list[tuple[int, int, int]] | None = None  # ApiVersions answer, once known
         self.upstream_versions: dict[int, tuple[int, int]] = {}
@@ -67,37 +67,31 @@ class Cluster:
     def nodes(self) -> list[int]:
         return sorted(self.listeners)
 
-    def group_nodes(self) -> list[int]:
-        """The nodes groups are spread over: the upstream's brokers as last seen (clients ask only
-        those for ListGroups), each with a listener; every listener's node before any list is seen."""
-        live = [node for node in self.live if node in self.listeners]
-        return live or self.nodes()
+    def coordinator(self) -> tuple[int, str, int]:
+        """The node given for every group key, from every listener: kcoord's coordinator, a broker of its
+        own that leads no partition. Clients then send their group requests on a connection of their own
+        (librdkafka, kafkajs and Sarama send a coordinator's requests on the connection of the broker with
+        its node id), where none waits behind a relayed Fetch or Metadata that a stalled upstream does
+        not answer: with the coordinator on an upstream broker's node id, members were expired while
+        only the upstream stalled (a fault campaign's find)."""
+        node = self.coordinator_node
+        host, port = self.address(node) or ("", -1)  # (never None: its id is not negative)
+        return node, host, port
 
-    def coordinator_of(self, group_id: str) -> tuple[int, str, int] | None:
-        """The node given for a group key, the same from every listener, as Kafka has one coordinator
-        per group: the group's offsets partition spread over the nodes (every listener serves every
-        group; this is what clients are told, and what ListGroups on each listener names)."""
-        node = self._coordinator_of_partition(partition_for(group_id, self.config.offsets_partitions))
-        return None if node is None else (node, self.advertised_host, self.listeners[node])
-
-    def _coordinator_of_partition(self, partition: int) -> int | None:
-        nodes = self.group_nodes()
-        return nodes[partition % len(nodes)] if nodes else None
-
-    def lists_partition(self, node: int | None, partition: int) -> bool:
-        """Whether ListGroups on the listener of ``node`` names the groups of offsets ``partition``: those
-        it coordinates (``coordinator_of``), so admin clients, which ask every broker and merge the
-        answers, get each group once. The bootstrap listener, no broker's, names every group; a
-        listener whose broker has left names none (its groups have moved to the brokers left). While
-        brokers join or leave, a listing merged before the clients' next Metadata may miss or repeat
-        groups whose node moved."""
-        return node is None or self._coordinator_of_partition(partition) == node
+    def lists_groups(self, node: int | None) -> bool:
+        """Whether ListGroups on the listener of ``node`` names kcoord's groups: on the coordinator's and
+        on the bootstrap listener (no broker's), not on an upstream broker's, so admin clients, which ask
+        every broker Metadata names and merge the answers, get each group once."""
+        return node is None or node == self.coordinator_node
 
     def target(self, node: int | None) -> tuple[str, int] | None:
-        """The upstream address a listener relays to: its node's, or for the bootstrap listener the
-        lowest known node's (else the first configured bootstrap address)."""
-        if node is not None:
+        """The upstream address a listener relays to: its node's; for the bootstrap and the coordinator's
+        listener, the lowest node's of the last broker list (else of any known, else the first configured
+        bootstrap address)."""
+        if node is not None and (node != self.coordinator_node or node in self.brokers):
             return self.brokers.get(node)
+        if self.live:
+            return self.brokers[self.live[0]]
         if self.brokers:
             return self.brokers[min(self.brokers)]
         return self.config.upstream[0]
@@ -117,31 +111,46 @@ class Cluster:
         brokers = list(brokers)
         self.live = sorted({node for node, _, _ in brokers})
         for node, host, port in brokers:
+            if node == self.coordinator_node and node not in self.brokers:
+                log.warning("upstream broker %d has the node id of kcoord's group coordinator "
+                            "(--coordinator-node-id): its listener relays to it, and group requests may wait "
+                            "behind relayed ones there; choose another id", node)
             if self.brokers.get(node) != (host, port):
                 log.info("upstream broker %d at %s:%d", node, host, port)
                 self.brokers[node] = (host, port)
             if node not in self.listeners:
                 self._listen(node)
 
+    def listen_coordinator(self) -> None:
+        """The coordinator's listener, made before any client is told of it (``--coordinator-port``)."""
+        if self.coordinator_node not in self.listeners:
+            self._listen(self.coordinator_node)
+
     def _listen(self, node: int) -> int:
         """Binds the node's listener now (so its port can be given out at once); serving starts on the
-        loop. ``--broker-port-base`` + node id if set and free, else any free port."""
+        loop. ``--broker-port-base`` + node id if set and free, else any free port; the coordinator's on
+        ``--coordinator-port``."""
         host = self.config.host
         base = self.config.broker_port_base
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        wanted = base + node if base is not None and base + node <= 65535 else 0
+        coordinator = node == self.coordinator_node
+        if coordinator:
+            wanted = self.config.coordinator_port
+        else:
+            wanted = base + node if base is not None and base + node <= 65535 else 0
+        what = "kcoord's group coordinator, node" if coordinator else "upstream node"
         try:
             sock.bind((host, wanted))
         except OSError as exc:
-            log.error("cannot listen on %s:%d for upstream node %d (%s); using a free port", host, wanted, node, exc)
+            log.error("cannot listen on %s:%d for %s %d (%s); using a free port", host, wanted, what, node, exc)
             sock.bind((host, 0))
         sock.listen(512)
         sock.setblocking(False)
         port = int(sock.getsockname()[1])
         self.listeners[node] = port
         self._add_listener(sock, node)
-        log.info("listening on %s:%d for upstream node %d (advertised as %s:%d)", host, port, node,
+        log.info("listening on %s:%d for %s %d (advertised as %s:%d)", host, port, what, node,
                  self.advertised_host, port)
         return port
 

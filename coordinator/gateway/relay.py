@@ -4,9 +4,9 @@ Every frame is routed by its api key before anything is decoded:
 
 * group APIs (``rewrite.LOCAL``) go to kcoord's own handlers, as in standalone mode;
 * ApiVersions is answered here from the upstream's versions (``rewrite.api_versions``);
-* FindCoordinator is decoded: group keys are answered here with a node of the Metadata answers (the
-  listener asked, so the client reuses its connection), transaction keys go upstream and come back
-  with the coordinator's address rewritten;
+* FindCoordinator is decoded: group keys are answered here with kcoord's coordinator node (a broker of
+  its own in every Metadata answer, with a listener of its own), transaction keys go upstream and come
+  back with the coordinator's address rewritten;
 * Metadata and DescribeCluster go upstream and come back with every broker address rewritten;
 * everything else goes upstream untouched, and its reply comes back untouched.
 
@@ -39,7 +39,11 @@ from protocol.registry import ApiSpec, DecodeError, api_versions_fallback
 
 log = logging.getLogger(__name__)
 
-SWEEP_S = 1.0
+SWEEP_S = 0.5
+# A Metadata request on the coordinator's listener waits this long for the upstream, then kcoord answers
+# it from its own view (every partition LEADER_NOT_AVAILABLE, which clients retry): the client's group
+# requests on that connection, answered in order, would wait behind it (heartbeats every 3 s by default).
+METADATA_WAIT_S = 2.0
 
 
 class ClientLinks(LinkOwner):
@@ -91,7 +95,7 @@ class Gateway:
         self.timeout_s = config.upstream_timeout_ms / 1000.0
         self.metrics = metrics or GatewayMetrics()
         self.cluster = Cluster(config, self._serve_listener)
-        server.runtime.lists_partition = self.cluster.lists_partition
+        server.runtime.lists_groups = self.cluster.lists_groups
         self.metrics.upstream_brokers = lambda: len(self.cluster.brokers)
         self.metrics.upstream_reachable = lambda: self.cluster.reachable
         self._tasks: list[asyncio.Task[None]] = []
@@ -102,6 +106,7 @@ class Gateway:
         """First discovery (bounded: an upstream that is down at start-up is retried in the background,
         while kcoord already serves groups and offsets), then the refresher and the timeout sweeper."""
         loop = asyncio.get_running_loop()
+        self.cluster.listen_coordinator()
         deadline = loop.time() + wait_s
         while not await self.cluster.refresh() and loop.time() < deadline:
             await asyncio.sleep(0.5)
@@ -148,7 +153,7 @@ class Gateway:
             self._find_coordinator(conn, frame, version, correlation_id)
         elif api_key == rewrite.METADATA and version <= rewrite.CAPS[rewrite.METADATA]:
             self._relay(conn, frame, api_key, version, self._brokers_rewriter(rewrite.METADATA_RESPONSE, version),
-                        lambda: self._metadata_from_cache(frame, version, correlation_id))
+                        lambda: self._metadata_from_cache(frame, version, correlation_id), self._metadata_wait(conn))
         elif api_key == rewrite.DESCRIBE_CLUSTER and version <= rewrite.CAPS[rewrite.DESCRIBE_CLUSTER]:
             self._relay(conn, frame, api_key, version,
                         self._brokers_rewriter(rewrite.DESCRIBE_CLUSTER_RESPONSE, version))
@@ -235,11 +240,9 @@ class Gateway:
                         lambda reply: rewrite.rewrite_find_coordinator(reply, version, self.cluster.address))
             return
         keys = list(body.coordinator_keys) if version >= 4 else [body.key]
-        if key_type == k10.GROUP:
-            answer = rewrite.find_coordinator_local(version, keys, self.cluster.coordinator_of)
-        else:
-            error, message = k10.resolve(key_type)
-            answer = k10.answer(version, keys, error, message, (-1, "", -1))
+        error, message = k10.resolve(key_type)  # NONE for group keys: every group's is kcoord's coordinator node
+        node = self.cluster.coordinator() if key_type == k10.GROUP else (-1, "", -1)
+        answer = k10.answer(version, keys, error, message, node)
         self._reply(conn, spec.encode_response(answer, version, correlation_id))
 
     def _metadata_from_cache(self, frame: bytes, version: int, correlation_id: int) -> bytes:
@@ -255,11 +258,22 @@ class Gateway:
 
     # -- relay ---------------------------------------------------------------------------------
 
+    def _metadata_wait(self, conn: Connection) -> float | None:
+        """How long a Metadata request on ``conn`` waits for the upstream before kcoord answers it from
+        its own view: on the coordinator's listener ``METADATA_WAIT_S`` (its group requests would wait
+        behind it), elsewhere the upstream timeout."""
+        node = self.cluster.coordinator_node
+        if conn.node == node and node not in self.cluster.brokers:
+            return min(METADATA_WAIT_S, self.timeout_s)
+        return None
+
     def _relay(self, conn: Connection, frame: bytes, api_key: int, version: int,
-               finish: Callable[[bytes], bytes] | None, fallback: Callable[[], bytes] | None = None) -> None:
+               finish: Callable[[bytes], bytes] | None, fallback: Callable[[], bytes] | None = None,
+               wait_s: float | None = None) -> None:
         """Relays to the listener's broker. With a ``fallback`` (Metadata, which any broker answers),
         brokers known to be down are tried last and, when a link fails, the next broker is tried, then
-        the fallback answers: a client asking a dead broker's listener still learns where leaders went."""
+        the fallback answers: a client asking a dead broker's listener still learns where leaders went.
+        A request given ``wait_s`` goes to the fallback at once when its link fails after that long."""
         primary = self.cluster.target(conn.node)
         node = -1 if conn.node is None else conn.node
         if primary is None:
@@ -291,13 +305,14 @@ class Gateway:
             addr = candidates.pop(0)
             if self.server.debug:
                 log.debug("%s: api %d v%d relayed to node %d at %s:%d", conn.peer, api_key, version, node, *addr)
-            links.link_for(addr, node).send(frame, on_reply, on_fail if fallback is not None else None)
+            links.link_for(addr, node).send(frame, on_reply, on_fail if fallback is not None else None, wait_s)
 
         def on_fail() -> None:
             assert fallback is not None
             if conn.closed:
                 return
-            if candidates and not self.stopping:
+            waited_out = wait_s is not None and time.perf_counter() - started >= wait_s
+            if candidates and not self.stopping and not waited_out:
                 attempt()
                 return
             try:
@@ -317,6 +332,6 @@ class Gateway:
             for conn in list(self.server.connections):
                 if isinstance(conn.links, ClientLinks):
                     for link in list(conn.links.links.values()):
-                        if link.overdue(now):
-                            link.fail(f"upstream {link.addr[0]}:{link.addr[1]} did not answer within "
-                                      f"{self.timeout_s:g} s")
+                        wait = link.overdue(now)
+                        if wait is not None:
+                            link.fail(f"upstream {link.addr[0]}:{link.addr[1]} did not answer within {wait:g} s")

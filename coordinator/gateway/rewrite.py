@@ -97,6 +97,7 @@ class TopicFacts(NamedTuple):
 
 class ClusterFacts(Protocol):
     cluster_id: str | None
+    coordinator_node: int
     controller_id: int
     topics: dict[str, TopicFacts]
 
@@ -108,11 +109,18 @@ class ClusterFacts(Protocol):
 
 
 def rewrite_brokers(codec: MessageCodec, frame: bytes, version: int, cluster: ClusterFacts) -> bytes:
-    """Metadata or DescribeCluster: every broker gets kcoord's listener for its node id; the upstream
-    addresses are learnt first (listeners are made for new node ids there)."""
+    """Metadata or DescribeCluster: every broker gets kcoord's listener for its node id, and kcoord's
+    group coordinator is one more broker (leading no partition); the upstream addresses are learnt first
+    (listeners are made for new node ids there)."""
     correlation, body = decode_reply(codec, frame, version)
     brokers = body.brokers
-    cluster.learn([(b.node_id if hasattr(b, "node_id") else b.broker_id, b.host, b.port) for b in brokers])
+    ids = [b.node_id if hasattr(b, "node_id") else b.broker_id for b in brokers]
+    cluster.learn(zip(ids, (b.host for b in brokers), (b.port for b in brokers), strict=True))
+    coordinator = cluster.coordinator_node
+    if coordinator not in ids:  # (its address is given below, with the others')
+        describe = getattr(codec.cls, "DescribeClusterBroker", None)
+        brokers.append(describe(broker_id=coordinator, host="", port=-1, rack=None) if describe is not None
+                       else codec.cls.MetadataResponseBroker(node_id=coordinator, host="", port=-1, rack=None))
     if hasattr(body, "cluster_id") and body.cluster_id is not None:
         cluster.cluster_id = body.cluster_id
     if getattr(body, "controller_id", -1) >= 0:
@@ -206,19 +214,6 @@ def rewrite_find_coordinator(frame: bytes, version: int, address: Address) -> by
         if mapped is not None:
             node.host, node.port = mapped
     return _encode(codec, body, version, correlation)
-
-
-def find_coordinator_local(version: int, keys: list[str], locate: Callable[[str], tuple[int, str, int] | None]) -> Any:
-    """Group keys, answered by kcoord: ``locate`` gives a key's node, a node of the Metadata answers with
-    exactly the address kcoord gives it there; None while no upstream broker is known (a retriable error)."""
-
-    def outcome(key: str) -> k10.Outcome:
-        node = locate(key)
-        if node is None:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE, "the gateway knows no upstream broker yet", (-1, "", -1)
-        return ErrorCode.NONE, None, node
-
-    return k10.answer_each(version, keys, outcome)
 
 
 def api_versions(upstream: dict[int, tuple[int, int]]) -> list[tuple[int, int, int]]:

@@ -65,7 +65,7 @@ class UpstreamLink(asyncio.Protocol):
         self.owner = owner
         self.timeout_s = timeout_s
         self.failed: str | None = None
-        self._pending: deque[tuple[Reply, Fallback | None, float]] = deque()
+        self._pending: deque[tuple[Reply, Fallback | None, float, float]] = deque()  # (..., deadline, wait)
         self._out: list[bytes] = []  # frames sent before the connection is up
         self._reader = FrameReader(MAX_REPLY_BYTES, include_size=True)  # large ones assembled from chunks
         self._transport: asyncio.Transport | None = None
@@ -131,7 +131,7 @@ class UpstreamLink(asyncio.Protocol):
         if not self._pending:
             self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a reply nobody asked for")
             return
-        on_reply, _, _ = self._pending.popleft()
+        on_reply = self._pending.popleft()[0]
         on_reply(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -147,12 +147,15 @@ class UpstreamLink(asyncio.Protocol):
 
     # -- use -----------------------------------------------------------------------------------
 
-    def send(self, frame: bytes, on_reply: Reply, on_fail: Fallback | None = None) -> None:
+    def send(self, frame: bytes, on_reply: Reply, on_fail: Fallback | None = None,
+             timeout_s: float | None = None) -> None:
         """Sends a request frame (without its size prefix); ``on_reply`` gets the framed reply, or
-        ``on_fail`` is called if the link fails first."""
+        ``on_fail`` is called if the link fails first. The link is overdue once the reply has waited
+        ``timeout_s`` (default: the link's timeout)."""
         if self.failed is not None:
             raise FrameError(self.failed)
-        self._pending.append((on_reply, on_fail, self._loop.time()))
+        wait = self.timeout_s if timeout_s is None else timeout_s
+        self._pending.append((on_reply, on_fail, self._loop.time() + wait, wait))
         head = _SIZE.pack(len(frame))
         if self._transport is None:
             self._out += (head, frame)
@@ -190,10 +193,11 @@ class UpstreamLink(asyncio.Protocol):
             else:
                 self._transport.resume_reading()
 
-    def overdue(self, now: float) -> bool:
-        """True if the oldest reply waited for is later than the timeout (or the link is still connecting
-        after it): checked by the gateway's sweeper, not by a timer per request."""
-        return bool(self._pending) and now - self._pending[0][2] > self.timeout_s
+    def overdue(self, now: float) -> float | None:
+        """How long a reply past its deadline was given (the link may still be connecting after it), or
+        None: checked by the gateway's sweeper, not by a timer per request. Replies come in order, so a
+        reply with a short wait behind one with a long wait makes the link overdue all the same."""
+        return next((wait for _, _, deadline, wait in self._pending if now > deadline), None)
 
     @property
     def waiting(self) -> int:
@@ -222,7 +226,7 @@ class UpstreamLink(asyncio.Protocol):
             # retry fails a link (a campaign counted ~1,000 such lines a second)
             _LINK_FAILURES.report(logging.INFO, "%s (%d replies outstanding)", why, len(pending))
         outstanding = 0
-        for _, on_fail, _ in pending:
+        for _, on_fail, _, _ in pending:
             if on_fail is None:
                 outstanding += 1
             else:

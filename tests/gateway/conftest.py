@@ -71,6 +71,16 @@ def node_ports(kcoord: KcoordProcess) -> dict[int, int]:
     return {int(n): int(p) for p, n in re.findall(r"listening on [^:]+:(\d+) for upstream node (\d+)", kcoord.log())}
 
 
+COORDINATOR = 1_000_000_000  # kcoord's coordinator node (--coordinator-node-id's default)
+
+
+def coordinator_port(kcoord: KcoordProcess) -> int:
+    """kcoord's listener for its group coordinator, from kcoord's log."""
+    found = re.search(r"listening on [^:]+:(\d+) for kcoord's group coordinator", kcoord.log())
+    assert found is not None
+    return int(found.group(1))
+
+
 def scrape(kcoord: KcoordProcess) -> str:
     with urllib.request.urlopen(kcoord.metrics_url + "/metrics", timeout=10) as response:
         return str(response.read().decode())

@@ -17,7 +17,15 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # defined here; confluent_kafka.admin does not re-export it
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from tests.gateway.conftest import Member, Upstream, node_ports, relayed_apis, wait_all
+from tests.gateway.conftest import (
+    COORDINATOR,
+    Member,
+    Upstream,
+    coordinator_port,
+    node_ports,
+    relayed_apis,
+    wait_all,
+)
 from tests.kcoord_process import REPO, KcoordProcess
 
 PARTITIONS = 4  # the mock cluster auto-creates topics with 4 partitions; Tansu's are created so
@@ -52,22 +60,25 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
 
 
 def test_metadata_names_only_kcoord_listeners(upstream: Upstream, gateway: KcoordProcess) -> None:
-    """Every broker a client learns is a kcoord listener with the upstream's node id, whichever listener
-    it asks; a group's coordinator is one of those brokers, with exactly its address."""
+    """Every broker a client learns is a kcoord listener: the upstream's with their node ids, and kcoord's
+    group coordinator, whichever listener it asks; a group's coordinator is that broker, with exactly its
+    address."""
     ports = node_ports(gateway)
     assert ports
-    for port in [gateway.port, *ports.values()]:
+    expected = {node: ("127.0.0.1", p) for node, p in {**ports, COORDINATOR: coordinator_port(gateway)}.items()}
+    for port in [gateway.port, *(p for _, p in expected.values())]:
         admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
         brokers: dict[int, tuple[str | None, int]] = {b.id: (b.host, b.port)
                                                       for b in admin.list_topics(timeout=10).brokers.values()}
-        assert brokers == {node: ("127.0.0.1", p) for node, p in ports.items()}
+        assert brokers == expected
     consumer = KafkaConsumer(bootstrap_servers=gateway.bootstrap, group_id="find-me", request_timeout_ms=10_000)
     try:
         client = consumer._client
         consumer._coordinator.ensure_coordinator_ready(timeout_ms=10_000)
         node = consumer._coordinator.coordinator_id  # kafka-python names it "coordinator-<node id>"
         broker = client.cluster.broker_metadata(node)
-        assert (broker.host, broker.port) == ("127.0.0.1", ports[int(str(node).rsplit("-", 1)[-1])])
+        assert str(node).rsplit("-", 1)[-1] == str(COORDINATOR)
+        assert (broker.host, broker.port) == expected[COORDINATOR]
     finally:
         consumer.close()
 

@@ -17,9 +17,19 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # defined here; confluent_kafka.admin does not re-export it
 from kafka import KafkaAdminClient
+from kafka.protocol.metadata import MetadataRequest
 
 from tests.gateway.cable import Cable
-from tests.gateway.conftest import Member, node_ports, relayed_apis, scrape, start_gateway, wait_all
+from tests.gateway.conftest import (
+    COORDINATOR,
+    Member,
+    coordinator_port,
+    node_ports,
+    relayed_apis,
+    scrape,
+    start_gateway,
+    wait_all,
+)
 from tests.gateway.mock_cluster import MockCluster
 from tests.kcoord_process import KcoordProcess, free_port
 from tests.rawclient import RawClient, commit_request
@@ -310,6 +320,81 @@ def test_upstream_broker_killed_and_restarted(tmp_path: Path) -> None:
                 m.leave()
         if kcoord.proc is not None and kcoord.proc.poll() is None:
             kcoord.stop()
+        tansu.stop()
+
+
+def test_group_requests_on_the_coordinators_connection_do_not_wait_for_a_stalled_upstream(tmp_path: Path) -> None:
+    """Replies leave in request order, so a group request behind a relayed one waits for it. kcoord's
+    coordinator is a node of its own, whose connections carry only what clients send any broker: a
+    Metadata request there is answered from kcoord's own view once the upstream has not answered it for
+    2 s, and the OffsetCommit behind it then at once (it waited for the 30 s upstream timeout before)."""
+    tansu = TansuProcess(tmp_path).start()
+    kcoord = start_gateway(tmp_path, tansu.bootstrap)  # the upstream timeout stays 30 s
+    assert tansu.proc is not None
+    client = RawClient(coordinator_port(kcoord), timeout=30)
+    try:
+        assert client.call(commit_request("hol", {("t", 0): 7}), 8).topics[0].partitions[0].error_code == 0
+        os.kill(tansu.proc.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        asked = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name="t")])
+        metadata_id, metadata = client.encode(asked, 1)
+        commit_id, commit = client.encode(commit_request("hol", {("t", 0): 8}), 8)
+        client.sock.sendall(metadata + commit)
+        got, answer = client.receive(3, 1)
+        assert got == metadata_id
+        assert [(t.name, t.error_code) for t in answer.topics] == [("t", 5)]  # LEADER_NOT_AVAILABLE: retriable
+        assert COORDINATOR in {b.node_id for b in answer.brokers}
+        got, reply = client.receive(8, 8)
+        assert (got, reply.topics[0].partitions[0].error_code) == (commit_id, 0)
+        assert time.monotonic() - started < 10.0
+        os.kill(tansu.proc.pid, signal.SIGCONT)
+        assert client.call(commit_request("hol", {("t", 0): 9}), 8).topics[0].partitions[0].error_code == 0
+    finally:
+        client.close()
+        if tansu.proc.poll() is None:
+            os.kill(tansu.proc.pid, signal.SIGCONT)
+        kcoord.stop()
+        tansu.stop()
+
+
+def test_a_member_is_not_expired_while_only_the_upstream_stalls(tmp_path: Path) -> None:
+    """A fault campaign's find: with the coordinator on an upstream broker's node id, librdkafka sent its
+    heartbeats on that broker's connection, behind a Fetch and a Metadata the stalled upstream did not
+    answer, and a member with a 6-10 s session was expired although kcoord itself was healthy. On a
+    connection of its own the member keeps heartbeating and keeps its assignment."""
+    tansu = TansuProcess(tmp_path).start()
+    kcoord = start_gateway(tmp_path, tansu.bootstrap, "--upstream-timeout-ms", "4000")
+    assert tansu.proc is not None
+    lost: list[tuple[str, int]] = []
+    consumer = None
+    try:
+        admin = AdminClient({"bootstrap.servers": kcoord.bootstrap})
+        admin.create_topics([NewTopic("stalls", 2, 1)])["stalls"].result(30)
+        consumer = ck.Consumer({"bootstrap.servers": kcoord.bootstrap, "group.id": "stalls",
+                                "topic.metadata.refresh.interval.ms": 1000, "session.timeout.ms": 6000,
+                                "heartbeat.interval.ms": 1000})
+        consumer.subscribe(["stalls"], on_revoke=lambda _, parts: lost.append(("revoke", len(parts))),
+                           on_lost=lambda _, parts: lost.append(("lost", len(parts))))
+        deadline = time.monotonic() + 30
+        while len(consumer.assignment()) < 2:
+            assert time.monotonic() < deadline, consumer.assignment()
+            consumer.poll(0.2)
+        os.kill(tansu.proc.pid, signal.SIGSTOP)
+        until = time.monotonic() + 16  # four upstream timeouts, over twice the session
+        while time.monotonic() < until:
+            consumer.poll(0.2)
+        os.kill(tansu.proc.pid, signal.SIGCONT)
+        until = time.monotonic() + 3
+        while time.monotonic() < until:
+            consumer.poll(0.2)
+        assert lost == [] and len(consumer.assignment()) == 2
+        assert "session timeout" not in kcoord.log_since_start()
+    finally:
+        if consumer is not None:
+            consumer.close()
+        if tansu.proc.poll() is None:
+            os.kill(tansu.proc.pid, signal.SIGCONT)
+        kcoord.stop()
         tansu.stop()
 
 

@@ -15,7 +15,15 @@ from confluent_kafka.admin import AdminClient
 from coordinator.apis import load_all
 from coordinator.gateway import rewrite
 from protocol.registry import REGISTRY
-from tests.gateway.conftest import Upstream, node_ports, relayed_apis, scrape, start_gateway
+from tests.gateway.conftest import (
+    COORDINATOR,
+    Upstream,
+    coordinator_port,
+    node_ports,
+    relayed_apis,
+    scrape,
+    start_gateway,
+)
 from tests.gateway.mock_cluster import MockCluster
 from tests.kcoord_process import KcoordProcess, free_port
 from tests.rawclient import RawClient, commit_request
@@ -98,18 +106,21 @@ def test_transactional_producer_and_read_committed(tmp_path: Path) -> None:
 def test_describe_cluster_rewritten(upstream: Upstream, gateway: KcoordProcess) -> None:
     admin = AdminClient({"bootstrap.servers": gateway.bootstrap})  # kept alive until the answer is in
     described = admin.describe_cluster(request_timeout=10).result()
-    ports = node_ports(gateway)
+    ports = {**node_ports(gateway), COORDINATOR: coordinator_port(gateway)}
     assert {(n.id, n.host, n.port) for n in described.nodes} == {(n, "127.0.0.1", p) for n, p in ports.items()}
 
 
 def test_port_base_and_advertised_host(tmp_path: Path) -> None:
     mock = MockCluster(3)
     base = free_port() - 1  # nodes 1-3: base+1 is known free, the next two almost surely
+    coordinator = free_port()
     kcoord = start_gateway(tmp_path, mock.bootstrap, "--broker-port-base", str(base),
-                           "--broker-advertised-host", "localhost")
+                           "--broker-advertised-host", "localhost", "--coordinator-port", str(coordinator))
     try:
         ports = node_ports(kcoord)
         assert ports[1] == base + 1
+        assert coordinator_port(kcoord) == coordinator
+        ports[COORDINATOR] = coordinator
         brokers = AdminClient({"bootstrap.servers": kcoord.bootstrap}).list_topics(timeout=10).brokers
         found: dict[int, tuple[str | None, int]] = {b.id: (b.host, b.port) for b in brokers.values()}
         assert found == {n: ("localhost", p) for n, p in ports.items()}
@@ -206,9 +217,12 @@ def test_every_listener_names_one_coordinator_per_group_and_lists_it_once(tmp_pa
     """A compatibility sweep's find: every listener answered FindCoordinator with itself and ListGroups
     with every group, so admin clients (which ask every broker and merge the answers, as Kafka's brokers
     each list their own groups) got each group once per broker: kafka-python, kafkajs and
-    ``kcoord groups list`` showed duplicates. A group's coordinator is now one node, whichever listener
-    is asked, and each node's listener lists the groups it coordinates."""
+    ``kcoord groups list`` showed duplicates. Every group's coordinator is now kcoord's own node, a broker
+    of every Metadata answer with a listener of its own, whichever listener is asked; it lists the groups
+    and the upstream brokers' listeners list none."""
     from kafka import KafkaAdminClient
+    from kafka.protocol.admin import ListGroupsRequest
+    from kafka.protocol.metadata import MetadataRequest
     from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
 
     mock = MockCluster(3)
@@ -235,8 +249,20 @@ def test_every_listener_names_one_coordinator_per_group_and_lists_it_once(tmp_pa
             return many
 
         answers = [coordinators(port) for port in [kcoord.port, *ports.values()]]
-        assert all(answer == answers[0] for answer in answers)
-        assert len(set(answers[0].values())) > 1  # spread over the nodes, not all on one
+        assert all(answer == {g: COORDINATOR for g in groups} for answer in answers)
+        client = RawClient(kcoord.port)
+        try:
+            brokers = {b.node_id: b.port for b in client.call(MetadataRequest(topics=[]), 1).brokers}
+        finally:
+            client.close()
+        assert brokers == {**ports, COORDINATOR: coordinator_port(kcoord)}
+        for node, port in brokers.items():
+            client = RawClient(port)
+            try:
+                listed = [g.group_id for g in client.call(ListGroupsRequest(), 3).groups]
+            finally:
+                client.close()
+            assert sorted(listed) == (sorted(groups) if node == COORDINATOR else [])
         admin = KafkaAdminClient(bootstrap_servers=kcoord.bootstrap)
         try:
             listed = [g["group_id"] for g in admin.list_groups()]

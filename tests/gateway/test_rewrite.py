@@ -21,6 +21,7 @@ _ID = uuid.UUID(int=7)
 class Facts:
     cluster_id: str | None = "up-cluster"
     controller_id = 2
+    coordinator_node = 9
 
     def __init__(self, topics: dict[str, rewrite.TopicFacts] | None = None) -> None:
         self.learnt: list[tuple[int, str, int]] = []
@@ -33,7 +34,7 @@ class Facts:
         self.learnt += list(brokers)
 
     def nodes(self) -> list[int]:
-        return [1, 2, 3]
+        return [1, 2, 3, 9]
 
 
 def stock_decode(frame: bytes, version: int) -> MetadataResponse:
@@ -50,7 +51,8 @@ def test_metadata_from_cache_every_version(version: int) -> None:
     request = Request(topics=topics, allow_auto_topic_creation=False)
     frame = rewrite.metadata_from_cache(request, version, 77, Facts())
     reply = stock_decode(frame, version)
-    assert [(b.node_id, b.host, b.port) for b in reply.brokers] == [(n, "kcoord.local", 40000 + n) for n in (1, 2, 3)]
+    got = [(b.node_id, b.host, b.port) for b in reply.brokers]
+    assert got == [(n, "kcoord.local", 40000 + n) for n in (1, 2, 3, 9)]
     assert {t.error_code for t in reply.topics} == {rewrite.LEADER_NOT_AVAILABLE}
     assert reply.topics[0].name == "orders"
 
@@ -93,18 +95,21 @@ def test_a_relayed_metadata_answer_teaches_the_cache_its_topics(version: int) ->
 
 
 @pytest.mark.parametrize("version", [0, 1, 5, 9, 12])
-def test_metadata_rewrite_keeps_everything_but_addresses(version: int) -> None:
+@pytest.mark.parametrize("nodes", [(1, 2), (1, 9)])
+def test_metadata_rewrite_keeps_everything_but_addresses(version: int, nodes: tuple[int, int]) -> None:
+    """Every broker keeps its node id and gets kcoord's address for it; kcoord's coordinator (node 9 here)
+    is one more broker, unless an upstream broker has its id (then that listener stands for both)."""
     cls = rewrite.METADATA_RESPONSE.cls
     upstream = cls(throttle_time_ms=0, cluster_id="up", controller_id=1, topics=[], brokers=[
-        cls.MetadataResponseBroker(node_id=n, host="10.0.0.9", port=9092 + n, rack="r") for n in (1, 2)])
+        cls.MetadataResponseBroker(node_id=n, host="10.0.0.9", port=9092 + n, rack="r") for n in nodes])
     payload = rewrite.METADATA_RESPONSE.encode(upstream, version)
     head = struct.pack(">i", 77) + (b"\x00" if version >= 9 else b"")
     frame = struct.pack(">i", len(head) + len(payload)) + head + payload
     facts = Facts()
     reply = stock_decode(rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, frame, version, facts), version)
     got = [(b.node_id, b.host, b.port) for b in reply.brokers]
-    assert got == [(1, "kcoord.local", 40001), (2, "kcoord.local", 40002)]
-    assert facts.learnt == [(1, "10.0.0.9", 9093), (2, "10.0.0.9", 9094)]
+    assert got == [(n, "kcoord.local", 40000 + n) for n in sorted({*nodes, 9})]
+    assert facts.learnt == [(n, "10.0.0.9", 9092 + n) for n in nodes]
     if version >= 1:
         assert reply.controller_id == 1
 
@@ -120,3 +125,20 @@ def test_api_versions_offered() -> None:
     for key in rewrite.LOCAL:  # kcoord's own, whether the upstream has them or not (ListGroups: 16)
         spec = REGISTRY[key]
         assert offered[key] == (spec.min_version, spec.max_version)
+
+
+@pytest.mark.parametrize("version", range(0, rewrite.CAPS[rewrite.DESCRIBE_CLUSTER] + 1))
+def test_describe_cluster_rewrite_names_the_coordinator_too(version: int) -> None:
+    """Admin clients list brokers with DescribeCluster: the coordinator is one of them, as in Metadata."""
+    codec = rewrite.DESCRIBE_CLUSTER_RESPONSE
+    cls = codec.cls
+    upstream = cls(throttle_time_ms=0, error_code=0, error_message=None, endpoint_type=1, cluster_id="up",
+                   controller_id=1, cluster_authorized_operations=-2147483648,
+                   brokers=[cls.DescribeClusterBroker(broker_id=1, host="10.0.0.9", port=9093, rack=None)])
+    payload = codec.encode(upstream, version)
+    head = struct.pack(">i", 77) + b"\x00"
+    facts = Facts()
+    reply = rewrite.rewrite_brokers(codec, struct.pack(">i", len(head) + len(payload)) + head + payload, version, facts)
+    _, body = rewrite.decode_reply(codec, reply, version)
+    assert [(b.broker_id, b.host, b.port) for b in body.brokers] == [(1, "kcoord.local", 40001),
+                                                                       (9, "kcoord.local", 40009)]
