@@ -181,6 +181,24 @@ def metadata_from_cache(kcoord: KcoordProcess) -> float:
     return float(m.group(1))
 
 
+def assigned_member(kcoord: KcoordProcess, topic: str, partitions: int, heartbeat_ms: int,
+                    events: list[str]) -> ck.Consumer:
+    """A confluent-kafka member (6 s session, Metadata refreshed every second) of a new topic's group,
+    once it holds every partition; revocations and losses are added to ``events``."""
+    admin = AdminClient({"bootstrap.servers": kcoord.bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    consumer = ck.Consumer({"bootstrap.servers": kcoord.bootstrap, "group.id": topic,
+                            "topic.metadata.refresh.interval.ms": 1000, "session.timeout.ms": 6000,
+                            "heartbeat.interval.ms": heartbeat_ms})
+    consumer.subscribe([topic], on_revoke=lambda _, parts: events.extend(f"revoked {p}" for p in parts),
+                       on_lost=lambda _, parts: events.extend(f"lost {p}" for p in parts))
+    deadline = time.monotonic() + 30
+    while len(consumer.assignment()) < partitions:
+        assert time.monotonic() < deadline, consumer.assignment()
+        consumer.poll(0.2)
+    return consumer
+
+
 def test_a_consumer_keeps_its_assignment_while_the_upstream_is_down(tmp_path: Path) -> None:
     """While no upstream broker answers, kcoord answers Metadata itself. It gave each topic an empty
     partition list, which librdkafka read as the topic shrinking to nothing: it revoked its assignment
@@ -189,19 +207,10 @@ def test_a_consumer_keeps_its_assignment_while_the_upstream_is_down(tmp_path: Pa
     each without a leader, as a broker whose leaders are offline answers."""
     tansu = TansuProcess(tmp_path).start()
     kcoord = start_gateway(tmp_path, tansu.bootstrap, "--upstream-timeout-ms", "3000")
-    revoked: list[ck.TopicPartition] = []
+    revoked: list[str] = []
     consumer = None
     try:
-        admin = AdminClient({"bootstrap.servers": kcoord.bootstrap})
-        admin.create_topics([NewTopic("four", 4, 1)])["four"].result(30)
-        consumer = ck.Consumer({"bootstrap.servers": kcoord.bootstrap, "group.id": "keeps",
-                                "topic.metadata.refresh.interval.ms": 1000, "session.timeout.ms": 6000,
-                                "heartbeat.interval.ms": 500})
-        consumer.subscribe(["four"], on_revoke=lambda _, parts: revoked.extend(parts))
-        deadline = time.monotonic() + 30
-        while len(consumer.assignment()) < 4:
-            assert time.monotonic() < deadline, consumer.assignment()
-            consumer.poll(0.2)
+        consumer = assigned_member(kcoord, "four", 4, 500, revoked)
         assert tansu.proc is not None
         tansu.proc.kill()
         tansu.proc.wait(10)
@@ -323,6 +332,14 @@ def test_upstream_broker_killed_and_restarted(tmp_path: Path) -> None:
         tansu.stop()
 
 
+def continue_and_stop(tansu: TansuProcess, kcoord: KcoordProcess) -> None:
+    """Teardown after a SIGSTOP: the upstream continued, then both stopped."""
+    if tansu.proc is not None and tansu.proc.poll() is None:
+        os.kill(tansu.proc.pid, signal.SIGCONT)
+    kcoord.stop()
+    tansu.stop()
+
+
 def test_group_requests_on_the_coordinators_connection_do_not_wait_for_a_stalled_upstream(tmp_path: Path) -> None:
     """Replies leave in request order, so a group request behind a relayed one waits for it. kcoord's
     coordinator is a node of its own, whose connections carry only what clients send any broker: a
@@ -351,10 +368,7 @@ def test_group_requests_on_the_coordinators_connection_do_not_wait_for_a_stalled
         assert client.call(commit_request("hol", {("t", 0): 9}), 8).topics[0].partitions[0].error_code == 0
     finally:
         client.close()
-        if tansu.proc.poll() is None:
-            os.kill(tansu.proc.pid, signal.SIGCONT)
-        kcoord.stop()
-        tansu.stop()
+        continue_and_stop(tansu, kcoord)
 
 
 def test_a_member_is_not_expired_while_only_the_upstream_stalls(tmp_path: Path) -> None:
@@ -365,20 +379,10 @@ def test_a_member_is_not_expired_while_only_the_upstream_stalls(tmp_path: Path) 
     tansu = TansuProcess(tmp_path).start()
     kcoord = start_gateway(tmp_path, tansu.bootstrap, "--upstream-timeout-ms", "4000")
     assert tansu.proc is not None
-    lost: list[tuple[str, int]] = []
+    lost: list[str] = []
     consumer = None
     try:
-        admin = AdminClient({"bootstrap.servers": kcoord.bootstrap})
-        admin.create_topics([NewTopic("stalls", 2, 1)])["stalls"].result(30)
-        consumer = ck.Consumer({"bootstrap.servers": kcoord.bootstrap, "group.id": "stalls",
-                                "topic.metadata.refresh.interval.ms": 1000, "session.timeout.ms": 6000,
-                                "heartbeat.interval.ms": 1000})
-        consumer.subscribe(["stalls"], on_revoke=lambda _, parts: lost.append(("revoke", len(parts))),
-                           on_lost=lambda _, parts: lost.append(("lost", len(parts))))
-        deadline = time.monotonic() + 30
-        while len(consumer.assignment()) < 2:
-            assert time.monotonic() < deadline, consumer.assignment()
-            consumer.poll(0.2)
+        consumer = assigned_member(kcoord, "stalls", 2, 1000, lost)
         os.kill(tansu.proc.pid, signal.SIGSTOP)
         until = time.monotonic() + 16  # four upstream timeouts, over twice the session
         while time.monotonic() < until:
@@ -392,10 +396,7 @@ def test_a_member_is_not_expired_while_only_the_upstream_stalls(tmp_path: Path) 
     finally:
         if consumer is not None:
             consumer.close()
-        if tansu.proc.poll() is None:
-            os.kill(tansu.proc.pid, signal.SIGCONT)
-        kcoord.stop()
-        tansu.stop()
+        continue_and_stop(tansu, kcoord)
 
 
 def test_stalled_broker_times_out(tmp_path: Path) -> None:
