@@ -31,7 +31,7 @@ from coordinator.connection import Connection
 from coordinator.gateway import rewrite
 from coordinator.gateway.cluster import Cluster
 from coordinator.gateway.metrics import GatewayMetrics
-from coordinator.gateway.upstream import LinkOwner, UpstreamLink
+from coordinator.gateway.upstream import LinkOwner, UpstreamLink, Waiting
 from coordinator.request import Relayed
 from coordinator.server import Server
 from protocol.codec import MessageCodec
@@ -39,10 +39,10 @@ from protocol.registry import ApiSpec, DecodeError, api_versions_fallback
 
 log = logging.getLogger(__name__)
 
-SWEEP_S = 0.5
-# A Metadata request on the coordinator's listener waits this long for the upstream, then kcoord answers
-# it from its own view (every partition LEADER_NOT_AVAILABLE, which clients retry): the client's group
-# requests on that connection, answered in order, would wait behind it (heartbeats every 3 s by default).
+SWEEP_S = 1.0
+# A Metadata request on the coordinator's listener waits this long in all for the upstream's brokers, then
+# kcoord answers it from its own view: the client's group requests on that connection, answered in order,
+# would wait behind it (heartbeats every 3 s by default).
 METADATA_WAIT_S = 2.0
 
 
@@ -153,7 +153,8 @@ class Gateway:
             self._find_coordinator(conn, frame, version, correlation_id)
         elif api_key == rewrite.METADATA and version <= rewrite.CAPS[rewrite.METADATA]:
             self._relay(conn, frame, api_key, version, self._brokers_rewriter(rewrite.METADATA_RESPONSE, version),
-                        lambda: self._metadata_from_cache(frame, version, correlation_id), self._metadata_wait(conn))
+                        lambda slow: self._metadata_from_cache(frame, version, correlation_id, slow),
+                        self._metadata_wait(conn))
         elif api_key == rewrite.DESCRIBE_CLUSTER and version <= rewrite.CAPS[rewrite.DESCRIBE_CLUSTER]:
             self._relay(conn, frame, api_key, version,
                         self._brokers_rewriter(rewrite.DESCRIBE_CLUSTER_RESPONSE, version))
@@ -223,6 +224,10 @@ class Gateway:
         body = self._decoded(conn, spec, frame, version)
         if body is None:
             return
+        if self._coordinators_own(conn):
+            # librdkafka sends its client telemetry to a broker that offers it, every few seconds; on this
+            # connection the group requests behind it would wait for the upstream's answer
+            offered = [api for api in offered if api[0] not in rewrite.TELEMETRY]
         software = (body.client_software_name, body.client_software_version) if version >= 3 else None
         self._reply(conn, rewrite.api_versions_response(offered, version, correlation_id, software))
 
@@ -245,35 +250,43 @@ class Gateway:
         answer = k10.answer(version, keys, error, message, node)
         self._reply(conn, spec.encode_response(answer, version, correlation_id))
 
-    def _metadata_from_cache(self, frame: bytes, version: int, correlation_id: int) -> bytes:
+    def _metadata_from_cache(self, frame: bytes, version: int, correlation_id: int, slow: bool) -> bytes:
         """The upstream did not answer a Metadata request: kcoord answers from what it knows (every broker,
         each topic asked for LEADER_NOT_AVAILABLE, which clients retry), so clients keep a usable broker
-        list and keep reaching the group coordinator while the upstream is away."""
+        list and keep reaching the group coordinator while the upstream is away. When it is only slow
+        (the request was given up on the coordinator's listener), a topic's partitions are as the
+        upstream last gave them: clients go on fetching from the leaders they had."""
         self.metrics.metadata_from_cache += 1
         _, body = rewrite.METADATA_REQUEST.decode_request(frame, version)
-        return rewrite.metadata_from_cache(body, version, correlation_id, self.cluster)
+        return rewrite.metadata_from_cache(body, version, correlation_id, self.cluster, last_seen=slow)
 
     def _brokers_rewriter(self, codec: MessageCodec, version: int) -> Callable[[bytes], bytes]:
         return lambda reply: rewrite.rewrite_brokers(codec, reply, version, self.cluster)
 
     # -- relay ---------------------------------------------------------------------------------
 
+    def _coordinators_own(self, conn: Connection) -> bool:
+        """Whether ``conn`` came to the coordinator's listener (and no upstream broker has its node id)."""
+        node = self.cluster.coordinator_node
+        return conn.node == node and node not in self.cluster.brokers
+
     def _metadata_wait(self, conn: Connection) -> float | None:
         """How long a Metadata request on ``conn`` waits for the upstream before kcoord answers it from
         its own view: on the coordinator's listener ``METADATA_WAIT_S`` (its group requests would wait
         behind it), elsewhere the upstream timeout."""
-        node = self.cluster.coordinator_node
-        if conn.node == node and node not in self.cluster.brokers:
-            return min(METADATA_WAIT_S, self.timeout_s)
-        return None
+        return min(METADATA_WAIT_S, self.timeout_s) if self._coordinators_own(conn) else None
 
     def _relay(self, conn: Connection, frame: bytes, api_key: int, version: int,
-               finish: Callable[[bytes], bytes] | None, fallback: Callable[[], bytes] | None = None,
+               finish: Callable[[bytes], bytes] | None, fallback: Callable[[bool], bytes] | None = None,
                wait_s: float | None = None) -> None:
         """Relays to the listener's broker. With a ``fallback`` (Metadata, which any broker answers),
         brokers known to be down are tried last and, when a link fails, the next broker is tried, then
         the fallback answers: a client asking a dead broker's listener still learns where leaders went.
-        A request given ``wait_s`` goes to the fallback at once when its link fails after that long."""
+        With ``wait_s`` too, the fallback answers once that long has passed: a broker that has not
+        answered within its share of it (half what is left while another remains to be asked) is left
+        to answer nobody, marked down and the next one asked; its link and the requests behind it on
+        that link are not disturbed. The fallback is told whether the last broker asked was given up
+        (slow) rather than failed (unreachable)."""
         primary = self.cluster.target(conn.node)
         node = -1 if conn.node is None else conn.node
         if primary is None:
@@ -288,8 +301,13 @@ class Gateway:
         conn.enqueue(slot)
         metrics = self.metrics
         started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        end = None if wait_s is None else loop.time() + wait_s
+        timer: asyncio.TimerHandle | None = None
 
         def on_reply(reply: bytes) -> None:
+            if timer is not None:
+                timer.cancel()
             if finish is not None:
                 try:
                     reply = finish(reply)
@@ -302,21 +320,34 @@ class Gateway:
             conn.slot_filled()
 
         def attempt() -> None:
+            nonlocal timer
             addr = candidates.pop(0)
             if self.server.debug:
                 log.debug("%s: api %d v%d relayed to node %d at %s:%d", conn.peer, api_key, version, node, *addr)
-            links.link_for(addr, node).send(frame, on_reply, on_fail if fallback is not None else None, wait_s)
+            waiting = links.link_for(addr, node).send(frame, on_reply, on_fail if fallback is not None else None)
+            if end is not None:
+                left = end - loop.time()
+                timer = loop.call_later(left / 2 if candidates else left, give_up, waiting, addr)
+
+        def give_up(waiting: Waiting, addr: tuple[str, int]) -> None:
+            waiting.abandon()
+            self.cluster.mark_down(addr)
+            if not conn.closed:
+                next_or_fallback(True)
 
         def on_fail() -> None:
+            if timer is not None:
+                timer.cancel()
+            if not conn.closed:
+                next_or_fallback(False)
+
+        def next_or_fallback(slow: bool) -> None:
             assert fallback is not None
-            if conn.closed:
-                return
-            waited_out = wait_s is not None and time.perf_counter() - started >= wait_s
-            if candidates and not self.stopping and not waited_out:
+            if candidates and not self.stopping and (end is None or loop.time() < end):
                 attempt()
                 return
             try:
-                slot.data = fallback()
+                slot.data = fallback(slow)
             except DecodeError as exc:
                 conn.abort(f"malformed request: {exc}", "malformed")
                 return
@@ -332,6 +363,6 @@ class Gateway:
             for conn in list(self.server.connections):
                 if isinstance(conn.links, ClientLinks):
                     for link in list(conn.links.links.values()):
-                        wait = link.overdue(now)
-                        if wait is not None:
-                            link.fail(f"upstream {link.addr[0]}:{link.addr[1]} did not answer within {wait:g} s")
+                        if link.overdue(now):
+                            link.fail(f"upstream {link.addr[0]}:{link.addr[1]} did not answer within "
+                                      f"{self.timeout_s:g} s")

@@ -39,6 +39,8 @@ PRODUCE, FETCH = 0, 1
 # that is not the upstream's coordinator for the group), ConsumerGroupHeartbeat/Describe (KIP-848),
 # share-group and streams-group APIs and the broker-internal share-state ones.
 HIDDEN = frozenset({28, 68, 69, *range(76, 93)})
+# GetTelemetrySubscriptions and PushTelemetry (KIP-714): relayed, but not offered on the coordinator's listener.
+TELEMETRY = frozenset({71, 72})
 
 
 def _codec(name: str) -> MessageCodec:
@@ -88,11 +90,12 @@ def _encode(codec: MessageCodec, body: Any, version: int, correlation: int, flex
 
 class TopicFacts(NamedTuple):
     """A topic as the upstream's last Metadata answer naming it described it: enough to answer for it
-    while the upstream is away."""
+    while the upstream is away, or slow."""
 
     topic_id: uuid.UUID
     partitions: int
     is_internal: bool
+    last_seen: tuple[Any, ...] = ()  # that answer's partitions (leaders, replicas), left unchanged
 
 
 class ClusterFacts(Protocol):
@@ -134,19 +137,23 @@ def rewrite_brokers(codec: MessageCodec, frame: bytes, version: int, cluster: Cl
         if t.name is None:
             continue
         if t.error_code == 0:
-            cluster.topics[t.name] = TopicFacts(t.topic_id or _NO_ID, len(t.partitions), bool(t.is_internal))
+            cluster.topics[t.name] = TopicFacts(t.topic_id or _NO_ID, len(t.partitions), bool(t.is_internal),
+                                                tuple(t.partitions))
         elif t.error_code == UNKNOWN_TOPIC_OR_PARTITION:
             cluster.topics.pop(t.name, None)
     return _encode(codec, body, version, correlation)
 
 
-def metadata_from_cache(request: Any, version: int, correlation: int, cluster: ClusterFacts) -> bytes:
+def metadata_from_cache(request: Any, version: int, correlation: int, cluster: ClusterFacts,
+                        last_seen: bool = False) -> bytes:
     """A Metadata answer without the upstream: the brokers known, and each topic asked for (every topic
     known, for a request of all) as a broker whose leaders are offline answers it: its partitions, each
     LEADER_NOT_AVAILABLE without a leader, which clients retry while keeping their assignments. An
     empty partition list instead read as "the topic has no partitions now" to librdkafka, which revoked
     its assignment and asked again hundreds of times a second (a fault campaign's find). A topic never
-    seen is LEADER_NOT_AVAILABLE itself, as Kafka answers one it is still creating."""
+    seen is LEADER_NOT_AVAILABLE itself, as Kafka answers one it is still creating. With ``last_seen``
+    (the upstream is slow, not unreachable), a topic's partitions are as the upstream last gave them,
+    leaders included, as a broker with a stale metadata cache answers."""
     cls = METADATA_RESPONSE.cls
     brokers = []
     for node in cluster.nodes():
@@ -172,9 +179,10 @@ def metadata_from_cache(request: Any, version: int, correlation: int, cluster: C
             topics.append(cls.MetadataResponseTopic(error_code=LEADER_NOT_AVAILABLE, name=shown, topic_id=topic_id,
                                                     is_internal=False, partitions=[]))
             continue
-        partitions = [cls.MetadataResponseTopic.MetadataResponsePartition(
-            error_code=LEADER_NOT_AVAILABLE, partition_index=i, leader_id=-1, leader_epoch=-1, replica_nodes=[],
-            isr_nodes=[], offline_replicas=[]) for i in range(facts.partitions)]
+        partitions = list(facts.last_seen) if last_seen and facts.last_seen else [
+            cls.MetadataResponseTopic.MetadataResponsePartition(
+                error_code=LEADER_NOT_AVAILABLE, partition_index=i, leader_id=-1, leader_epoch=-1, replica_nodes=[],
+                isr_nodes=[], offline_replicas=[]) for i in range(facts.partitions)]
         topics.append(cls.MetadataResponseTopic(error_code=0, name=shown, topic_id=facts.topic_id,
                                                 is_internal=facts.is_internal, partitions=partitions))
     body = cls(throttle_time_ms=0, brokers=brokers, cluster_id=cluster.cluster_id, controller_id=cluster.controller_id,

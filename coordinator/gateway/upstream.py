@@ -42,6 +42,22 @@ Reply = Callable[[bytes], None]
 Fallback = Callable[[], None]  # a request's own answer when its link fails (else the client's connection closes)
 
 
+class Waiting:
+    """A request sent on a link, waiting for its reply. ``abandon`` leaves it to someone else: its reply,
+    when it comes, is dropped, and a failure of the link no longer concerns it."""
+
+    __slots__ = ("abandoned", "on_fail", "on_reply", "sent")
+
+    def __init__(self, on_reply: Reply, on_fail: Fallback | None, sent: float) -> None:
+        self.on_reply = on_reply
+        self.on_fail = on_fail
+        self.sent = sent
+        self.abandoned = False
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+
 class LinkOwner:
     """What a link reports to: its client connection's side in the gateway (or nothing, for probes)."""
 
@@ -65,7 +81,7 @@ class UpstreamLink(asyncio.Protocol):
         self.owner = owner
         self.timeout_s = timeout_s
         self.failed: str | None = None
-        self._pending: deque[tuple[Reply, Fallback | None, float, float]] = deque()  # (..., deadline, wait)
+        self._pending: deque[Waiting] = deque()
         self._out: list[bytes] = []  # frames sent before the connection is up
         self._reader = FrameReader(MAX_REPLY_BYTES, include_size=True)  # large ones assembled from chunks
         self._transport: asyncio.Transport | None = None
@@ -131,8 +147,9 @@ class UpstreamLink(asyncio.Protocol):
         if not self._pending:
             self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a reply nobody asked for")
             return
-        on_reply = self._pending.popleft()[0]
-        on_reply(reply)
+        waiting = self._pending.popleft()
+        if not waiting.abandoned:
+            waiting.on_reply(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.failed is None:
@@ -147,20 +164,19 @@ class UpstreamLink(asyncio.Protocol):
 
     # -- use -----------------------------------------------------------------------------------
 
-    def send(self, frame: bytes, on_reply: Reply, on_fail: Fallback | None = None,
-             timeout_s: float | None = None) -> None:
+    def send(self, frame: bytes, on_reply: Reply, on_fail: Fallback | None = None) -> Waiting:
         """Sends a request frame (without its size prefix); ``on_reply`` gets the framed reply, or
-        ``on_fail`` is called if the link fails first. The link is overdue once the reply has waited
-        ``timeout_s`` (default: the link's timeout)."""
+        ``on_fail`` is called if the link fails first."""
         if self.failed is not None:
             raise FrameError(self.failed)
-        wait = self.timeout_s if timeout_s is None else timeout_s
-        self._pending.append((on_reply, on_fail, self._loop.time() + wait, wait))
+        waiting = Waiting(on_reply, on_fail, self._loop.time())
+        self._pending.append(waiting)
         head = _SIZE.pack(len(frame))
         if self._transport is None:
             self._out += (head, frame)
         else:
             self._transport.writelines((head, frame))
+        return waiting
 
     def send_only(self, frame: bytes) -> None:
         """A request the broker does not answer (Produce with acks=0): nothing is waited for."""
@@ -193,11 +209,10 @@ class UpstreamLink(asyncio.Protocol):
             else:
                 self._transport.resume_reading()
 
-    def overdue(self, now: float) -> float | None:
-        """How long a reply past its deadline was given (the link may still be connecting after it), or
-        None: checked by the gateway's sweeper, not by a timer per request. Replies come in order, so a
-        reply with a short wait behind one with a long wait makes the link overdue all the same."""
-        return next((wait for _, _, deadline, wait in self._pending if now > deadline), None)
+    def overdue(self, now: float) -> bool:
+        """True if the oldest reply waited for is later than the timeout (or the link is still connecting
+        after it), abandoned or not: checked by the gateway's sweeper, not by a timer per request."""
+        return bool(self._pending) and now - self._pending[0].sent > self.timeout_s
 
     @property
     def waiting(self) -> int:
@@ -226,11 +241,13 @@ class UpstreamLink(asyncio.Protocol):
             # retry fails a link (a campaign counted ~1,000 such lines a second)
             _LINK_FAILURES.report(logging.INFO, "%s (%d replies outstanding)", why, len(pending))
         outstanding = 0
-        for _, on_fail, _, _ in pending:
-            if on_fail is None:
+        for waiting in pending:
+            if waiting.abandoned:
+                continue
+            if waiting.on_fail is None:
                 outstanding += 1
             else:
-                on_fail()
+                waiting.on_fail()
         self.owner.link_failed(self, why, outstanding)
 
     def close(self) -> None:

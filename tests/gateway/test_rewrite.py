@@ -91,7 +91,32 @@ def test_a_relayed_metadata_answer_teaches_the_cache_its_topics(version: int) ->
     facts = Facts({"gone": rewrite.TopicFacts(_ID, 1, False)})
     rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, struct.pack(">i", len(head) + len(payload)) + head + payload,
                             version, facts)
-    assert facts.topics == {"kept": rewrite.TopicFacts(_ID if version >= 10 else uuid.UUID(int=0), 2, False)}
+    assert {name: facts[:3] for name, facts in facts.topics.items()} == {
+        "kept": (_ID if version >= 10 else uuid.UUID(int=0), 2, False)}
+    assert [p.leader_id for p in facts.topics["kept"].last_seen] == [1, 1]
+
+
+@pytest.mark.parametrize("learnt_at", [1, 12])
+@pytest.mark.parametrize("version", range(0, 13))
+def test_metadata_from_cache_with_the_leaders_last_seen(learnt_at: int, version: int) -> None:
+    """When the upstream is only slow, a known topic is answered as the upstream last gave it, leaders
+    included, at any version, whatever version taught it."""
+    cls = rewrite.METADATA_RESPONSE.cls
+    part = cls.MetadataResponseTopic.MetadataResponsePartition
+    upstream = cls(throttle_time_ms=0, cluster_id="up", controller_id=1, brokers=[], topics=[
+        cls.MetadataResponseTopic(error_code=0, name="orders", topic_id=_ID, is_internal=False, partitions=[
+            part(error_code=0, partition_index=i, leader_id=i + 1, leader_epoch=4, replica_nodes=[i + 1],
+                 isr_nodes=[i + 1], offline_replicas=[]) for i in range(3)])])
+    payload = rewrite.METADATA_RESPONSE.encode(upstream, learnt_at)
+    head = struct.pack(">i", 77) + (b"\x00" if learnt_at >= 9 else b"")
+    facts = Facts()
+    rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, struct.pack(">i", len(head) + len(payload)) + head + payload,
+                            learnt_at, facts)
+    request = Request(topics=[Topic(name="orders", topic_id=None)], allow_auto_topic_creation=False)
+    for last_seen, expected in ((True, [(0, 1), (0, 2), (0, 3)]), (False, [(5, -1)] * 3)):
+        reply = stock_decode(rewrite.metadata_from_cache(request, version, 77, facts, last_seen=last_seen), version)
+        assert [(p.error_code, p.leader_id) for p in reply.topics[0].partitions] == expected
+        assert reply.topics[0].error_code == 0
 
 
 @pytest.mark.parametrize("version", [0, 1, 5, 9, 12])

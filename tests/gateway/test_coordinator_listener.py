@@ -1,0 +1,140 @@
+"""The coordinator's own listener in gateway mode: what a client sends there besides its group requests
+(Metadata, which clients send any broker) must not hold those requests up for long, whatever the
+upstream does (coordinator/gateway/relay.py). Against a fake upstream whose brokers answer at once,
+late or never (tests/gateway/fake_upstream.py)."""
+
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
+
+from tests.gateway.conftest import coordinator_port, start_gateway
+from tests.gateway.fake_upstream import FakeUpstream
+from tests.kcoord_process import KcoordProcess
+from tests.rawclient import RawClient, commit_request
+
+LEADER_NOT_AVAILABLE = 5
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeUpstream]:
+    upstream = FakeUpstream(3)
+    yield upstream
+    upstream.stop()
+
+
+@pytest.fixture
+def kcoord(tmp_path: Path, fake: FakeUpstream) -> Iterator[KcoordProcess]:
+    proc = start_gateway(tmp_path, fake.bootstrap)
+    yield proc
+    proc.stop()
+
+
+def metadata_of_t(client: RawClient) -> tuple[int, bytes]:
+    return client.encode(MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name="t")]), 1)
+
+
+def init_producer_id(correlation: int) -> bytes:
+    """InitProducerId v0 for no transactional id: relayed untouched, its reply read raw."""
+    frame = struct.pack(">hhih", 22, 0, correlation, 5) + b"tests" + struct.pack(">hi", -1, 60_000)
+    return struct.pack(">i", len(frame)) + frame
+
+
+def test_a_stalled_broker_is_passed_over_for_the_next(fake: FakeUpstream, kcoord: KcoordProcess) -> None:
+    """A review's find: the coordinator's listener asked only the lowest broker and, when it had not
+    answered within the wait, answered every partition leaderless from kcoord's view, though two brokers
+    of three were healthy. Now the stalled broker gets half the wait, is marked down, and the next broker
+    answers; the next request goes to a healthy broker first."""
+    client = RawClient(coordinator_port(kcoord), timeout=30)
+    try:
+        fake.delay[1] = None
+        for limit in (1.9, 0.5):
+            started = time.monotonic()
+            correlation, request = metadata_of_t(client)
+            client.sock.sendall(request)
+            got, answer = client.receive(3, 1)
+            assert got == correlation and time.monotonic() - started < limit
+            assert [(p.partition_index, p.error_code, p.leader_id) for p in answer.topics[0].partitions] == [
+                (0, 0, 1), (1, 0, 2), (2, 0, 3)]
+    finally:
+        client.close()
+
+
+def test_a_slow_upstream_does_not_close_the_coordinators_connection(fake: FakeUpstream,
+                                                                    kcoord: KcoordProcess) -> None:
+    """A review's find: a Metadata request past its wait failed the whole upstream link, and with it the
+    client's connection, when another relayed request waited on that link (librdkafka's telemetry, say):
+    no reply at all, the group request's included. Now only the Metadata request is given up (answered
+    from kcoord's view, its late reply dropped); the request before it keeps waiting for its own reply.
+    The upstream is slow, not unreachable, so that view has the leaders it last gave (answering every
+    partition leaderless, as for an unreachable upstream, held a kafka-python consumer's fetching up for
+    12-14 s against 4.5 s)."""
+    client = RawClient(coordinator_port(kcoord), timeout=30)
+    try:
+        client.sock.sendall(metadata_of_t(client)[1])  # relayed at once: kcoord learns the leaders
+        assert [p.leader_id for p in client.receive(3, 1)[1].topics[0].partitions] == [1, 2, 3]
+        for node in fake.delay:
+            fake.delay[node] = 3.0
+        started = time.monotonic()
+        client.correlation += 1
+        relayed = client.correlation
+        metadata_id, metadata = metadata_of_t(client)
+        commit_id, commit = client.encode(commit_request("slow", {("t", 0): 5}), 8)
+        client.sock.sendall(init_producer_id(relayed) + metadata + commit)
+        assert struct.unpack(">i", client.read_frame()[:4])[0] == relayed  # the upstream's own reply, at 3 s
+        got, answer = client.receive(3, 1)
+        assert got == metadata_id and answer.topics[0].error_code == 0  # kcoord's view
+        assert [(p.error_code, p.leader_id) for p in answer.topics[0].partitions] == [(0, 1), (0, 2), (0, 3)]
+        got, reply = client.receive(8, 8)
+        assert (got, reply.topics[0].partitions[0].error_code) == (commit_id, 0)
+        assert time.monotonic() - started < 6.0
+        time.sleep(2.0)  # the abandoned Metadata replies arrive and are dropped
+        assert client.call(commit_request("slow", {("t", 0): 6}), 8).topics[0].partitions[0].error_code == 0
+    finally:
+        client.close()
+
+
+def test_the_wait_is_bounded_when_every_broker_stalls(fake: FakeUpstream, kcoord: KcoordProcess) -> None:
+    """A review's find: a Metadata request whose link failed under an earlier one gave the next broker a
+    full wait of its own, so the group request behind it waited 3-4 s. The wait is one budget for all
+    the brokers a request is tried on."""
+    client = RawClient(coordinator_port(kcoord), timeout=30)
+    try:
+        for node in fake.delay:
+            fake.delay[node] = None
+        first_id, first = metadata_of_t(client)
+        client.sock.sendall(first)
+        time.sleep(1.0)
+        started = time.monotonic()
+        second_id, second = metadata_of_t(client)
+        commit_id, commit = client.encode(commit_request("stalled", {("t", 0): 5}), 8)
+        client.sock.sendall(second + commit)
+        for metadata_id in (first_id, second_id):
+            got, answer = client.receive(3, 1)
+            assert (got, answer.topics[0].error_code) == (metadata_id, LEADER_NOT_AVAILABLE)
+        got, reply = client.receive(8, 8)
+        assert (got, reply.topics[0].partitions[0].error_code) == (commit_id, 0)
+        assert time.monotonic() - started < 2.5
+    finally:
+        client.close()
+
+
+def test_telemetry_is_not_offered_on_the_coordinators_listener(fake: FakeUpstream, kcoord: KcoordProcess) -> None:
+    """A review's find: librdkafka sends GetTelemetrySubscriptions every few seconds to a broker that offers
+    it, the coordinator's node included, and the group requests behind it waited for the upstream's answer
+    (the whole upstream timeout, if it stalls). librdkafka asks only brokers that offer it."""
+
+    def offered(port: int) -> set[int]:
+        client = RawClient(port)
+        try:
+            answer = client.call(ApiVersionsRequest(client_software_name="tests", client_software_version="1"), 3)
+        finally:
+            client.close()
+        return {api.api_key for api in answer.api_keys}
+
+    assert {71, 72} <= offered(kcoord.port)
+    coordinator = offered(coordinator_port(kcoord))
+    assert not {71, 72} & coordinator and {3, 8, 10, 12} <= coordinator
