@@ -11,6 +11,7 @@ import struct
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 from coordinator.gateway import rewrite
 
@@ -39,8 +40,7 @@ class FakeUpstream:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         for node in self.delay:
-            server = self._loop.run_until_complete(
-                asyncio.start_server(lambda r, w, n=node: self._serve(n, r, w), "127.0.0.1", 0))
+            server = self._loop.run_until_complete(asyncio.start_server(self._serving(node), "127.0.0.1", 0))
             self.ports[node] = server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
@@ -64,6 +64,9 @@ class FakeUpstream:
             head = struct.pack(">i", correlation) + (b"\x00" if version >= 9 else b"")
             return struct.pack(">i", len(head) + len(payload)) + head + payload
         return struct.pack(">ii", 12, correlation) + bytes(8)
+
+    def _serving(self, node: int) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+        return lambda reader, writer: self._serve(node, reader, writer)
 
     async def _serve(self, node: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()

@@ -11,8 +11,11 @@ from coordinator.gateway.cluster import Cluster
 COORDINATOR = 1_000_000_000
 
 
-def make_cluster(sockets: list[socket.socket], **options: int) -> Cluster:
-    return Cluster(Config(upstream=(("127.0.0.1", 1),), **options), lambda sock, node: sockets.append(sock))
+def make_cluster(sockets: list[socket.socket], coordinator_node_id: int = COORDINATOR,
+                 coordinator_port: int = 0) -> Cluster:
+    config = Config(upstream=(("127.0.0.1", 1),), coordinator_node_id=coordinator_node_id,
+                    coordinator_port=coordinator_port)
+    return Cluster(config, lambda sock, node: sockets.append(sock))
 
 
 def test_every_group_is_on_the_coordinator_node_and_listed_once_as_brokers_come_and_go() -> None:
