@@ -34,7 +34,6 @@ from coordinator.gateway.metrics import GatewayMetrics
 from coordinator.gateway.upstream import LinkOwner, UpstreamLink, Waiting
 from coordinator.request import Relayed
 from coordinator.server import Server
-from protocol.codec import MessageCodec
 from protocol.registry import ApiSpec, DecodeError, api_versions_fallback
 
 log = logging.getLogger(__name__)
@@ -152,12 +151,16 @@ class Gateway:
         elif api_key == rewrite.FIND_COORDINATOR:
             self._find_coordinator(conn, frame, version, correlation_id)
         elif api_key == rewrite.METADATA and version <= rewrite.CAPS[rewrite.METADATA]:
-            self._relay(conn, frame, api_key, version, self._brokers_rewriter(rewrite.METADATA_RESPONSE, version),
+            every_topic = rewrite.asks_every_topic(frame, version)
+            self._relay(conn, frame, api_key, version,
+                        lambda reply: rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, reply, version, self.cluster,
+                                                              every_topic),
                         lambda slow: self._metadata_from_cache(frame, version, correlation_id, slow),
                         self._metadata_wait(conn))
         elif api_key == rewrite.DESCRIBE_CLUSTER and version <= rewrite.CAPS[rewrite.DESCRIBE_CLUSTER]:
             self._relay(conn, frame, api_key, version,
-                        self._brokers_rewriter(rewrite.DESCRIBE_CLUSTER_RESPONSE, version))
+                        lambda reply: rewrite.rewrite_brokers(rewrite.DESCRIBE_CLUSTER_RESPONSE, reply, version,
+                                                              self.cluster))
         elif api_key in (rewrite.METADATA, rewrite.DESCRIBE_CLUSTER):
             conn.abort(f"api {api_key} v{version} is above what the gateway offers", "unsupported_version")
         elif api_key == rewrite.PRODUCE and self._unanswered(conn, frame, version):
@@ -260,9 +263,6 @@ class Gateway:
         _, body = rewrite.METADATA_REQUEST.decode_request(frame, version)
         return rewrite.metadata_from_cache(body, version, correlation_id, self.cluster, last_seen=slow)
 
-    def _brokers_rewriter(self, codec: MessageCodec, version: int) -> Callable[[bytes], bytes]:
-        return lambda reply: rewrite.rewrite_brokers(codec, reply, version, self.cluster)
-
     # -- relay ---------------------------------------------------------------------------------
 
     def _coordinators_own(self, conn: Connection) -> bool:
@@ -324,16 +324,19 @@ class Gateway:
             addr = candidates.pop(0)
             if self.server.debug:
                 log.debug("%s: api %d v%d relayed to node %d at %s:%d", conn.peer, api_key, version, node, *addr)
-            waiting = links.link_for(addr, node).send(frame, on_reply, on_fail if fallback is not None else None)
+            link = links.link_for(addr, node)
+            waiting = link.send(frame, on_reply, on_fail if fallback is not None else None)
             if end is not None:
                 left = end - loop.time()
-                timer = loop.call_later(left / 2 if candidates else left, give_up, waiting, addr)
+                timer = loop.call_later(left / 2 if candidates else left, give_up, waiting, link)
 
-        def give_up(waiting: Waiting, addr: tuple[str, int]) -> None:
+        def give_up(waiting: Waiting, link: UpstreamLink) -> None:
+            if conn.closed:
+                return  # the client left (its links closed, a reply perhaps dropped): nothing to say of the broker
             waiting.abandon()
-            self.cluster.mark_down(addr)
-            if not conn.closed:
-                next_or_fallback(True)
+            self.cluster.mark_down(link.addr)
+            # slow if the broker took the connection; one still connecting may be unreachable
+            next_or_fallback(link.connected)
 
         def on_fail() -> None:
             if timer is not None:

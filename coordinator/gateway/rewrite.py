@@ -23,7 +23,7 @@ from coordinator.apis import load_all
 from protocol.codec import MessageCodec, read_uvarint
 from protocol.errors import ErrorCode
 from protocol.header import response_header
-from protocol.registry import REGISTRY, skip_tagged_fields
+from protocol.registry import REGISTRY, DecodeError, skip_tagged_fields
 from protocol.schema import load_message
 
 _SIZE = struct.Struct(">i")
@@ -95,7 +95,8 @@ class TopicFacts(NamedTuple):
     topic_id: uuid.UUID
     partitions: int
     is_internal: bool
-    last_seen: tuple[Any, ...] = ()  # that answer's partitions (leaders, replicas), left unchanged
+    # that answer's partitions as (index, error code, leader, leader epoch): ~90 bytes each
+    last_seen: tuple[tuple[int, int, int, int], ...] = ()
 
 
 class ClusterFacts(Protocol):
@@ -111,10 +112,12 @@ class ClusterFacts(Protocol):
     def nodes(self) -> list[int]: ...
 
 
-def rewrite_brokers(codec: MessageCodec, frame: bytes, version: int, cluster: ClusterFacts) -> bytes:
+def rewrite_brokers(codec: MessageCodec, frame: bytes, version: int, cluster: ClusterFacts,
+                    every_topic: bool = False) -> bytes:
     """Metadata or DescribeCluster: every broker gets kcoord's listener for its node id, and kcoord's
     group coordinator is one more broker (leading no partition); the upstream addresses are learnt first
-    (listeners are made for new node ids there)."""
+    (listeners are made for new node ids there). The topics of a Metadata answer are remembered, and
+    for a request of ``every_topic`` those it does not name are forgotten (deleted upstream)."""
     correlation, body = decode_reply(codec, frame, version)
     brokers = body.brokers
     ids = [b.node_id if hasattr(b, "node_id") else b.broker_id for b in brokers]
@@ -133,14 +136,19 @@ def rewrite_brokers(codec: MessageCodec, frame: bytes, version: int, cluster: Cl
         mapped = address(b.node_id if hasattr(b, "node_id") else b.broker_id)
         if mapped is not None:
             b.host, b.port = mapped
-    for t in getattr(body, "topics", None) or []:  # Metadata (DescribeCluster has none)
+    topics = getattr(body, "topics", None) or []  # Metadata (DescribeCluster has none)
+    for t in topics:
         if t.name is None:
             continue
         if t.error_code == 0:
-            cluster.topics[t.name] = TopicFacts(t.topic_id or _NO_ID, len(t.partitions), bool(t.is_internal),
-                                                tuple(t.partitions))
+            cluster.topics[t.name] = TopicFacts(t.topic_id or _NO_ID, len(t.partitions), bool(t.is_internal), tuple(
+                (p.partition_index, p.error_code, p.leader_id, p.leader_epoch) for p in t.partitions))
         elif t.error_code == UNKNOWN_TOPIC_OR_PARTITION:
             cluster.topics.pop(t.name, None)
+    if every_topic and hasattr(body, "topics"):
+        named = {t.name for t in topics}
+        for name in [name for name in cluster.topics if name not in named]:
+            del cluster.topics[name]
     return _encode(codec, body, version, correlation)
 
 
@@ -179,15 +187,26 @@ def metadata_from_cache(request: Any, version: int, correlation: int, cluster: C
             topics.append(cls.MetadataResponseTopic(error_code=LEADER_NOT_AVAILABLE, name=shown, topic_id=topic_id,
                                                     is_internal=False, partitions=[]))
             continue
-        partitions = list(facts.last_seen) if last_seen and facts.last_seen else [
-            cls.MetadataResponseTopic.MetadataResponsePartition(
-                error_code=LEADER_NOT_AVAILABLE, partition_index=i, leader_id=-1, leader_epoch=-1, replica_nodes=[],
-                isr_nodes=[], offline_replicas=[]) for i in range(facts.partitions)]
+        seen = facts.last_seen if last_seen and facts.last_seen else [
+            (i, LEADER_NOT_AVAILABLE, -1, -1) for i in range(facts.partitions)]
+        partitions = [cls.MetadataResponseTopic.MetadataResponsePartition(
+            error_code=error, partition_index=i, leader_id=leader, leader_epoch=epoch, replica_nodes=[], isr_nodes=[],
+            offline_replicas=[]) for i, error, leader, epoch in seen]
         topics.append(cls.MetadataResponseTopic(error_code=0, name=shown, topic_id=facts.topic_id,
                                                 is_internal=facts.is_internal, partitions=partitions))
     body = cls(throttle_time_ms=0, brokers=brokers, cluster_id=cluster.cluster_id, controller_id=cluster.controller_id,
                topics=topics)
     return _encode(METADATA_RESPONSE, body, version, correlation)
+
+
+def asks_every_topic(frame: bytes, version: int) -> bool:
+    """Whether a Metadata request (frame without its size) asks for every topic: a null list, or from v0
+    an empty one. A request that cannot be decoded is relayed all the same (the upstream answers it)."""
+    try:
+        topics = METADATA_REQUEST.decode_request(frame, version)[1].topics
+    except DecodeError:
+        return False
+    return topics is None or (version == 0 and not topics)
 
 
 def produce_acks(frame: bytes, version: int) -> int:

@@ -215,6 +215,10 @@ class UpstreamLink(asyncio.Protocol):
         return bool(self._pending) and now - self._pending[0].sent > self.timeout_s
 
     @property
+    def connected(self) -> bool:
+        return self._transport is not None and self.failed is None
+
+    @property
     def waiting(self) -> int:
         return len(self._pending)
 

@@ -7,6 +7,7 @@ bytes, which kcoord relays untouched. It runs on an event loop of its own in a t
 """
 
 import asyncio
+import socket
 import struct
 import threading
 import uuid
@@ -23,6 +24,8 @@ class FakeUpstream:
         self.delay: dict[int, float | None] = {node: 0.0 for node in range(1, brokers + 1)}  # None: never answers
         self.asked: dict[int, Counter[int]] = {node: Counter() for node in self.delay}  # node -> api key -> requests
         self.ports: dict[int, int] = {}
+        self._servers: list[asyncio.Server] = []
+        self._holes: list[socket.socket] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -33,7 +36,26 @@ class FakeUpstream:
     def bootstrap(self) -> str:
         return ",".join(f"127.0.0.1:{port}" for port in self.ports.values())
 
+    def blackhole(self) -> None:
+        """Every broker unreachable as when its SYNs are dropped: a connect never completes (the brokers'
+        listening sockets now have a full backlog)."""
+
+        async def close() -> None:
+            for server in self._servers:
+                server.close()
+                await server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        for port in self.ports.values():
+            hole = socket.socket()
+            hole.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            hole.bind(("127.0.0.1", port))
+            hole.listen(0)
+            self._holes += (hole, socket.create_connection(("127.0.0.1", port), timeout=1))  # fills the backlog
+
     def stop(self) -> None:
+        for sock in self._holes:
+            sock.close()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
@@ -41,6 +63,7 @@ class FakeUpstream:
         asyncio.set_event_loop(self._loop)
         for node in self.delay:
             server = self._loop.run_until_complete(asyncio.start_server(self._serving(node), "127.0.0.1", 0))
+            self._servers.append(server)
             self.ports[node] = server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()

@@ -3,6 +3,7 @@
 upstream does (coordinator/gateway/relay.py). Against a fake upstream whose brokers answer at once,
 late or never (tests/gateway/fake_upstream.py)."""
 
+import socket
 import struct
 import time
 from collections.abc import Iterator
@@ -138,3 +139,44 @@ def test_telemetry_is_not_offered_on_the_coordinators_listener(fake: FakeUpstrea
     assert {71, 72} <= offered(kcoord.port)
     coordinator = offered(coordinator_port(kcoord))
     assert not {71, 72} & coordinator and {3, 8, 10, 12} <= coordinator
+
+
+def test_a_client_that_leaves_marks_no_broker_down(fake: FakeUpstream, kcoord: KcoordProcess) -> None:
+    """A review's find: a client that left before its Metadata answer came (within its broker's share of
+    the wait) still had the broker given up when the timer fired, marked down for every client's
+    Metadata for 5 s. The Metadata on the bootstrap listener here goes to node 1 first, as it should."""
+    fake.delay[1] = 0.5
+    leaving = RawClient(coordinator_port(kcoord))
+    leaving.sock.sendall(metadata_of_t(leaving)[1])
+    time.sleep(0.1)
+    leaving.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    leaving.close()  # a reset: kcoord closes its side, and the upstream links, at once
+    time.sleep(1.5)
+    fake.delay[1] = 0.0
+    before = fake.asked[2][3]
+    client = RawClient(kcoord.port)
+    try:
+        client.call(MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name="t")]), 1)
+    finally:
+        client.close()
+    assert fake.asked[2][3] == before  # node 2 only gets Metadata when node 1 is down (discovery asks node 1)
+
+
+def test_an_unreachable_upstream_is_answered_leaderless(fake: FakeUpstream, kcoord: KcoordProcess) -> None:
+    """A review's find: with every broker unreachable in a way that never fails a connect (SYNs dropped),
+    the last broker was 'given up' as slow and kcoord answered with the leaders last seen, error 0. A
+    broker that never took the connection is not slow: the answer is leaderless, as when connects fail."""
+    client = RawClient(coordinator_port(kcoord), timeout=30)
+    try:
+        client.sock.sendall(metadata_of_t(client)[1])
+        assert [p.leader_id for p in client.receive(3, 1)[1].topics[0].partitions] == [1, 2, 3]  # learnt
+    finally:
+        client.close()
+    fake.blackhole()
+    client = RawClient(coordinator_port(kcoord), timeout=30)  # a new connection: new upstream links
+    try:
+        client.sock.sendall(metadata_of_t(client)[1])
+        answer = client.receive(3, 1)[1]
+        assert [(p.error_code, p.leader_id) for p in answer.topics[0].partitions] == [(LEADER_NOT_AVAILABLE, -1)] * 3
+    finally:
+        client.close()

@@ -93,7 +93,7 @@ def test_a_relayed_metadata_answer_teaches_the_cache_its_topics(version: int) ->
                             version, facts)
     assert {name: facts[:3] for name, facts in facts.topics.items()} == {
         "kept": (_ID if version >= 10 else uuid.UUID(int=0), 2, False)}
-    assert [p.leader_id for p in facts.topics["kept"].last_seen] == [1, 1]
+    assert [leader for _, _, leader, _ in facts.topics["kept"].last_seen] == [1, 1]
 
 
 @pytest.mark.parametrize("learnt_at", [1, 12])
@@ -167,3 +167,31 @@ def test_describe_cluster_rewrite_names_the_coordinator_too(version: int) -> Non
     _, body = rewrite.decode_reply(codec, reply, version)
     assert [(b.broker_id, b.host, b.port) for b in body.brokers] == [(1, "kcoord.local", 40001),
                                                                        (9, "kcoord.local", 40009)]
+
+
+@pytest.mark.parametrize("every_topic", [True, False])
+def test_an_answer_for_every_topic_forgets_topics_it_does_not_name(every_topic: bool) -> None:
+    """A review's find: topics deleted upstream were remembered for ever (and, with their last leaders,
+    answered as live when the upstream was slow). An answer to a request for every topic names them all:
+    the others are gone. An answer for some topics says nothing of the rest."""
+    cls = rewrite.METADATA_RESPONSE.cls
+    upstream = cls(throttle_time_ms=0, cluster_id="up", controller_id=1, brokers=[], topics=[
+        cls.MetadataResponseTopic(error_code=0, name="kept", topic_id=_ID, is_internal=False, partitions=[])])
+    payload = rewrite.METADATA_RESPONSE.encode(upstream, 1)
+    head = struct.pack(">i", 77)
+    facts = Facts({"deleted": rewrite.TopicFacts(_ID, 1, False)})
+    rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, struct.pack(">i", len(head) + len(payload)) + head + payload,
+                            1, facts, every_topic)
+    assert sorted(facts.topics) == (["kept"] if every_topic else ["deleted", "kept"])
+
+
+@pytest.mark.parametrize(("version", "topics", "every"), [
+    (0, [], True), (0, ["t"], False), (1, None, True), (1, [], False), (12, None, True), (12, ["t"], False)])
+def test_asks_every_topic(version: int, topics: list[str] | None, every: bool) -> None:
+    from kafka.protocol.metadata import MetadataRequest  # a stock encoder
+
+    asked = None if topics is None else [MetadataRequest.MetadataRequestTopic(name=t) for t in topics]
+    request = MetadataRequest(topics=asked, allow_auto_topic_creation=False)
+    request.with_header(correlation_id=1, client_id="tests")
+    frame = bytes(request.encode(version=version, header=True))
+    assert rewrite.asks_every_topic(frame, version) is every
