@@ -84,11 +84,15 @@ class Cluster:
         every broker Metadata names and merge the answers, get each group once."""
         return node is None or node == self.coordinator_node
 
+    def coordinators_own(self, node: int | None) -> bool:
+        """Whether ``node``'s listener is the coordinator's and no upstream broker has its node id."""
+        return node == self.coordinator_node and node not in self.brokers
+
     def target(self, node: int | None) -> tuple[str, int] | None:
         """The upstream address a listener relays to: its node's; for the bootstrap and the coordinator's
         listener, the lowest node's of the last broker list (else of any known, else the first configured
         bootstrap address)."""
-        if node is not None and (node != self.coordinator_node or node in self.brokers):
+        if node is not None and not self.coordinators_own(node):
             return self.brokers.get(node)
         if self.live:
             return self.brokers[self.live[0]]

@@ -151,11 +151,15 @@ class Gateway:
         elif api_key == rewrite.FIND_COORDINATOR:
             self._find_coordinator(conn, frame, version, correlation_id)
         elif api_key == rewrite.METADATA and version <= rewrite.CAPS[rewrite.METADATA]:
-            every_topic = rewrite.asks_every_topic(frame, version)
+            try:
+                asked: Any = rewrite.METADATA_REQUEST.decode_request(frame, version)[1]
+            except DecodeError:
+                asked = None  # relayed all the same (the upstream answers it); no answer of kcoord's for it
+            every_topic = asked is not None and rewrite.every_topic_asked(asked.topics, version)
             self._relay(conn, frame, api_key, version,
                         lambda reply: rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, reply, version, self.cluster,
                                                               every_topic),
-                        lambda slow: self._metadata_from_cache(frame, version, correlation_id, slow),
+                        lambda slow: self._metadata_from_cache(frame, asked, version, correlation_id, slow),
                         self._metadata_wait(conn))
         elif api_key == rewrite.DESCRIBE_CLUSTER and version <= rewrite.CAPS[rewrite.DESCRIBE_CLUSTER]:
             self._relay(conn, frame, api_key, version,
@@ -227,7 +231,7 @@ class Gateway:
         body = self._decoded(conn, spec, frame, version)
         if body is None:
             return
-        if self._coordinators_own(conn):
+        if self.cluster.coordinators_own(conn.node):
             # librdkafka sends its client telemetry to a broker that offers it, every few seconds; on this
             # connection the group requests behind it would wait for the upstream's answer
             offered = [api for api in offered if api[0] not in rewrite.TELEMETRY]
@@ -253,28 +257,25 @@ class Gateway:
         answer = k10.answer(version, keys, error, message, node)
         self._reply(conn, spec.encode_response(answer, version, correlation_id))
 
-    def _metadata_from_cache(self, frame: bytes, version: int, correlation_id: int, slow: bool) -> bytes:
+    def _metadata_from_cache(self, frame: bytes, asked: Any | None, version: int, correlation_id: int,
+                             slow: bool) -> bytes:
         """The upstream did not answer a Metadata request: kcoord answers from what it knows (every broker,
         each topic asked for LEADER_NOT_AVAILABLE, which clients retry), so clients keep a usable broker
         list and keep reaching the group coordinator while the upstream is away. When it is only slow
         (the request was given up on the coordinator's listener), a topic's partitions are as the
         upstream last gave them: clients go on fetching from the leaders they had."""
         self.metrics.metadata_from_cache += 1
-        _, body = rewrite.METADATA_REQUEST.decode_request(frame, version)
-        return rewrite.metadata_from_cache(body, version, correlation_id, self.cluster, last_seen=slow)
+        if asked is None:  # it could not be decoded: the DecodeError closes the connection
+            asked = rewrite.METADATA_REQUEST.decode_request(frame, version)[1]
+        return rewrite.metadata_from_cache(asked, version, correlation_id, self.cluster, last_seen=slow)
 
     # -- relay ---------------------------------------------------------------------------------
-
-    def _coordinators_own(self, conn: Connection) -> bool:
-        """Whether ``conn`` came to the coordinator's listener (and no upstream broker has its node id)."""
-        node = self.cluster.coordinator_node
-        return conn.node == node and node not in self.cluster.brokers
 
     def _metadata_wait(self, conn: Connection) -> float | None:
         """How long a Metadata request on ``conn`` waits for the upstream before kcoord answers it from
         its own view: on the coordinator's listener ``METADATA_WAIT_S`` (its group requests would wait
         behind it), elsewhere the upstream timeout."""
-        return min(METADATA_WAIT_S, self.timeout_s) if self._coordinators_own(conn) else None
+        return min(METADATA_WAIT_S, self.timeout_s) if self.cluster.coordinators_own(conn.node) else None
 
     def _relay(self, conn: Connection, frame: bytes, api_key: int, version: int,
                finish: Callable[[bytes], bytes] | None, fallback: Callable[[bool], bytes] | None = None,

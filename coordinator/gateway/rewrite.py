@@ -23,7 +23,7 @@ from coordinator.apis import load_all
 from protocol.codec import MessageCodec, read_uvarint
 from protocol.errors import ErrorCode
 from protocol.header import response_header
-from protocol.registry import REGISTRY, DecodeError, skip_tagged_fields
+from protocol.registry import REGISTRY, skip_tagged_fields
 from protocol.schema import load_message
 
 _SIZE = struct.Struct(">i")
@@ -127,13 +127,14 @@ def rewrite_brokers(codec: MessageCodec, frame: bytes, version: int, cluster: Cl
         describe = getattr(codec.cls, "DescribeClusterBroker", None)
         brokers.append(describe(broker_id=coordinator, host="", port=-1, rack=None) if describe is not None
                        else codec.cls.MetadataResponseBroker(node_id=coordinator, host="", port=-1, rack=None))
+        ids.append(coordinator)
     if hasattr(body, "cluster_id") and body.cluster_id is not None:
         cluster.cluster_id = body.cluster_id
     if getattr(body, "controller_id", -1) >= 0:
         cluster.controller_id = body.controller_id
     address = cluster.address
-    for b in brokers:
-        mapped = address(b.node_id if hasattr(b, "node_id") else b.broker_id)
+    for node, b in zip(ids, brokers, strict=True):
+        mapped = address(node)
         if mapped is not None:
             b.host, b.port = mapped
     topics = getattr(body, "topics", None) or []  # Metadata (DescribeCluster has none)
@@ -170,7 +171,7 @@ def metadata_from_cache(request: Any, version: int, correlation: int, cluster: C
             brokers.append(cls.MetadataResponseBroker(node_id=node, host=mapped[0], port=mapped[1], rack=None))
     asked = request.topics
     wanted: list[tuple[str | None, uuid.UUID]]
-    if asked is None or (version == 0 and not asked):  # v0 asks for every topic with an empty list
+    if every_topic_asked(asked, version):
         wanted = [(name, facts.topic_id) for name, facts in cluster.topics.items()]
     else:
         by_id = {facts.topic_id: name for name, facts in cluster.topics.items() if facts.topic_id != _NO_ID}
@@ -199,13 +200,8 @@ def metadata_from_cache(request: Any, version: int, correlation: int, cluster: C
     return _encode(METADATA_RESPONSE, body, version, correlation)
 
 
-def asks_every_topic(frame: bytes, version: int) -> bool:
-    """Whether a Metadata request (frame without its size) asks for every topic: a null list, or from v0
-    an empty one. A request that cannot be decoded is relayed all the same (the upstream answers it)."""
-    try:
-        topics = METADATA_REQUEST.decode_request(frame, version)[1].topics
-    except DecodeError:
-        return False
+def every_topic_asked(topics: list[Any] | None, version: int) -> bool:
+    """Whether a Metadata request's topic list asks for every topic: null, or at v0 empty."""
     return topics is None or (version == 0 and not topics)
 
 

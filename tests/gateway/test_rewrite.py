@@ -187,11 +187,12 @@ def test_an_answer_for_every_topic_forgets_topics_it_does_not_name(every_topic: 
 
 @pytest.mark.parametrize(("version", "topics", "every"), [
     (0, [], True), (0, ["t"], False), (1, None, True), (1, [], False), (12, None, True), (12, ["t"], False)])
-def test_asks_every_topic(version: int, topics: list[str] | None, every: bool) -> None:
+def test_every_topic_asked(version: int, topics: list[str] | None, every: bool) -> None:
     from kafka.protocol.metadata import MetadataRequest  # a stock encoder
 
     asked = None if topics is None else [MetadataRequest.MetadataRequestTopic(name=t) for t in topics]
     request = MetadataRequest(topics=asked, allow_auto_topic_creation=False)
     request.with_header(correlation_id=1, client_id="tests")
     frame = bytes(request.encode(version=version, header=True))
-    assert rewrite.asks_every_topic(frame, version) is every
+    asked = rewrite.METADATA_REQUEST.decode_request(frame, version)[1]
+    assert rewrite.every_topic_asked(asked.topics, version) is every
