@@ -201,10 +201,14 @@ async def test_a_full_disk_keeps_acknowledged_offsets_readable_and_recovers_with
     faults = Faults()
     runtime = await started(config(tmp_path), faults.factory)
     shard = runtime.shards[0]
+    wakes: list[ShardState] = []  # the cleaner is what gives a full disk room back (coordinator.runtime)
+    shard.wake_cleaner = lambda: wakes.append(shard.state)
     assert await asyncio.gather(*[append(shard, [commit("g", i, i)]) for i in range(10)]) == [OK] * 10
+    assert wakes == []
     faults.disk_full = True
     assert await append(shard, [commit("g", 0, 100)]) == ErrorCode.NOT_COORDINATOR  # short write + ENOSPC
     await wait_state(shard, ShardState.READ_ONLY)
+    assert wakes and ShardState.ACTIVE in wakes  # woken by the failed write
     # Acknowledged offsets stay readable; commits get a retriable error while the disk is full.
     assert shard.read(None, None, lambda data: data.committed("g", "t", 0)) == OffsetAndMetadata(0, -1, "m", 1)
     with pytest.raises(ShardUnavailable) as refused:
@@ -212,8 +216,12 @@ async def test_a_full_disk_keeps_acknowledged_offsets_readable_and_recovers_with
     assert refused.value.error is ErrorCode.NOT_COORDINATOR
     faults.disk_full = False  # space is freed
     await wait_state(shard, ShardState.ACTIVE)
+    wakes.clear()
     assert await append(shard, [commit("g", 0, 102)]) == OK
-    assert on_disk(shard.log.directory) == list(range(11))  # the partial batch was cut, nothing else
+    assert wakes == [ShardState.ACTIVE]  # and again once writes work: writers would take the freed room
+    assert await append(shard, [commit("g", 0, 103)]) == OK
+    assert wakes == [ShardState.ACTIVE]  # once
+    assert on_disk(shard.log.directory) == list(range(12))  # the partial batch was cut, nothing else
     await stop(runtime)
 
 
