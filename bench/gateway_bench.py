@@ -201,6 +201,7 @@ def main() -> int:
             upstream.stdin.close()
         upstream.terminate()
         upstream.wait(30)
+    shutil.rmtree(tmp, ignore_errors=True)  # the servers' logs and kcoord's data; kept if a round failed
 
     out: dict[str, Any] = {"upstream": args.upstream, "messages": args.messages, "size": args.size,
                            "rounds": args.rounds}
