@@ -8,7 +8,9 @@ Which offsets may expire depends on the group:
 * a ``consumer`` group that is Stable and whose subscriptions are known: offsets of topics it no longer
   subscribes to, counted from their commit;
 * any other group: none.
-An offset with an explicit expire timestamp (OffsetCommit v2-v4 retention) expires at that time instead.
+An offset that may expire and has an explicit expire timestamp (OffsetCommit v2-v4 retention) expires
+at that time instead; a topic a Stable consumer group subscribes to keeps its offsets even so (Kafka's
+``cleanupExpiredOffsets`` skips subscribed topics before it looks at any expiry).
 Pending transactional offsets never expire. A group left Empty without offsets is deleted.
 
 A pass runs in steps (``RetentionPass``), the next when the previous one's tombstones are durable,
@@ -56,10 +58,12 @@ def _expired(data: ShardData, group_id: str, base: Base, topic: str, partition: 
     if data.pending_count and data.has_pending(OffsetKey(group_id, topic, partition)):
         return False
     value = offset_value(stored)
+    since = base(value, topic)
+    if since is None:  # a topic the group subscribes to: asked first, even of an explicit expiry (Kafka too)
+        return False
     if value.expire_timestamp != -1:
         return now_ms >= value.expire_timestamp
-    since = base(value, topic)
-    return since is not None and now_ms - since >= retention_ms
+    return now_ms - since >= retention_ms
 
 
 def _group_tombstone(data: ShardData, group_id: str, going: int) -> GroupMetadataRecord | None:

@@ -227,6 +227,16 @@ def test_an_explicit_expire_timestamp_wins() -> None:
     assert len(expire_offsets(shard.data, T0 + 1000, WEEK).records) == 2
 
 
+def test_an_explicit_expire_timestamp_does_not_expire_a_subscribed_topic_of_a_stable_group() -> None:
+    """Fault campaign: a live group's v2-v4 commit with a retention time (Sarama's Offsets.Retention) lost
+    its offset when that time ran out, though the group still consumed the topic; Kafka keeps it."""
+    shard = GroupShard()
+    consumer_group(shard, "t")
+    expiring = OffsetAndMetadata(1, -1, "", T0, T0 + 1000)  # as a v2 commit with a 1 s retention stores it
+    shard.data.offsets["g"] = {("t", 0): expiring, ("old", 0): expiring}
+    assert offset_keys(expire_offsets(shard.data, T0 + 1000, WEEK).records) == [OffsetKey("g", "old", 0)]
+
+
 def test_a_group_in_a_rebalance_expires_nothing() -> None:
     shard = GroupShard()
     clients = consumer_group(shard, "t")
