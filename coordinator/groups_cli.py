@@ -177,8 +177,10 @@ def _reset(admin: Any, args: argparse.Namespace) -> Result:
         raise GroupsError(f"{args.group} is {state}: offsets can only be reset while the group has no members "
                           "(stop its consumers first)")
     partitions = _chosen(admin, args)
-    admin.alter_group_offsets(args.group, {TopicPartition(args.topic, p): OffsetAndMetadata(args.to_offset, "", -1)
-                                           for p in partitions})
+    # per partition, not raised: a consumer joining since the check above gets UNKNOWN_MEMBER_ID, a topic name
+    # no topic can have UNKNOWN_TOPIC_OR_PARTITION (the table was printed, exit 0, nothing stored)
+    _raise_refusals(args, admin.alter_group_offsets(
+        args.group, {TopicPartition(args.topic, p): OffsetAndMetadata(args.to_offset, "", -1) for p in partitions}))
     data = [{"topic": args.topic, "partition": p, "offset": args.to_offset} for p in partitions]
     return Result(data, ["GROUP", "TOPIC", "PARTITION", "NEW OFFSET"],
                   [[args.group, args.topic, p, args.to_offset] for p in partitions])
@@ -188,14 +190,18 @@ def _delete_offsets(admin: Any, args: argparse.Namespace) -> Result:
     from kafka.structs import TopicPartition
 
     partitions = _chosen(admin, args)
-    outcome = admin.delete_group_offsets(args.group, [TopicPartition(args.topic, p) for p in partitions])
+    _raise_refusals(args, admin.delete_group_offsets(args.group, [TopicPartition(args.topic, p) for p in partitions]))
+    return Result([{"topic": args.topic, "partition": p, "deleted": True} for p in partitions],
+                  ["GROUP", "TOPIC", "PARTITION", "RESULT"],
+                  [[args.group, args.topic, p, "deleted"] for p in partitions])
+
+
+def _raise_refusals(args: argparse.Namespace, outcome: Any) -> None:
+    """GroupsError naming every partition the coordinator refused in ``outcome``."""
     errors = _partition_errors(outcome)
     failed = {p: e for p, e in errors.items() if e not in (None, "OK", "NoError")}
     if failed:
         raise GroupsError(f"{args.group}: " + ", ".join(f"{args.topic}-{p}: {e}" for p, e in sorted(failed.items())))
-    return Result([{"topic": args.topic, "partition": p, "deleted": True} for p in partitions],
-                  ["GROUP", "TOPIC", "PARTITION", "RESULT"],
-                  [[args.group, args.topic, p, "deleted"] for p in partitions])
 
 
 def _partition_errors(outcome: Any) -> dict[int, Any]:

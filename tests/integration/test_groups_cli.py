@@ -66,6 +66,10 @@ def test_reset_offsets_is_refused_while_the_group_has_members(server: KcoordProc
     assert done == [{"topic": "t", "partition": 0, "offset": 100}, {"topic": "t", "partition": 1, "offset": 100}]
     offsets = {(o["topic"], o["partition"]): o["offset"] for o in parsed(groups(server, "offsets", "quiet"))}
     assert offsets == {("t", 0): 100, ("t", 1): 100, ("u", 0): 7}
+    # a partition the coordinator refuses (no topic can have this name) fails the command: it used to
+    # print the new offset and exit 0 with nothing stored (helper-63's find)
+    bad = groups(server, "reset-offsets", "quiet", "--topic", "bad topic", "--partitions", "0", "--to-offset", "42")
+    assert bad.returncode == 1 and "bad topic-0: UnknownTopicOrPartitionError" in bad.stderr, bad
 
 
 def test_delete_offsets_and_groups(server: KcoordProcess, live_group: list[Member], quiet: str) -> None:
