@@ -1,7 +1,11 @@
 """Time for the coordinator: an injected clock and keyed per-shard timers.
 
 Handlers and shards never read the system clock themselves; they get a ``Clock``. The real one reads
-wall-clock milliseconds (what Kafka stores in commit timestamps) and schedules on the event loop; tests
+wall-clock milliseconds (what Kafka stores in commit timestamps) and schedules on the event loop. Timer
+deadlines are kept on its monotonic clock, as Kafka's purgatory keeps them on ``nanoTime``: kept in wall
+time, a clock stepped back an hour (NTP, an operator) re-armed every armed timer for that hour when it
+fired, so a crashed member was not expired and a rebalance waiting on it stalled (a fault campaign's
+find). Tests
 use ``ManualClock`` and move time with ``advance()``, so session expiry, rebalance timeouts and offset
 retention are tested at exact millisecond boundaries without sleeping.
 
@@ -25,6 +29,8 @@ class Cancellable(Protocol):
 class Clock(Protocol):
     def now_ms(self) -> int: ...
 
+    def monotonic_ms(self) -> int: ...
+
     def call_later(self, delay_ms: int, callback: Callable[[], None]) -> Cancellable: ...
 
 
@@ -33,6 +39,10 @@ class SystemClock:
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
+
+    def monotonic_ms(self) -> int:
+        """For timers: never steps, as the event loop's own clock does not."""
+        return time.monotonic_ns() // 1_000_000
 
     def call_later(self, delay_ms: int, callback: Callable[[], None]) -> Cancellable:
         return asyncio.get_running_loop().call_later(max(delay_ms, 0) / 1000.0, callback)
@@ -58,6 +68,9 @@ class ManualClock:
         self._seq = itertools.count()
 
     def now_ms(self) -> int:
+        return self._now
+
+    def monotonic_ms(self) -> int:
         return self._now
 
     def call_later(self, delay_ms: int, callback: Callable[[], None]) -> Cancellable:
@@ -102,7 +115,7 @@ class Timers:
 
     def schedule(self, key: str, delay_ms: int, fn: Callable[..., None], *args: Any) -> None:
         """Runs ``fn(*args)`` once ``delay_ms`` from now, unless the key is cancelled or rescheduled."""
-        deadline = self._clock.now_ms() + delay_ms
+        deadline = self._clock.monotonic_ms() + delay_ms
         timer = self._timers.get(key)
         if timer is not None and timer.handle is not None and timer.fire_at <= deadline:
             timer.deadline, timer.fn, timer.args = deadline, fn, args  # the armed callback re-arms
@@ -115,7 +128,8 @@ class Timers:
 
     def _arm(self, key: str, timer: _Timer) -> None:
         timer.fire_at = timer.deadline
-        timer.handle = self._clock.call_later(timer.deadline - self._clock.now_ms(), lambda: self._fire(key, timer))
+        delay = timer.deadline - self._clock.monotonic_ms()
+        timer.handle = self._clock.call_later(delay, lambda: self._fire(key, timer))
 
     def _fire(self, key: str, timer: _Timer) -> None:
         # The spent handle holds the callback, which holds the timer: dropped here, the timer, the
@@ -124,7 +138,7 @@ class Timers:
         timer.handle = None
         if self._timers.get(key) is not timer:
             return
-        if timer.deadline > self._clock.now_ms():
+        if timer.deadline > self._clock.monotonic_ms():
             self._arm(key, timer)
             return
         del self._timers[key]
@@ -141,6 +155,7 @@ class Timers:
         self._timers.clear()
 
     def deadline(self, key: str) -> int | None:
+        """The key's deadline on the clock's monotonic milliseconds."""
         timer = self._timers.get(key)
         return None if timer is None else timer.deadline
 

@@ -1,8 +1,11 @@
-"""Keyed timers (coordinator.timers): what they leave behind for the garbage collector."""
+"""Keyed timers (coordinator.timers): what they leave behind for the garbage collector, and the clock
+their deadlines are kept on."""
 
+import asyncio
 import gc
+from collections.abc import Callable
 
-from coordinator.timers import ManualClock, Timers
+from coordinator.timers import Cancellable, ManualClock, SystemClock, Timers
 
 
 def test_fired_cancelled_and_rearmed_timers_leave_no_cycles_for_the_collector() -> None:
@@ -31,3 +34,36 @@ def test_fired_cancelled_and_rearmed_timers_leave_no_cycles_for_the_collector() 
     finally:
         if was_enabled:
             gc.enable()
+
+
+class _SteppedBack:
+    """The real clock, its wall time stepped back an hour once ``step`` is called (NTP, an operator)."""
+
+    def __init__(self) -> None:
+        self.real = SystemClock()
+        self.offset = 0
+
+    def step(self) -> None:
+        self.offset = -3_600_000
+
+    def now_ms(self) -> int:
+        return self.real.now_ms() + self.offset
+
+    def monotonic_ms(self) -> int:
+        return self.real.monotonic_ms()
+
+    def call_later(self, delay_ms: int, callback: Callable[[], None]) -> Cancellable:
+        return self.real.call_later(delay_ms, callback)
+
+
+async def test_a_wall_clock_stepped_back_does_not_hold_armed_timers() -> None:
+    """Fault campaign: deadlines kept in wall time were re-armed for the size of a backward step when
+    they fired, so a member that died within a session of the step was not expired for an hour."""
+    clock = _SteppedBack()
+    timers = Timers(clock)
+    fired = asyncio.Event()
+    timers.schedule("session", 50, fired.set)
+    timers.schedule("session", 100, fired.set)  # a heartbeat pushing it later: re-armed when it fires
+    clock.step()
+    await asyncio.wait_for(fired.wait(), 5)  # an hour before the fix
+    assert "session" not in timers
