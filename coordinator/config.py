@@ -81,7 +81,8 @@ class Config:
 
     @property
     def advertised(self) -> tuple[str, int]:
-        """Where clients are told to find the coordinator (FindCoordinator, Metadata)."""
+        """Where clients are told to find the coordinator (FindCoordinator, Metadata). With ``--listen
+        HOST:0`` the server sets ``advertised_port`` to the port it was given once bound."""
         return (self.advertised_host or self.host, self.advertised_port or self.port)
 
 
@@ -100,6 +101,14 @@ def parse_host_port(value: str) -> tuple[str, int]:
     if not 0 <= number <= 65535:
         raise ValueError(f"port {number} is outside 0-65535")
     return host, number
+
+
+def reachable_host_port(value: str) -> tuple[str, int]:
+    """``parse_host_port`` for an address clients are given: port 0 is where no client can connect."""
+    host, port = parse_host_port(value)
+    if port == 0:
+        raise ValueError("port 0 cannot be advertised (give the port clients connect to)")
+    return host, port
 
 
 def bounded_int(low: int, high: int = INT31) -> Callable[[str], int]:
@@ -172,7 +181,7 @@ OPTIONS: list[Option] = [
     Option("--listen", "KCOORD_LISTEN", parse_host_port,
            lambda hp: {"host": hp[0], "port": hp[1]}, "HOST:PORT to accept clients on (default 127.0.0.1:9092)",
            "HOST:PORT"),
-    Option("--advertised-listener", "KCOORD_ADVERTISED_LISTENER", parse_host_port,
+    Option("--advertised-listener", "KCOORD_ADVERTISED_LISTENER", reachable_host_port,
            lambda hp: {"advertised_host": hp[0], "advertised_port": hp[1]},
            "HOST:PORT clients are told to use (default: the listener)", "HOST:PORT"),
     Option("--data-dir", "KCOORD_DATA_DIR", Path, _field("data_dir"),

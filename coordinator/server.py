@@ -17,6 +17,7 @@ Stopping: stop accepting and stop starting requests, let the shards make pending
 """
 
 import asyncio
+import dataclasses
 import logging
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -77,6 +78,10 @@ class Server:
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {cfg.host}:{cfg.port} (--listen / KCOORD_LISTEN): "
                                      f"{exc.strerror or exc}") from exc
+        listening: Any = self._server  # uvloop gives a list where asyncio's stubs say tuple: read it untyped
+        bound: int = listening.sockets[0].getsockname()[1]
+        if cfg.port == 0 and cfg.advertised_port is None:  # the port the system chose, not 0 (Kafka does so too)
+            cfg = self.runtime.config = dataclasses.replace(cfg, advertised_port=bound)
         try:
             self.runtime.open()
         except BaseException:
@@ -86,9 +91,6 @@ class Server:
         await self._server.start_serving()
         self._chores = [self.loop.create_task(self._close_idle_connections()),
                         self.loop.create_task(self._collect_when_overdue())]
-        # uvloop's server gives a list where asyncio's stubs say tuple: read it untyped (compiled, a
-        # declared tuple is checked)
-        listening: Any = self._server
         sock = listening.sockets[0].getsockname()
         log.info("kcoord listening on %s:%d (node %d, %d offsets partitions, data in %s)",
                  sock[0], sock[1], cfg.node_id, cfg.offsets_partitions, cfg.data_dir)

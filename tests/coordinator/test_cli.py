@@ -83,6 +83,7 @@ def test_flags_and_environment() -> None:
     [
         (["--listen", "nohost"], "--listen='nohost': expected HOST:PORT"),
         (["--listen", "h:99999"], "outside 0-65535"),
+        (["--advertised-listener", "kc.example:0"], "port 0 cannot be advertised"),
         (["--offsets-partitions", "0"], "--offsets-partitions='0': 0 is outside"),
         (["--segment-bytes", "ten"], "not an integer"),
         (["--log-level", "loud"], "--log-level='loud': 'loud' is not one of DEBUG, INFO, WARNING, ERROR"),

@@ -67,6 +67,7 @@ async def _serving(tmp_path: Path, partitions: int) -> AsyncIterator[Serving]:
     await server.stop(10)
 
 
+
 def frame(request: Any, version: int) -> bytes:
     request.with_header(correlation_id=7, client_id="test")
     return bytes(request.encode(version=version, header=True, framed=True))
@@ -289,3 +290,24 @@ async def test_a_huge_commit_whose_later_slice_fails_is_still_answered(
     await until(lambda: gcpause.held() == 0)
     assert all(c.held == 0 for c in serving.server.connections)
     writer.close()
+
+
+async def test_a_listener_on_port_0_advertises_the_port_it_was_given(serving: Serving) -> None:
+    """Fault campaign: ``--listen HOST:0`` bound a free port but told clients the coordinator was at
+    port 0, where none can connect; Kafka, too, advertises the port an ephemeral listener got."""
+    from kafka.protocol.metadata import (
+        FindCoordinatorRequest,
+        FindCoordinatorResponse,
+        MetadataRequest,
+        MetadataResponse,
+    )
+
+    assert serving.server.runtime.config.advertised == ("127.0.0.1", serving.port) and serving.port != 0
+    reader, writer = await serving.connect()
+    writer.write(frame(FindCoordinatorRequest(key="g", key_type=0), 1))
+    found = await reply(reader, FindCoordinatorResponse, 1)
+    writer.write(frame(MetadataRequest(topics=[]), 1))
+    brokers = (await reply(reader, MetadataResponse, 1)).brokers
+    writer.close()
+    assert (found.error_code, found.host, found.port) == (0, "127.0.0.1", serving.port)
+    assert [(b.host, b.port) for b in brokers] == [("127.0.0.1", serving.port)]
