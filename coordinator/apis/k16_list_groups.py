@@ -9,7 +9,7 @@ COORDINATOR_LOAD_IN_PROGRESS, with the groups of the partitions already loaded.
 from typing import Any
 
 from coordinator.apis import handles
-from coordinator.groups.admin import list_groups
+from coordinator.groups.admin import list_filter, list_groups
 from coordinator.request import Request, ShardUnavailable
 from coordinator.runtime import Runtime
 from protocol.errors import ErrorCode
@@ -26,8 +26,8 @@ def error_response(body: Any, version: int, error: ErrorCode) -> Any:
 
 @handles(SPEC, error_response=error_response)
 def list_all_groups(runtime: Runtime, req: Request, body: Any) -> Any:
-    states = set(body.states_filter) if req.version >= 4 else set()
-    types = set(body.types_filter) if req.version >= 5 else set()
+    wanted = list_filter(set(body.states_filter) if req.version >= 4 else set(),
+                         set(body.types_filter) if req.version >= 5 else set())
     response = Response(throttle_time_ms=0, error_code=ErrorCode.NONE, groups=[])
 
     def fail(error: ErrorCode) -> None:
@@ -38,7 +38,7 @@ def list_all_groups(runtime: Runtime, req: Request, body: Any) -> Any:
         return response  # gateway mode: an upstream broker's listener; the groups' coordinator is another node
     for shard in runtime.shards:
         try:
-            found = shard.read(req, fail, list_groups, states, types)
+            found = shard.read(req, fail, list_groups, wanted)
         except ShardUnavailable as exc:
             if exc.error is ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
                 response.error_code = exc.error

@@ -3,7 +3,7 @@
 
 import struct
 
-from coordinator.groups.admin import delete_groups, delete_offsets, describe_group, list_groups
+from coordinator.groups.admin import delete_groups, delete_offsets, describe_group, list_filter, list_groups
 from coordinator.groups.model import GroupState
 from coordinator.groups.retention import expire_offsets
 from coordinator.offsets import commit_offsets
@@ -65,12 +65,12 @@ def test_list_filters_by_state_case_insensitively_and_by_type() -> None:
     shard = GroupShard()
     consumer_group(shard, "t")
     simple_commit(shard, "simple", [0])
-    assert sorted(list_groups(shard.data, set(), set())) == [
+    assert sorted(list_groups(shard.data, list_filter(set(), set()))) == [
         ("g", "consumer", "Stable", "classic"), ("simple", "", "Empty", "classic")]
-    assert list_groups(shard.data, {"stable"}, set()) == [("g", "consumer", "Stable", "classic")]
-    assert list_groups(shard.data, {" EMPTY "}, set()) == [("simple", "", "Empty", "classic")]
-    assert list_groups(shard.data, set(), {"consumer"}) == []  # KIP-848 groups: kcoord hosts none
-    assert len(list_groups(shard.data, set(), {"Classic"})) == 2
+    assert list_groups(shard.data, list_filter({"stable"}, set())) == [("g", "consumer", "Stable", "classic")]
+    assert list_groups(shard.data, list_filter({" EMPTY "}, set())) == [("simple", "", "Empty", "classic")]
+    assert list_groups(shard.data, list_filter(set(), {"consumer"})) == []  # KIP-848 groups: kcoord hosts none
+    assert len(list_groups(shard.data, list_filter(set(), {"Classic"}))) == 2
 
 
 # -- delete groups ---------------------------------------------------------------------------------------
