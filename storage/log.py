@@ -549,6 +549,10 @@ class PartitionLog:
         if seg.path.exists():
             # A leftover of a failed append at this offset: keep it aside, start clean.
             set_aside(Segment(base_offset, seg.path, seg.path.stat().st_size), "stale segment")
+        # Created before it is listed, as Kafka opens a segment before adding it: a segment listed
+        # without a file (its open failed: EMFILE) was synced and recorded as the recovery point at a
+        # clean stop, and the next start failed the partition, "segments were removed" (a fault campaign's find).
+        self._fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.segments.append(seg)
         self._dir_dirty = True
         return seg

@@ -40,8 +40,8 @@ def short_of(segments: list[Segment], claim: Claim) -> str | None:
     that a compaction has since merged is shorter than a claim recorded in it and is not checked (a
     cut of the active segment is: no compaction touches it)."""
     known_base, known_position = claim
-    if known_base < 0:
-        return None
+    if known_base < 0 or (known_base, known_position) == (0, 0):  # (0, 0) claims nothing (an older
+        return None  # kcoord recorded it for a first segment whose file could not be created)
     last = segments[-1] if segments else None
     if last is None or last.base_offset < known_base:
         return f"no segment at or after the recovery point's {segment_name(known_base)}: segments were removed"

@@ -415,3 +415,43 @@ def test_the_probe_fails_while_the_active_segment_cannot_be_opened(tmp_path: Pat
     finally:
         subprocess.run(["chattr", "-i", str(active)], check=True)
     plog.probe()
+
+
+def test_a_segment_whose_file_cannot_be_created_is_not_listed(tmp_path: Path, monkeypatch: Any) -> None:
+    """Fault campaign: a first segment whose open failed (EMFILE) stayed listed without a file; a clean
+    stop synced it and recorded (0, 0) as the recovery point, and the next start failed the partition,
+    "segments were removed", though nothing had been written."""
+    import errno
+    import os
+
+    plog = PartitionLog(tmp_path)
+    list(plog.recover())
+    real_open = os.open
+
+    def no_descriptor(path: Any, flags: int, mode: int = 0o777) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "open", no_descriptor)
+    with pytest.raises(OSError):
+        plog.append(build_batch(0, [(b"\x00\x01key", b"v")], T), 0)
+    monkeypatch.setattr(os, "open", real_open)
+    assert plog.segments == []
+    plog.truncate_to_durable()  # what a failed write leads to
+    plog.sync()
+    plog.checkpoint()
+    plog.close()
+    assert offsets(tmp_path) == []  # no "segments were removed"
+    reopened = PartitionLog(tmp_path)
+    list(reopened.recover())
+    write(reopened, 2)
+    reopened.close()
+    assert offsets(tmp_path) == [0, 1]
+
+
+def test_a_recovery_point_claiming_nothing_needs_no_segment(tmp_path: Path) -> None:
+    """(0, 0), which the defect above recorded, claims no byte: a log without segments passes it."""
+    (tmp_path / RECOVERY_POINT).write_text("0 0")
+    assert offsets(tmp_path) == []
+    (tmp_path / RECOVERY_POINT).write_text("0 1")
+    with pytest.raises(LogCorruptError, match="segments were removed"):
+        offsets(tmp_path)
