@@ -82,6 +82,7 @@ class Connection(asyncio.Protocol):
         self._bulk: bytes | None = None  # a large frame being decoded on the bulk thread
         self._slow_timer: asyncio.TimerHandle | None = None
         self._eof = False  # the peer closed its side: serve the complete requests read, then close
+        self._refusing = False  # a request it cannot serve: answer the ones before it, then close (``refuse``)
         self.last_active = 0.0
         self.refused = False  # closed as soon as made (coordinator.admission)
 
@@ -126,13 +127,13 @@ class Connection(asyncio.Protocol):
             log.debug("%s: disconnected (%s)", self.peer, exc or "closed")
 
     def data_received(self, data: bytes) -> None:
-        if self.closed:
+        if self.closed or self._refusing:
             return
         self.last_active = self._server.loop.time()
         try:
             self._reader.feed(data)
         except FrameError as exc:
-            self.abort(str(exc), "frame")
+            self.refuse(str(exc), "frame")
             return
         self._account()
         if self._reader.has_frame():
@@ -217,7 +218,8 @@ class Connection(asyncio.Protocol):
         measured for 20 pipelined fetches of a 100k-partition group)."""
         queue = self._queue
         return (not self._send_blocked and self._bulk is None and len(queue) < MAX_IN_FLIGHT
-                and not (queue and queue[-1].large) and not self.held and not self._server.stopping)
+                and not (queue and queue[-1].large) and not self.held and not self._server.stopping
+                and not self._refusing)
 
     def _update_reading(self) -> None:
         """Reads unless memory is short or a backlog of complete frames waits for the dispatcher (which
@@ -225,7 +227,7 @@ class Connection(asyncio.Protocol):
         if self._transport is None or self.closed:
             return
         backlog = self._reader.buffered >= READ_BACKLOG_BYTES and self._reader.has_frame()
-        read = not (self._memory_blocked or self._server.stopping or backlog)
+        read = not (self._memory_blocked or self._server.stopping or backlog or self._refusing)
         if read != self._reading:
             self._reading = read
             if read:
@@ -243,7 +245,7 @@ class Connection(asyncio.Protocol):
             try:
                 frame = reader.next_frame()
             except FrameError as exc:
-                self.abort(str(exc), "frame")
+                self.refuse(str(exc), "frame")
                 break
             if frame is None:
                 break
@@ -259,21 +261,21 @@ class Connection(asyncio.Protocol):
     def _close_if_finished(self) -> None:
         """After the peer closed its side: once every request read is answered (the transport sends
         what was written before it closes)."""
-        if self._eof and self.idle and not self._reader.has_frame():
+        if self.idle and (self._refusing or (self._eof and not self._reader.has_frame())):
             self.close()
 
     def _start(self, frame: bytes) -> None:
         try:
             api_key, version, correlation_id = peek_header(frame)
         except HeaderError as exc:
-            self.abort(str(exc), "header")
+            self.refuse(str(exc), "header")
             return
         gateway = self._server.gateway
         if gateway is not None and gateway.route(self, frame, api_key, version, correlation_id):
             return
         api = APIS.get(api_key)
         if api is None:
-            self.abort(f"unknown api key {api_key}", "unknown_api")
+            self.refuse(f"unknown api key {api_key}", "unknown_api")
             return
         spec = api.spec
         if not spec.supports(version):
@@ -286,8 +288,8 @@ class Connection(asyncio.Protocol):
                 self._queue.append(req)
                 self._server.want_write(self)
                 return
-            self.abort(f"{spec.name} v{version} is not supported ({spec.min_version}-{spec.max_version})",
-                       "unsupported_version")
+            self.refuse(f"{spec.name} v{version} is not supported ({spec.min_version}-{spec.max_version})",
+                        "unsupported_version")
             return
         req = Request(self, api, version, correlation_id, "", self.peer)
         self._queue.append(req)
@@ -305,7 +307,8 @@ class Connection(asyncio.Protocol):
         try:
             req.client_id, body = (api.decode or api.decode_request)(frame, version)  # no interpreted frame
         except DecodeError as bad:  # not ``exc``: compiled, one name holds one type (the HeaderError above)
-            self.abort(f"malformed request: {bad}", "malformed")
+            self._drop_from(len(self._queue) - 1)  # its own slot, the last
+            self.refuse(f"malformed request: {bad}", "malformed")
             return
         self._run(req, body, api.prepare(self._runtime, body, version) if api.prepare else body)
 
@@ -319,7 +322,8 @@ class Connection(asyncio.Protocol):
             return
         exc = done.exception()
         if isinstance(exc, DecodeError):
-            self.abort(f"malformed request: {exc}", "malformed")
+            self._drop_from(len(self._queue) - 1)  # its own slot, the last: nothing starts behind a bulk one
+            self.refuse(f"malformed request: {exc}", "malformed")
             return
         if exc is not None:
             log.error("%s: %s v%d could not be prepared: %r", self.peer, req.api.spec.name, req.version, exc)
@@ -434,6 +438,20 @@ class Connection(asyncio.Protocol):
         transport.write(b"".join(out))  # type: ignore[arg-type]
         if self._reader.has_frame() or self._reading is False:
             self._server.schedule(self)
+        self._update_reading()
+        self._close_if_finished()
+
+    def refuse(self, why: str, reason: str) -> None:
+        """A request it cannot serve (a bad frame or header, an unknown API or version, a malformed
+        body): nothing more is read or started, and the connection closes once the replies to the
+        requests before it are written. Kafka reads a connection's next request only after answering
+        the last, so those replies were sent before it closed; aborting at once threw away the answers
+        to commits already applied (a fuzzing campaign's find)."""
+        if self.closed or self._refusing:
+            return
+        log.warning("%s: closing connection: %s", self.peer, why)
+        self._runtime.metrics.connection_refused(reason)
+        self._refusing = True
         self._update_reading()
         self._close_if_finished()
 

@@ -361,3 +361,22 @@ def test_pipelined_mixed_apis_keep_order(kcoord: KcoordProcess) -> None:
             if api == 9:  # the fetch right after a commit of the same group sees it
                 resp = OffsetFetchResponse.decode(payload, version=8, header=True)
                 assert resp.groups[0].topics[0].partitions[0].committed_offset == i - 1
+
+
+@pytest.mark.parametrize("bad", ["offset-commit-v8-truncated", "api-key-999", "offset-commit-v10", "size-minus-1"])
+def test_requests_before_a_bad_one_are_answered_before_the_close(kcoord: KcoordProcess, bad: str) -> None:
+    """Fuzzing campaign: the connection was aborted at the bad request, throwing away the replies to
+    the commits sent before it on the same connection, though they were applied. Kafka reads a
+    connection's next request only after answering the last, so those answers were sent."""
+    groups = [f"before-bad-{bad}-{i}" for i in range(8)]
+    batch = b"".join(encode(commit_request(g, "raw-topic", 0, 70 + i), 8, 600 + i) for i, g in enumerate(groups))
+    with connect(kcoord) as sock:
+        sock.sendall(batch + BAD_INPUT[bad] + encode(commit_request("after-bad", "raw-topic", 0, 1), 8, 700))
+        for i in range(len(groups)):
+            resp = OffsetCommitResponse.decode(read_frame(sock), version=8, header=True)
+            assert resp.header.correlation_id == 600 + i
+            assert [p.error_code for t in resp.topics for p in t.partitions] == [0]
+        assert_closed_without_response(sock)  # then closed: nothing after the bad request is answered
+    with connect(kcoord) as sock:
+        assert raw_fetch(sock, [*groups, "after-bad"], correlation_id=1) == {
+            **{g: 70 + i for i, g in enumerate(groups)}, "after-bad": -1}
