@@ -90,8 +90,20 @@ class FrameReader:
         excess = self._chunk_bytes - size
         rest = b""
         if excess:
-            last = chunks[-1]
-            chunks[-1], rest = last[:len(last) - excess], last[len(last) - excess:]
+            # What follows the frame: the end of the chunk that completed it, and every chunk fed while it
+            # waited to be taken (a connection keeps reading while a complete frame waits for its turn).
+            # Taking the excess from the last chunk alone glued the next frames onto this one.
+            after: list[bytes] = []
+            while excess >= len(chunks[-1]):
+                whole = chunks.pop()
+                excess -= len(whole)
+                after.append(whole)
+            if excess:
+                last = chunks[-1]
+                chunks[-1] = last[:len(last) - excess]
+                after.append(last[len(last) - excess:])
+            after.reverse()
+            rest = b"".join(after)
         frame = b"".join(chunks)
         self._chunks = []
         self._chunk_bytes = 0
