@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 
-from tests.gateway.conftest import coordinator_port, start_gateway
+from tests.gateway.conftest import coordinator_port, node_ports, start_gateway
 from tests.gateway.fake_upstream import FakeUpstream
 from tests.kcoord_process import KcoordProcess
 from tests.rawclient import RawClient, commit_request
@@ -178,5 +178,33 @@ def test_an_unreachable_upstream_is_answered_leaderless(fake: FakeUpstream, kcoo
         client.sock.sendall(metadata_of_t(client)[1])
         answer = client.receive(3, 1)[1]
         assert [(p.error_code, p.leader_id) for p in answer.topics[0].partitions] == [(LEADER_NOT_AVAILABLE, -1)] * 3
+    finally:
+        client.close()
+
+
+def peak_rss_mib(proc: KcoordProcess) -> float:
+    assert proc.proc is not None
+    with open(f"/proc/{proc.proc.pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+
+
+def test_relayed_frames_are_freed_once_sent(fake: FakeUpstream, kcoord: KcoordProcess) -> None:
+    """A memory campaign's find: each relayed request's closures formed a reference cycle holding its
+    frame, which only the cyclic collector (run rarely here on purpose) freed, so ~1 MB Produce frames
+    piled up: RSS ~940 MiB under 8 producers, kept for good. 400 frames of 1 MB relayed one after the
+    other now leave the peak RSS within a few frames of where it was (it grew by ~400 MB before)."""
+    port = node_ports(kcoord)[1]
+    client = RawClient(port, timeout=30)
+    try:
+        client.sock.sendall(init_producer_id(1))  # the link to broker 1 is up before the measure
+        assert struct.unpack_from(">i", client.read_frame())[0] == 1
+        before = peak_rss_mib(kcoord)
+        padding = bytes(1 << 20)  # the broker reads the frame whole; kcoord relays it untouched
+        for correlation in range(2, 402):
+            frame = init_producer_id(correlation)
+            client.sock.sendall(struct.pack(">i", len(frame) - 4 + len(padding)) + frame[4:] + padding)
+            assert struct.unpack_from(">i", client.read_frame())[0] == correlation
+        grown = peak_rss_mib(kcoord) - before
+        assert grown < 100, f"peak RSS grew by {grown:.0f} MiB relaying 400 MiB"
     finally:
         client.close()
