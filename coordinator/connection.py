@@ -467,6 +467,11 @@ class Connection(asyncio.Protocol):
             self._transport.abort()
 
     @property
+    def unsent_bytes(self) -> int:
+        """Replies written to the transport that the peer has not taken yet."""
+        return self._transport.get_write_buffer_size() if self._transport is not None and not self.closed else 0
+
+    @property
     def idle(self) -> bool:
         return not self._queue and self._bulk is None
 

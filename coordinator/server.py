@@ -42,6 +42,9 @@ IDLE_SWEEP_S: Final = 30.0
 GC_CHECK_S: Final = 1.0
 
 
+STALLED_WRITE_S: Final = 1.0  # at a stop, how long connections may send nothing before they are dropped
+
+
 class Server:
     """Listens; dispatches fairly; on stop: stops taking requests, lets pending writes finish, closes."""
 
@@ -193,7 +196,16 @@ class Server:
         clean = shards_closed and all(c.idle for c in self.connections)
         for conn in list(self.connections):
             conn.close()
+        # The replies written go out while their peers read them, until the deadline; but a peer that
+        # reads nothing held every stop for the whole of it (10 s; a campaign's find), so once nothing
+        # has gone out for STALLED_WRITE_S the connections left are dropped, as Kafka closes its own.
+        unsent, since = -1, self.loop.time()
         while self.connections and self.loop.time() < deadline:
+            now_unsent = sum(c.unsent_bytes for c in self.connections)
+            if now_unsent != unsent:
+                unsent, since = now_unsent, self.loop.time()
+            elif self.loop.time() - since >= STALLED_WRITE_S:
+                break
             await asyncio.sleep(0.01)
         for conn in list(self.connections):
             conn.kill()  # a peer that does not read its last replies does not hold up the exit

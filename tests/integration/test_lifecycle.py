@@ -1,5 +1,6 @@
 """Start-up and shutdown as an operator sees them."""
 
+import contextlib
 import json
 import os
 import signal
@@ -320,3 +321,51 @@ def test_requests_sent_before_the_client_closes_are_still_served(kcoord: KcoordP
         fetched = reader.call(fetch_request(group, {"t": [0]}), 7)
         reader.close()
         assert fetched.topics[0].partitions[0].committed_offset == 80, f"attempt {attempt}"
+
+
+def test_a_client_that_reads_nothing_does_not_hold_the_stop_to_its_deadline(tmp_path: Path, report: Report) -> None:
+    """A campaign's find: one connection with thousands of unread replies (its socket buffers full)
+    held every stop for the whole --shutdown-timeout-ms. Connections that take nothing for a second are
+    dropped; the stop is still clean (every reply was written) and exits 0."""
+    server = KcoordProcess(tmp_path / "data", "--shutdown-timeout-ms", "60000").start()
+    client = RawClient(server.port)
+    assert client.call(commit_request("big", {("t", i): i for i in range(5000)}), 8).throttle_time_ms == 0
+    _, frame = client.encode(fetch_request("big", None), 6)
+    silent = socket.create_connection(("127.0.0.1", server.port))
+    silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    silent.setblocking(False)
+    with contextlib.suppress(BlockingIOError):
+        for _ in range(2000):
+            silent.send(frame)
+    time.sleep(1)
+    assert server.proc is not None
+    signalled = time.monotonic()
+    assert server.stop(60) == 0
+    took = time.monotonic() - signalled
+    report.figure("SIGTERM to exit with a client reading nothing", took * 1000, "ms")
+    assert took < 30, f"the stop waited {took:.1f} s of its 60 s deadline for a client that reads nothing"
+    silent.close()
+    client.close()
+
+
+def test_a_stop_that_abandons_work_exits_1(tmp_path: Path) -> None:
+    """A campaign's find: a stop whose deadline passed with a write still in its sync (the sync helper
+    frozen: a hung volume looks the same) exited 0, as a clean one; a supervisor could not tell them
+    apart. Kafka halts with 1 when its shutdown fails."""
+    server = KcoordProcess(tmp_path / "data", "--shutdown-timeout-ms", "1500").start()
+    assert server.proc is not None
+    helper = int(subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True,
+                                check=True).stdout.split()[0])
+    client = RawClient(server.port, timeout=30)
+    assert client.call(commit_request("g", {("t", 0): 1}), 8).topics[0].partitions[0].error_code == 0
+    os.kill(helper, signal.SIGSTOP)
+    try:
+        _, frame = client.encode(commit_request("g", {("t", 0): 2}), 8)
+        client.sock.sendall(frame)
+        time.sleep(0.3)
+        assert server.stop(30) == 1
+        assert "some requests were not answered by the deadline" in server.log()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(helper, signal.SIGCONT)
+        client.close()
