@@ -224,7 +224,8 @@ def _emit_read_bytes(em: _Emitter, ind: int, f: FieldSpec, var: str, version: in
     em.emit(ind + 1, f"_e = pos + {n}")
     em.emit(ind + 1, f"if _e > blen: raise DecodeError('{f.name} runs past the end of the frame')")
     if kind == "string":
-        em.emit(ind + 1, f"{var} = buf[pos:_e].decode()")
+        # bytes that are not UTF-8 are replaced, as Kafka's readString (new String(bytes, UTF_8)) reads them
+        em.emit(ind + 1, f"{var} = buf[pos:_e].decode('utf-8', 'replace')")
     else:
         em.emit(ind + 1, f"{var} = bytes(buf[pos:_e])")
     em.emit(ind + 1, "pos = _e")

@@ -167,10 +167,7 @@ class _Reader:
         if end > self.end:
             raise DecodeError(f"{what} runs past the end of the frame")
         self.pos = end
-        try:
-            return self.buf[start:end].decode()
-        except UnicodeDecodeError as exc:
-            raise DecodeError(f"{what} is not UTF-8: {exc}") from None
+        return self.buf[start:end].decode("utf-8", "replace")  # as Kafka's readString: not UTF-8 is replaced
 
     def text(self, flexible: bool, what: str) -> str:
         s = self.string(flexible, False, what)

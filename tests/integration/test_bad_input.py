@@ -309,6 +309,26 @@ def test_a_client_id_kafka_reads_is_read(kcoord: KcoordProcess, client_id: bytes
         assert raw_fetch(sock, ["latin-group"], 3) == {"latin-group": 3}
 
 
+
+@pytest.mark.parametrize("version", [2, 8])  # the generated codec, and the commit's own (compiled)
+def test_strings_that_are_not_utf8_are_read_as_kafka_reads_them(kcoord: KcoordProcess, version: int) -> None:
+    """A fuzzing campaign's find: a group id (or metadata) that is not UTF-8 closed the connection;
+    Kafka's readString replaces the bad bytes (U+FFFD) and answers. The group is then the replaced
+    name, as in Kafka, and the same bytes find it again."""
+    name = "latin-\xe9-" + str(version)  # encoded below as latin-1: one byte 0xe9, not UTF-8
+    marker = name.encode()  # what encode() writes, UTF-8: swapped for the latin-1 bytes
+    commit = encode(commit_request(name, "raw-topic", 0, 9, "m"), version, 1)
+    one_byte = name.encode("latin-1")
+    latin = commit.replace(struct.pack(">h", len(marker)) + marker, struct.pack(">h", len(one_byte)) + one_byte)
+    if version >= 8:  # compact string: length + 1 as an unsigned varint
+        latin = commit.replace(bytes([len(marker) + 1]) + marker, bytes([len(one_byte) + 1]) + one_byte)
+    assert latin != commit
+    with connect(kcoord) as sock:
+        sock.sendall(struct.pack(">i", len(latin) - 4) + latin[4:])
+        resp = OffsetCommitResponse.decode(read_frame(sock), version=version, header=True)
+        assert [p.error_code for t in resp.topics for p in t.partitions] == [0]
+        assert raw_fetch(sock, [name.replace("\xe9", "\ufffd")], 2) == {name.replace("\xe9", "\ufffd"): 9}
+
 def test_api_versions_invalid_software_name_keeps_connection(kcoord: KcoordProcess) -> None:
     """Reference 2: INVALID_REQUEST(42) in the request's own version (v3 body: error, empty compact array,
     throttle, tags), not the v0 fallback body; kafka-python's decoder assumes v0 on any error, so the
