@@ -109,3 +109,49 @@ async def test_a_fetch_of_all_of_a_large_group_is_answered_off_the_loop(tmp_path
                 assert [(t.name, [p.committed_offset for p in t.partitions]) for t in groups[1][2]] == [("u", [5])]
     finally:
         await stop(runtime)
+
+
+@pytest.mark.parametrize("sync_fails", [False, True], ids=["durable", "barrier-fails"])
+async def test_a_group_named_again_and_again_is_read_once_and_answered_off_the_loop(tmp_path: Path,
+                                                                                   sync_fails: bool) -> None:
+    """A fuzzing campaign's find: a 16 KiB v8 request naming a 2,000-offset group 4,000 times (4 bytes a
+    name) read it 4,000 times and built and encoded the 153 MiB answer on the event loop (4.3 s others
+    waited). Now it is read once, every naming answered with that part, and an answer holding more than
+    LARGE_FETCH offsets in all is built and encoded off the loop, as a large group's is."""
+    faults = Faults()
+    runtime = await started(config(tmp_path, partitions=2), log_factory=faults.factory)
+    try:
+        shard = runtime.shard_for("g")
+        for p in range(100):
+            shard.data.replay(p, OffsetCommitRecord(OffsetKey("g", "t", p), OffsetAndMetadata(p, -1, "", 1)))
+        faults.fail_next_sync = sync_fails
+        written = append(runtime.shard_for("other"), [commit("other", 0, 1)])  # a read barrier to wait on
+        cls = k09.SPEC.request.cls
+        t0 = cls.OffsetFetchRequestGroup.OffsetFetchRequestTopics(name="t", partition_indexes=[0])
+        names = [cls.OffsetFetchRequestGroup(group_id="g", topics=None) for _ in range(LARGE_FETCH // 100 + 5)]
+        names.insert(3, cls.OffsetFetchRequestGroup(group_id="g", topics=[t0]))  # named partitions: read itself
+        body = cls(groups=names, require_stable=False)
+        prepared = APIS[9].prepare(runtime, body, 8) if APIS[9].prepare else body
+        assert isinstance(prepared, k09._Groups)
+        assert sum(len(m) for m in prepared.by_shard.values()) == 2  # once for all offsets, once for t-0
+        sink = _Released()
+        req = Request(sink, APIS[9], 8, 3)
+        req.body = body
+        req.wait()
+        req.response = APIS[9].handle(runtime, req, prepared)
+        req.done()
+        released = await asyncio.wait_for(sink.future, 10)
+        await written
+        assert released.large
+        data = await asyncio.get_running_loop().run_in_executor(None, _encode, released)
+        resp = OffsetFetchResponse.decode(data[9:], version=8)
+        every = [("t", [(p, p) for p in range(100)])]
+        got = [(g.error_code, [(t.name, [(p.partition_index, p.committed_offset) for p in t.partitions])
+                               for t in g.topics]) for g in resp.groups]
+        assert len(got) == len(names)
+        if shard is runtime.shard_for("other") and sync_fails:  # the barrier this read waited on failed
+            assert {error for error, _ in got} == {ErrorCode.NOT_COORDINATOR}
+        else:
+            assert got == [(0, [("t", [(0, 0)])]) if i == 3 else (0, every) for i in range(len(names))]
+    finally:
+        await stop(runtime)
