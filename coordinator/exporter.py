@@ -3,9 +3,12 @@
 ``/metrics`` is prometheus-client's exposition (text or OpenMetrics, gzip when asked) of one collector
 that reads the runtime's plain counters (coordinator/metrics.py) and the shards' state when scraped,
 plus the process, platform and GC collectors. ``/healthz`` says the process is serving: the event loop
-turned within the last ``STALLED_AFTER_S``. ``/readyz`` says every partition is loaded (active, or
-read-only on a full disk: both answer their groups); otherwise 503 with the partitions still loading
-or failed. The listener is a small threaded WSGI server, so a scrape never waits for the event loop.
+turned within the last ``STALLED_AFTER_S``. ``/readyz`` says no partition is still loading (the
+others are active, read-only on a full disk, or failed, each listed); otherwise 503. A failed partition
+does not make it unready: with the one replica deploy/ runs, an unready pod leaves the Service with no
+endpoint, so one damaged partition turned away every group's clients (a campaign's find); Kafka, too,
+keeps serving the rest with a partition offline. It pages instead (KcoordPartitionFailed). The
+listener is a small threaded WSGI server, so a scrape never waits for the event loop.
 """
 
 import asyncio
@@ -159,7 +162,7 @@ class KcoordCollector(Collector):
         yield loaded_n
         yield CounterMetricFamily("kcoord_records_replayed", "Records replayed by partition loads.",
                                   value=m.records_replayed)
-        yield GaugeMetricFamily("kcoord_ready", "1 when every offsets partition is loaded.",
+        yield GaugeMetricFamily("kcoord_ready", "1 when no offsets partition is still loading (/readyz).",
                                 value=1 if self.health.ready()[0] else 0)
 
     def _storage(self, m: Metrics) -> Iterator[Metric]:
@@ -308,7 +311,7 @@ class Health:
         by_state: dict[str, list[int]] = {}
         for shard in self.runtime.shards:
             by_state.setdefault(shard.state.value, []).append(shard.partition)
-        not_loaded = {s: ps for s, ps in by_state.items() if ShardState(s) not in LOADED}
+        not_loaded = {s: ps for s, ps in by_state.items() if ShardState(s) not in (*LOADED, ShardState.FAILED)}
         stopping = self.server is not None and self.server.stopping
         gateway = self.server.gateway if self.server is not None else None
         no_upstream = gateway is not None and not gateway.ready  # clients would all be turned away
