@@ -170,7 +170,7 @@ class Connection(asyncio.Protocol):
         before they are read, first come first served, and then arrive within a deadline; small frames
         never wait for the budget, so big requests (or a client declaring them and sending nothing)
         cannot keep anyone's small requests from being read."""
-        size = self._reader.head_size()
+        size = None if self._refusing else self._reader.head_size()  # refused: no more frames are read
         head = size + 4 if size is not None and size > SMALL_FRAME_BYTES else 0
         need = head + (len(self._bulk) if self._bulk is not None and len(self._bulk) > SMALL_FRAME_BYTES else 0)
         if need > self._reserved:
@@ -259,10 +259,19 @@ class Connection(asyncio.Protocol):
         return started, more
 
     def _close_if_finished(self) -> None:
-        """After the peer closed its side: once every request read is answered (the transport sends
-        what was written before it closes)."""
+        """After the peer closed its side, or a refusal: once every request read is answered (the
+        transport sends what was written before it closes). A refused connection whose peer takes none
+        of that is dropped after the server's ``refused_linger_s``: it held its descriptor and unsent replies
+        for good (a review's find)."""
         if self.idle and (self._refusing or (self._eof and not self._reader.has_frame())):
+            if self._refusing and self._transport is not None and not self._transport.is_closing():
+                self._server.loop.call_later(self._server.refused_linger_s, self._linger_over)
             self.close()
+
+    def _linger_over(self) -> None:
+        if not self.closed:
+            log.info("%s: dropping a refused connection whose peer took none of its last replies", self.peer)
+            self.kill()
 
     def _start(self, frame: bytes) -> None:
         try:
@@ -447,12 +456,14 @@ class Connection(asyncio.Protocol):
         requests before it are written. Kafka reads a connection's next request only after answering
         the last, so those replies were sent before it closed; aborting at once threw away the answers
         to commits already applied (a fuzzing campaign's find)."""
-        if self.closed or self._refusing:
+        if self.closed:
             return
-        log.warning("%s: closing connection: %s", self.peer, why)
-        self._runtime.metrics.connection_refused(reason)
-        self._refusing = True
-        self._update_reading()
+        if not self._refusing:  # once: a large request refused off the loop may follow a bad frame read since
+            log.warning("%s: closing connection: %s", self.peer, why)
+            self._runtime.metrics.connection_refused(reason)
+            self._refusing = True
+            self._account()  # what the budget held for a frame that will not be read
+            self._update_reading()
         self._close_if_finished()
 
     def abort(self, why: str, reason: str = "other") -> None:
@@ -477,6 +488,9 @@ class Connection(asyncio.Protocol):
 
     def close_if_idle_since(self, deadline: float) -> None:
         if self.idle and self.last_active < deadline and self._transport is not None and not self.closed:
+            if self._transport.is_closing():  # closed before, its peer still not taking what was written
+                self.kill()
+                return
             log.info("%s: closing connection idle for more than %d s", self.peer, MAX_IDLE_S)
             self._transport.close()
 

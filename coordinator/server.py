@@ -43,6 +43,7 @@ GC_CHECK_S: Final = 1.0
 
 
 STALLED_WRITE_S: Final = 1.0  # at a stop, how long connections may send nothing before they are dropped
+REFUSED_LINGER_S: Final = 30.0  # how long a refused connection's last replies may take to be read
 
 
 class Server:
@@ -64,6 +65,7 @@ class Server:
         self._chores: list[asyncio.Task[None]] = []  # periodic tasks, cancelled at stop
         self.loop = asyncio.get_event_loop_policy().get_event_loop()
         self.gateway: Gateway | None = None
+        self.refused_linger_s = REFUSED_LINGER_S  # an attribute: tests shorten it
         self._listeners: list[asyncio.AbstractServer] = []  # gateway mode: one per upstream broker
         apis = load_all()
         missing = set(REGISTRY) - set(apis)

@@ -56,7 +56,7 @@ def run_reaches(segments: list[Segment], claim: Claim, at: Place | None, run: li
     ``short_of``. False where that depends on where the run's appends roll to a new segment (the
     recovery point in a segment past ``at``, which the rewrite removes)."""
     known_base, known_position = claim
-    if known_base < 0:
+    if known_base < 0 or claim == (0, 0):  # claims nothing, as in short_of
         return True
     if at is None:
         if not segments:

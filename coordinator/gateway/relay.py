@@ -153,13 +153,14 @@ class Gateway:
         elif api_key == rewrite.METADATA and version <= rewrite.CAPS[rewrite.METADATA]:
             try:
                 asked: Any = rewrite.METADATA_REQUEST.decode_request(frame, version)[1]
-            except DecodeError:
-                asked = None  # relayed all the same (the upstream answers it); no answer of kcoord's for it
-            every_topic = asked is not None and rewrite.every_topic_asked(asked.topics, version)
+            except DecodeError as exc:  # refused as standalone refuses it: after the replies before it
+                conn.refuse(f"malformed request: {exc}", "malformed")
+                return True
+            every_topic = rewrite.every_topic_asked(asked.topics, version)
             self._relay(conn, frame, api_key, version,
                         lambda reply: rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, reply, version, self.cluster,
                                                               every_topic),
-                        lambda slow: self._metadata_from_cache(frame, asked, version, correlation_id, slow),
+                        lambda slow: self._metadata_from_cache(asked, version, correlation_id, slow),
                         self._metadata_wait(conn))
         elif api_key == rewrite.DESCRIBE_CLUSTER and version <= rewrite.CAPS[rewrite.DESCRIBE_CLUSTER]:
             self._relay(conn, frame, api_key, version,
@@ -257,16 +258,13 @@ class Gateway:
         answer = k10.answer(version, keys, error, message, node)
         self._reply(conn, spec.encode_response(answer, version, correlation_id))
 
-    def _metadata_from_cache(self, frame: bytes, asked: Any | None, version: int, correlation_id: int,
-                             slow: bool) -> bytes:
+    def _metadata_from_cache(self, asked: Any, version: int, correlation_id: int, slow: bool) -> bytes:
         """The upstream did not answer a Metadata request: kcoord answers from what it knows (every broker,
         each topic asked for LEADER_NOT_AVAILABLE, which clients retry), so clients keep a usable broker
         list and keep reaching the group coordinator while the upstream is away. When it is only slow
         (the request was given up on the coordinator's listener), a topic's partitions are as the
         upstream last gave them: clients go on fetching from the leaders they had."""
         self.metrics.metadata_from_cache += 1
-        if asked is None:  # it could not be decoded: the DecodeError closes the connection
-            asked = rewrite.METADATA_REQUEST.decode_request(frame, version)[1]
         return rewrite.metadata_from_cache(asked, version, correlation_id, self.cluster, last_seen=slow)
 
     # -- relay ---------------------------------------------------------------------------------

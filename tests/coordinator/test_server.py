@@ -311,3 +311,20 @@ async def test_a_listener_on_port_0_advertises_the_port_it_was_given(serving: Se
     writer.close()
     assert (found.error_code, found.host, found.port) == (0, "127.0.0.1", serving.port)
     assert [(b.host, b.port) for b in brokers] == [("127.0.0.1", serving.port)]
+
+
+async def test_a_refused_connection_whose_peer_reads_nothing_is_dropped(serving: Serving) -> None:
+    """A review's find: a refusal closes the connection once the replies before it are written, but a
+    peer that reads none of them kept it (its descriptor, its unsent replies) open for good, where an
+    abort had freed it at once. It is dropped after ``refused_linger_s`` (30 s; shortened here)."""
+    serving.server.refused_linger_s = 0.3
+    reader, writer = await serving.connect()
+    writer.write(frame(commit_request("wide", {("t", p): p for p in range(60_000)}, "m" * 60), 8))
+    assert {p.error_code for t in (await reply(reader, OffsetCommitResponse, 8)).topics for p in t.partitions} == {0}
+    # reads nothing more: the stream stops reading past its 64 KiB limit, the kernel's buffers fill, then kcoord's
+    writer.write(frame(OffsetFetchRequest(groups=[OffsetFetchRequest.OffsetFetchRequestGroup(
+        group_id="wide", topics=None)], require_stable=False), 8))
+    await until(lambda: any(c.unsent_bytes for c in serving.server.connections))  # its answer, not taken
+    writer.write(b"\xff\xff\xff\xff")  # a bad frame size: refused
+    await until(lambda: not serving.server.connections, timeout=10)
+    writer.close()

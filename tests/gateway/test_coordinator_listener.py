@@ -208,3 +208,20 @@ def test_relayed_frames_are_freed_once_sent(fake: FakeUpstream, kcoord: KcoordPr
         assert grown < 100, f"peak RSS grew by {grown:.0f} MiB relaying 400 MiB"
     finally:
         client.close()
+
+
+def test_a_malformed_metadata_request_is_refused_after_the_replies_before_it(kcoord: KcoordProcess) -> None:
+    """A review's find: a Metadata request kcoord could not decode was relayed all the same, and when
+    kcoord had to answer it itself (the upstream away) its DecodeError aborted the connection, throwing
+    away the replies before it. It is refused now, as standalone refuses it: those replies first."""
+    client = RawClient(coordinator_port(kcoord), timeout=10)
+    try:
+        correlation, commit = client.encode(commit_request("before-bad-metadata", {("t", 0): 3}), 8)
+        bad = struct.pack(">hhih", 3, 1, 77, 5) + b"tests" + struct.pack(">i", 5)  # 5 topics, none sent
+        client.sock.sendall(commit + struct.pack(">i", len(bad)) + bad)
+        got, answer = client.receive(8, 8)
+        assert (got, answer.topics[0].partitions[0].error_code) == (correlation, 0)
+        with pytest.raises(ConnectionError):
+            client.read_frame()  # closed, nothing more answered
+    finally:
+        client.close()

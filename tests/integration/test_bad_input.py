@@ -400,3 +400,19 @@ def test_requests_before_a_bad_one_are_answered_before_the_close(kcoord: KcoordP
     with connect(kcoord) as sock:
         assert raw_fetch(sock, [*groups, "after-bad"], correlation_id=1) == {
             **{g: 70 + i for i, g in enumerate(groups)}, "after-bad": -1}
+
+
+def test_a_bad_frame_behind_a_malformed_large_request_still_closes(kcoord: KcoordProcess) -> None:
+    """A review's find: a bad frame size read while a large request was decoded off the loop refused the
+    connection first; the large request's own refusal then returned early, and the connection, reading
+    and answering nothing, stayed open until the idle sweep (600 s)."""
+    parts = [OCPartition(partition_index=i, committed_offset=i, committed_leader_epoch=-1, committed_metadata="m")
+             for i in range(300_000)]
+    req = OffsetCommitRequest(group_id="bulk-bad", generation_id_or_member_epoch=-1, member_id="",
+                              group_instance_id=None, topics=[OCTopic(name="t", partitions=parts)])
+    payload = encode(req, 8, 1)[4:-3]  # cut short: its decode, on the bulk thread, fails at the very end
+    with connect(kcoord) as sock:
+        sock.sendall(frame(payload))
+        time.sleep(0.01)  # complete, and being decoded: now a bad size, on its own
+        sock.sendall(b"\xff\xff\xff\xff")
+        assert_closed_without_response(sock)  # within the socket's timeout (10 s); 600 s before
