@@ -182,9 +182,16 @@ class Connection(asyncio.Protocol):
                 self._server.memory.waiters.append(self)
                 log.debug("%s: buffered-bytes budget full: not reading until %d bytes are free", self.peer,
                           need - self._reserved)
-        elif need < self._reserved:
-            self._server.memory.release(self._reserved - need)
-            self._reserved = need
+        else:
+            # It holds all it needs now (its next frame is smaller, or it was refused): no longer waiting,
+            # so the queue's next release passes it (memory_turn). And the count goes down before the
+            # release, which gives the head of the queue its turn: that may be this connection, which
+            # recursed here until RecursionError, hanging it and failing another client's dispatch (a
+            # review's find).
+            self._memory_blocked = False
+            if need < self._reserved:
+                freed, self._reserved = self._reserved - need, need
+                self._server.memory.release(freed)
         self._watch_large_frame(head if head and not self._memory_blocked and not self._reader.has_frame() else 0)
 
     def _watch_large_frame(self, size: int) -> None:

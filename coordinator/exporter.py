@@ -4,11 +4,12 @@
 that reads the runtime's plain counters (coordinator/metrics.py) and the shards' state when scraped,
 plus the process, platform and GC collectors. ``/healthz`` says the process is serving: the event loop
 turned within the last ``STALLED_AFTER_S``. ``/readyz`` says no partition is still loading (the
-others are active, read-only on a full disk, or failed, each listed); otherwise 503. A failed partition
-does not make it unready: with the one replica deploy/ runs, an unready pod leaves the Service with no
-endpoint, so one damaged partition turned away every group's clients (a campaign's find); Kafka, too,
-keeps serving the rest with a partition offline. It pages instead (KcoordPartitionFailed). The
-listener is a small threaded WSGI server, so a scrape never waits for the event loop.
+others are active, read-only on a full disk, or failed, each listed) and one at least serves; otherwise
+503. A failed partition does not make it unready: with the one replica deploy/ runs, an unready pod
+leaves the Service with no endpoint, so one damaged partition turned away every group's clients (a
+campaign's find); Kafka, too, keeps serving the rest with a partition offline. It pages instead
+(KcoordPartitionFailed). The listener is a small threaded WSGI server, so a scrape never waits for the
+event loop.
 """
 
 import asyncio
@@ -315,7 +316,8 @@ class Health:
         stopping = self.server is not None and self.server.stopping
         gateway = self.server.gateway if self.server is not None else None
         no_upstream = gateway is not None and not gateway.ready  # clients would all be turned away
-        ok = bool(self.runtime.shards) and not not_loaded and not stopping and not no_upstream
+        serving = any(shard.state in LOADED for shard in self.runtime.shards)  # not when every one failed
+        ok = serving and not not_loaded and not stopping and not no_upstream
         body: dict[str, Any] = {"status": "ready" if ok else ("stopping" if stopping else "not ready"),
                                 "partitions": len(self.runtime.shards)}
         if no_upstream:

@@ -257,10 +257,14 @@ def _fetch_few_groups(runtime: Runtime, req: Request, body: Any, stable: bool) -
 def _answer(req: Request, groups: list[list[Any]]) -> Any:
     """The answer, or when a group's offsets came as a copy (a large fetch: coordinator.offsets), a
     response built from it with the reply, off the event loop (the request becomes a large one)."""
+    answered = 0
     for entry in groups:
         if type(entry[2]) is OffsetsCopy:
             req.large = True
             return Lazy(_built, groups)
+        answered += sum(len(parts) for _, parts in entry[2])
+    if answered > LARGE_FETCH:
+        req.large = True  # encoded off the event loop, as a v8+ answer of many groups is (a review's find)
     return FetchAnswer(groups)
 
 

@@ -328,3 +328,36 @@ async def test_a_refused_connection_whose_peer_reads_nothing_is_dropped(serving:
     writer.write(b"\xff\xff\xff\xff")  # a bad frame size: refused
     await until(lambda: not serving.server.connections, timeout=10)
     writer.close()
+
+
+@pytest.mark.parametrize("first", ["valid", "malformed"])
+async def test_a_connection_waiting_for_the_budget_that_needs_less_stops_waiting(
+        serving: Serving, caplog: pytest.LogCaptureFixture, first: str) -> None:
+    """A review's find: a client pipelining two large requests waited in the buffered-bytes queue for
+    the second while the first was decoded off the loop; when the decode ended it needed less, and
+    released what it held before lowering its count, which gave the head of the queue, itself, a turn:
+    recursion until RecursionError, the first request never answered, the collector paused for good.
+    The same when the first was refused (malformed): then another client's large commit failed too."""
+    serving.server.memory.budget = 1_000_000
+    holder = socket.create_connection(("127.0.0.1", serving.port))  # holds 500 KB of the budget
+    holder.sendall(struct.pack(">i", 500_000) + bytes(1000))
+    await until(lambda: serving.server.memory.buffered >= 500_000)
+    a = frame(commit_request("a", {("t", p): p for p in range(20_000)}), 8)  # ~360 KB
+    b = frame(commit_request("b", {("t", p): p for p in range(15_500)}), 8)  # ~280 KB: large, smaller than a
+    reader, writer = await serving.connect()
+    if first == "valid":
+        writer.write(a + b)
+        answer = await asyncio.wait_for(reply(reader, OffsetCommitResponse, 8), 10)
+        assert {p.error_code for t in answer.topics for p in t.partitions} == {0}
+    else:
+        writer.write(struct.pack(">i", len(a) - 7) + a[4:-3] + b[:4])  # a cut short, then b's size
+        with pytest.raises(asyncio.IncompleteReadError):
+            await asyncio.wait_for(reader.readexactly(4), 10)  # refused: closed, nothing answered
+    holder.close()
+    other_reader, other = await serving.connect()
+    other.write(frame(commit_request("w", {("t", p): p for p in range(20_000)}), 8))
+    answer = await asyncio.wait_for(reply(other_reader, OffsetCommitResponse, 8), 10)
+    assert {p.error_code for t in answer.topics for p in t.partitions} == {0}
+    assert not [r for r in caplog.records if r.exc_info and r.exc_info[0] is RecursionError]
+    writer.close()
+    other.close()

@@ -310,7 +310,17 @@ def test_a_client_id_kafka_reads_is_read(kcoord: KcoordProcess, client_id: bytes
 
 
 
-@pytest.mark.parametrize("version", [2, 8])  # the generated codec, and the commit's own (compiled)
+def test_a_find_coordinator_key_that_is_not_utf8_is_answered(kcoord: KcoordProcess) -> None:
+    """The generated codecs, compiled or not (OffsetCommit and OffsetFetch go through their own when
+    compiled, below): FindCoordinator v1 for a key that is not UTF-8 is answered, not closed."""
+    with connect(kcoord) as sock:
+        sock.sendall(frame(header(10, 1, 9) + struct.pack(">h", 4) + b"caf\xe9" + b"\x00"))
+        answer = read_frame(sock)
+        correlation_id, _throttle, error = struct.unpack_from(">iih", answer)
+        assert (correlation_id, error) == (9, 0)
+
+
+@pytest.mark.parametrize("version", [2, 8])  # both codec paths when interpreted (test_pure_python runs these)
 def test_strings_that_are_not_utf8_are_read_as_kafka_reads_them(kcoord: KcoordProcess, version: int) -> None:
     """A fuzzing campaign's find: a group id (or metadata) that is not UTF-8 closed the connection;
     Kafka's readString replaces the bad bytes (U+FFFD) and answers. The group is then the replaced

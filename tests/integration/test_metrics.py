@@ -93,6 +93,26 @@ def test_metrics_count_what_stock_clients_did(kcoord: KcoordProcess) -> None:
     assert value(samples, "kcoord_checkpoint_age_seconds") < 10
 
 
+
+def test_readyz_is_not_ready_when_every_partition_has_failed(tmp_path: Path) -> None:
+    """A review's find: once a failed partition no longer made /readyz 503, a server whose every
+    partition had failed answered 200 "ready" while it served nothing."""
+    server = KcoordProcess(tmp_path / "data", "--offsets-partitions", "1").start()
+    client = RawClient(server.port)
+    for offset in range(3):
+        client.call(commit_request("broken", {("t", 0): offset}), 8)
+    client.close()
+    server.stop()
+    segment = list_segments(tmp_path / "data" / "__consumer_offsets-0")[0].path
+    data = bytearray(segment.read_bytes())
+    data[70] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    server.start()
+    status, body = get(server.metrics_url + "/readyz")
+    assert status == 503 and json.loads(body)["failed"] == [0]
+    assert value(scrape(server), "kcoord_ready") == 0
+    server.stop()
+
 def _installed_version() -> str:
     import importlib.metadata
     return importlib.metadata.version("kcoord")

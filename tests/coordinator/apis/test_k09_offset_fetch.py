@@ -155,3 +155,36 @@ async def test_a_group_named_again_and_again_is_read_once_and_answered_off_the_l
             assert got == [(0, [("t", [(0, 0)])]) if i == 3 else (0, every) for i in range(len(names))]
     finally:
         await stop(runtime)
+
+
+
+@pytest.mark.parametrize("version", [7, 8])
+async def test_an_answer_of_many_offsets_from_few_groups_is_encoded_off_the_loop(tmp_path: Path, version: int) -> None:
+    """A review's find: the bound of LARGE_FETCH offsets in all held for v8+ requests of more than 16
+    groups only; 16 namings of a 4,096-offset group (65,536 offsets) were encoded on the event loop."""
+    runtime = await started(config(tmp_path, partitions=1))
+    try:
+        shard = runtime.shard_for("g")
+        for p in range(LARGE_FETCH):  # not more: one naming alone is read directly, not from a copy
+            shard.data.replay(p, OffsetCommitRecord(OffsetKey("g", "t", p), OffsetAndMetadata(p, -1, "", 1)))
+        cls = k09.SPEC.request.cls
+        if version >= 8:
+            body = cls(groups=[cls.OffsetFetchRequestGroup(group_id="g", topics=None) for _ in range(2)],
+                       require_stable=False)
+        else:
+            body = cls(group_id="g", topics=None, require_stable=False)
+        small = cls(groups=[cls.OffsetFetchRequestGroup(group_id="g", topics=[
+            cls.OffsetFetchRequestGroup.OffsetFetchRequestTopics(name="t", partition_indexes=[0])])],
+            require_stable=False) if version >= 8 else cls(group_id="g", topics=[
+                cls.OffsetFetchRequestTopic(name="t", partition_indexes=[0])], require_stable=False)
+        for asked, large in ((body, version >= 8), (small, False)):
+            sink = _Released()
+            req = Request(sink, APIS[9], version, 3)
+            req.body = asked
+            req.wait()
+            req.response = APIS[9].handle(runtime, req, APIS[9].prepare(runtime, asked, version)
+                                          if APIS[9].prepare else asked)
+            req.done()
+            assert (await asyncio.wait_for(sink.future, 10)).large is large
+    finally:
+        await stop(runtime)
