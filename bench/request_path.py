@@ -18,6 +18,7 @@ throughput and latency against the peers.
 import argparse
 import asyncio
 import os
+import socket
 import struct
 import sys
 import tempfile
@@ -44,13 +45,20 @@ class _Transport:
     def __init__(self, written: asyncio.Event) -> None:
         self.chunks: list[bytes] = []
         self._written = written
+        self._socket = socket.socket()  # a descriptor for the admission check (coordinator.admission)
 
     def write(self, data: bytes) -> None:
         self.chunks.append(data)
         self._written.set()
 
     def get_extra_info(self, name: str) -> Any:
-        return ("127.0.0.1", 1) if name == "peername" else None
+        return {"peername": ("127.0.0.1", 1), "socket": self._socket}.get(name)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
 
     def set_write_buffer_limits(self, high: int) -> None:
         pass
