@@ -323,7 +323,7 @@ class Connection(asyncio.Protocol):
         try:
             req.client_id, body = (api.decode or api.decode_request)(frame, version)  # no interpreted frame
         except DecodeError as bad:  # not ``exc``: compiled, one name holds one type (the HeaderError above)
-            self._drop_from(len(self._queue) - 1)  # its own slot, the last
+            self.forget(req)  # its own slot, the last
             self.refuse(f"malformed request: {bad}", "malformed")
             return
         self._run(req, body, api.prepare(self._runtime, body, version) if api.prepare else body)
@@ -338,7 +338,7 @@ class Connection(asyncio.Protocol):
             return
         exc = done.exception()
         if isinstance(exc, DecodeError):
-            self._drop_from(len(self._queue) - 1)  # its own slot, the last: nothing starts behind a bulk one
+            self.forget(req)  # its own slot, the last: nothing starts behind a bulk one
             self.refuse(f"malformed request: {exc}", "malformed")
             return
         if exc is not None:

@@ -316,7 +316,7 @@ class Health:
         stopping = self.server is not None and self.server.stopping
         gateway = self.server.gateway if self.server is not None else None
         no_upstream = gateway is not None and not gateway.ready  # clients would all be turned away
-        serving = any(shard.state in LOADED for shard in self.runtime.shards)  # not when every one failed
+        serving = any(ShardState(s) in LOADED for s in by_state)  # not when every one failed
         ok = serving and not not_loaded and not stopping and not no_upstream
         body: dict[str, Any] = {"status": "ready" if ok else ("stopping" if stopping else "not ready"),
                                 "partitions": len(self.runtime.shards)}

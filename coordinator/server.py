@@ -84,9 +84,9 @@ class Server:
             raise OSError(exc.errno, f"cannot listen on {cfg.host}:{cfg.port} (--listen / KCOORD_LISTEN): "
                                      f"{exc.strerror or exc}") from exc
         listening: Any = self._server  # uvloop gives a list where asyncio's stubs say tuple: read it untyped
-        bound: int = listening.sockets[0].getsockname()[1]
+        sock = listening.sockets[0].getsockname()
         if cfg.port == 0 and cfg.advertised_port is None:  # the port the system chose, not 0 (Kafka does so too)
-            cfg = self.runtime.config = dataclasses.replace(cfg, advertised_port=bound)
+            cfg = self.runtime.config = dataclasses.replace(cfg, advertised_port=sock[1])
         try:
             self.runtime.open()
         except BaseException:
@@ -96,7 +96,6 @@ class Server:
         await self._server.start_serving()
         self._chores = [self.loop.create_task(self._close_idle_connections()),
                         self.loop.create_task(self._collect_when_overdue())]
-        sock = listening.sockets[0].getsockname()
         log.info("kcoord listening on %s:%d (node %d, %d offsets partitions, data in %s)",
                  sock[0], sock[1], cfg.node_id, cfg.offsets_partitions, cfg.data_dir)
         return sock[0], sock[1]

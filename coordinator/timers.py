@@ -5,9 +5,8 @@ wall-clock milliseconds (what Kafka stores in commit timestamps) and schedules o
 deadlines are kept on its monotonic clock, as Kafka's purgatory keeps them on ``nanoTime``: kept in wall
 time, a clock stepped back an hour (NTP, an operator) re-armed every armed timer for that hour when it
 fired, so a crashed member was not expired and a rebalance waiting on it stalled (a fault campaign's
-find). Tests
-use ``ManualClock`` and move time with ``advance()``, so session expiry, rebalance timeouts and offset
-retention are tested at exact millisecond boundaries without sleeping.
+find). Tests use ``ManualClock`` and move time with ``advance()``, so session expiry, rebalance timeouts
+and offset retention are tested at exact millisecond boundaries without sleeping.
 
 Timers are keyed (``session:<member>``, ``retention``) so re-scheduling a key replaces its deadline.
 Pushing a deadline later, which every heartbeat does, only updates a field: the armed callback finds

@@ -552,7 +552,7 @@ class PartitionLog:
         # Created before it is listed, as Kafka opens a segment before adding it: a segment listed
         # without a file (its open failed: EMFILE) was synced and recorded as the recovery point at a
         # clean stop, and the next start failed the partition, "segments were removed" (a fault campaign's find).
-        self._fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = _open_to_append(seg.path)
         self.segments.append(seg)
         self._dir_dirty = True
         return seg
@@ -560,7 +560,7 @@ class PartitionLog:
     def _active_fd(self) -> int:
         if self._fd is None:
             path = self.segments[-1].path
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = _open_to_append(path)
         return self._fd
 
     def _mark_durable(self, upto: LogEnd | None = None) -> None:
@@ -568,3 +568,8 @@ class PartitionLog:
 
     def _mark_synced(self, upto: LogEnd | None = None) -> None:
         self.synced_offset, self._synced_base, self._synced_size = upto if upto is not None else self.end()
+
+
+def _open_to_append(path: Path) -> int:
+    """The active segment's descriptor, the file created if need be."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -33,6 +33,12 @@ def read_claim(directory: Path) -> Claim:
         return -1, 0
 
 
+def _claims_nothing(claim: Claim) -> bool:
+    """No recovery point, or (0, 0): no byte claimed (an older kcoord recorded that for a first segment
+    whose file could not be created)."""
+    return claim[0] < 0 or claim == (0, 0)
+
+
 def short_of(segments: list[Segment], claim: Claim) -> str | None:
     """Why the log ends before its recovery point, or None: its newest segments removed, or the active
     one cut short at a batch boundary (which reads as a clean end). Served, acknowledged commits would
@@ -40,8 +46,8 @@ def short_of(segments: list[Segment], claim: Claim) -> str | None:
     that a compaction has since merged is shorter than a claim recorded in it and is not checked (a
     cut of the active segment is: no compaction touches it)."""
     known_base, known_position = claim
-    if known_base < 0 or (known_base, known_position) == (0, 0):  # (0, 0) claims nothing (an older
-        return None  # kcoord recorded it for a first segment whose file could not be created)
+    if _claims_nothing(claim):
+        return None
     last = segments[-1] if segments else None
     if last is None or last.base_offset < known_base:
         return f"no segment at or after the recovery point's {segment_name(known_base)}: segments were removed"
@@ -56,7 +62,7 @@ def run_reaches(segments: list[Segment], claim: Claim, at: Place | None, run: li
     ``short_of``. False where that depends on where the run's appends roll to a new segment (the
     recovery point in a segment past ``at``, which the rewrite removes)."""
     known_base, known_position = claim
-    if known_base < 0 or claim == (0, 0):  # claims nothing, as in short_of
+    if _claims_nothing(claim):
         return True
     if at is None:
         if not segments:

@@ -262,10 +262,15 @@ def _answer(req: Request, groups: list[list[Any]]) -> Any:
         if type(entry[2]) is OffsetsCopy:
             req.large = True
             return Lazy(_built, groups)
-        answered += sum(len(parts) for _, parts in entry[2])
+        answered += _count(entry[2])
     if answered > LARGE_FETCH:
         req.large = True  # encoded off the event loop, as a v8+ answer of many groups is (a review's find)
     return FetchAnswer(groups)
+
+
+def _count(offsets: TopicOffsets) -> int:
+    """The partitions a group's part of the answer holds (past LARGE_FETCH in all: built off the loop)."""
+    return sum(len(parts) for _, parts in offsets)
 
 
 def _built(groups: Iterable[Any]) -> FetchAnswer:
@@ -346,6 +351,6 @@ def _read_shard(runtime: Runtime, req: Request, groups: _Groups, partition: int,
         if type(offsets) is OffsetsCopy:
             req.large = True  # the answer is built from the copy where it is encoded, off the event loop
         else:
-            groups.answered += groups.times.get(i, 1) * sum(len(parts) for _, parts in offsets)
+            groups.answered += groups.times.get(i, 1) * _count(offsets)
     if groups.answered > LARGE_FETCH:
         req.large = True  # many groups' small parts: encoded off the event loop too

@@ -292,7 +292,6 @@ class Gateway:
             self.metrics.upstream_error(node, "unknown node")
             conn.abort(f"no upstream address known for node {conn.node}", "upstream")
             return
-        candidates = self.cluster.candidates(primary) if fallback is not None else [primary]
         links = conn.links
         if not isinstance(links, ClientLinks):
             links = conn.links = ClientLinks(self, conn)
@@ -328,6 +327,7 @@ class Gateway:
                 log.debug("%s: api %d v%d relayed to node %d at %s:%d", conn.peer, api_key, version, node, *primary)
             links.link_for(primary, node).send(frame, on_reply)
             return
+        candidates = self.cluster.candidates(primary)
 
         def attempt() -> None:
             nonlocal timer
@@ -335,7 +335,7 @@ class Gateway:
             if self.server.debug:
                 log.debug("%s: api %d v%d relayed to node %d at %s:%d", conn.peer, api_key, version, node, *addr)
             link = links.link_for(addr, node)
-            waiting = link.send(frame, on_reply, on_fail if fallback is not None else None)
+            waiting = link.send(frame, on_reply, on_fail)
             if end is not None:
                 left = end - loop.time()
                 timer = loop.call_later(left / 2 if candidates else left, give_up, waiting, link)
@@ -359,11 +359,7 @@ class Gateway:
             if candidates and not self.stopping and (end is None or loop.time() < end):
                 attempt()
                 return
-            try:
-                slot.data = fallback(slow)
-            except DecodeError as exc:
-                conn.abort(f"malformed request: {exc}", "malformed")
-                return
+            slot.data = fallback(slow)  # decoded before it was relayed (route): nothing left to refuse here
             conn.slot_filled()
 
         attempt()
