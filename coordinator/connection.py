@@ -6,11 +6,12 @@ Bounded memory (a client that pipelines without reading must not starve the othe
 
 * ``data_received`` only buffers; the dispatcher starts the requests.
 * A connection stops starting requests while ``MAX_IN_FLIGHT`` of its replies are unsent, while a
-  large request's reply is, while its transport's send buffer is over the high-water mark or while it
-  is held (one of its huge writes is still being applied, a slice per pass: coordinator.shard; or a
-  DescribeGroups or DeleteGroups of thousands of groups: coordinator.apis.slices), and
-  stops *reading* while it also has a backlog of ``READ_BACKLOG_BYTES`` of complete frames, so its
-  socket buffers push back on the client.
+  large request's reply is, while a JoinGroup or SyncGroup waits for its rebalance (as Kafka, which
+  reads a connection's next request once the last is answered), while its transport's send buffer
+  is over the high-water mark or while it is held (one of its huge writes is still being applied, a
+  slice per pass: coordinator.shard; or a DescribeGroups or DeleteGroups of thousands of groups:
+  coordinator.apis.slices), and stops *reading* while it also has a backlog of
+  ``READ_BACKLOG_BYTES`` of complete frames, so its socket buffers push back on the client.
 * Frames over ``SMALL_FRAME_BYTES`` are read only while their declared size fits in
   ``max_buffered_bytes`` (first come first served) and must arrive within a deadline; smaller frames
   never wait for that budget, so nobody's large (or never-sent) request blocks small requests.
@@ -222,11 +223,15 @@ class Connection(asyncio.Protocol):
         """Not behind a large request (a huge frame, or an answer of thousands of offsets) until its reply
         is written: as a Kafka broker mutes a connection for each request, so a client pipelining large
         fetches without reading holds one such answer, not MAX_IN_FLIGHT of them (80-97 MiB each
-        measured for 20 pipelined fetches of a 100k-partition group)."""
+        measured for 20 pipelined fetches of a 100k-partition group). Nor behind a JoinGroup or SyncGroup
+        waiting for its rebalance: Kafka reads what follows only once it is answered, so a commit or a
+        LeaveGroup sent behind it takes effect in the group the rebalance leaves (started at once, a
+        previous generation's commit was applied mid-rebalance where Kafka answers ILLEGAL_GENERATION,
+        and a leave made the join behind which it waited fail: a conformance sweep's find)."""
         queue = self._queue
         return (not self._send_blocked and self._bulk is None and len(queue) < MAX_IN_FLIGHT
-                and not (queue and queue[-1].large) and not self.held and not self._server.stopping
-                and not self._refusing)
+                and not (queue and (queue[-1].large or queue[-1].parked)) and not self.held
+                and not self._server.stopping and not self._refusing)
 
     def _update_reading(self) -> None:
         """Reads unless memory is short or a backlog of complete frames waits for the dispatcher (which
@@ -366,6 +371,8 @@ class Connection(asyncio.Protocol):
             return
         if response is not PARKED:
             req.response = response
+        else:  # unless the handler's own records completed it already (the last member of a rebalance)
+            req.parked = req.response is None
         req.done()
 
     def enqueue(self, slot: Relayed) -> None:

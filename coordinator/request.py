@@ -78,6 +78,7 @@ class Relayed:
     __slots__ = ("data",)
     holds_gc = False
     large = False  # never a reason to stop starting requests behind it (coordinator.server)
+    parked = False
 
     def __init__(self) -> None:
         self.data: bytes | None = None
@@ -104,7 +105,7 @@ class Gateway(Protocol):
 
 class Request:
     __slots__ = ("api", "body", "client_host", "client_id", "correlation_id", "data", "holds_gc", "large",
-                 "outcome", "pending", "released", "response", "sink", "started", "version")
+                 "outcome", "parked", "pending", "released", "response", "sink", "started", "version")
 
     def __init__(self, sink: ReplySink | None, api: "Api", version: int, correlation_id: int,
                  client_id: str = "", client_host: str = "") -> None:
@@ -121,6 +122,7 @@ class Request:
         self.released = False  # handed to the sink for encoding: happens once
         self.large = False  # a large request: its reply is encoded off the event loop
         self.holds_gc = False  # holds the collector's pause until it is dropped (coordinator/gcpause.py)
+        self.parked = False  # waits for a rebalance (JoinGroup, SyncGroup): nothing behind it starts meanwhile
         self.started = time.perf_counter()
         self.outcome = (0, 0)  # (first error code, entries done): set when the reply is encoded
 
@@ -161,6 +163,7 @@ class Request:
     def complete(self, response: Any) -> None:
         """Ends a wait by supplying the response itself (a parked JoinGroup or SyncGroup)."""
         self.response = response
+        self.parked = False
         self.done()
 
 

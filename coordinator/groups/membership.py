@@ -564,9 +564,9 @@ class Membership:
 
     def disarm(self, data: ShardData, stopping: bool = False) -> None:
         """The shard stopped serving: parked requests are answered NOT_COORDINATOR, as Kafka does. When
-        kcoord stops, one its connection has nothing else started behind is left unanswered instead (the
-        connection closes after the replies before it), as at a crash: KafkaJS, told NOT_COORDINATOR by
-        its only coordinator, gives up for good (a client sweep's find)."""
+        kcoord stops, they are left unanswered instead (the connection closes after the replies before
+        them), as at a crash: KafkaJS, told NOT_COORDINATOR by its only coordinator, gives up for good
+        (a client sweep's find)."""
         for group in data.groups.values():
             for member in group.members.values():
                 if member.awaiting_join is not None:
@@ -580,8 +580,9 @@ class Membership:
 
 
 def _dropped(req: Request) -> bool:
-    """Leaves a parked request unanswered at a stop, unless later requests on its connection would wait
-    behind it (replies go in order: a commit made durable after it must still be answered)."""
+    """Leaves a parked request unanswered at a stop. Nothing starts behind a parked request on its
+    connection (coordinator.connection), so it is the last there; were one behind it, it would be
+    answered instead, as replies go in order and a durable commit behind it must still be answered."""
     if req.sink is None or not req.sink.forget(req):
         return False
     log.info("%s: kcoord is stopping: a parked %s is left unanswered, its connection closes", req.client_host,

@@ -243,3 +243,70 @@ def test_a_32767_byte_client_id_gets_a_member_id_every_answer_can_carry(server: 
     assert described.groups[0].error_code == 0
     assert [m.member_id for m in described.groups[0].members] == [answer.member_id]
     assert "Traceback" not in server.log()
+
+
+def test_nothing_behind_a_parked_join_starts_before_it_is_answered(server: KcoordProcess) -> None:
+    """Kafka reads a connection's next request only once the last is answered (reference 1.1). A
+    commit of the old generation sent behind a JoinGroup that waits for its rebalance is therefore
+    checked against the generation the rebalance made (ILLEGAL_GENERATION, nothing stored), and a
+    LeaveGroup behind it leaves after the join succeeded. Started at once, the commit was stored
+    mid-rebalance and the leave made the join fail UNKNOWN_MEMBER_ID (a conformance sweep's find)."""
+    from kafka.protocol.consumer.group import JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest
+
+    from tests.rawclient import fetch_request
+
+    group = "muted-behind-join"
+
+    def join(member_id: str, metadata: bytes) -> Any:
+        return JoinGroupRequest(group_id=group, session_timeout_ms=10_000, rebalance_timeout_ms=10_000,
+                                member_id=member_id, group_instance_id=None, protocol_type="consumer",
+                                protocols=[JoinGroupRequest.JoinGroupRequestProtocol(name="range",
+                                                                                     metadata=metadata)],
+                                reason=None)
+
+    def sync(member_id: str, generation: int, assignments: list[str]) -> Any:
+        return SyncGroupRequest(group_id=group, generation_id=generation, member_id=member_id,
+                                group_instance_id=None, protocol_type="consumer", protocol_name="range",
+                                assignments=[SyncGroupRequest.SyncGroupRequestAssignment(member_id=m, assignment=b"")
+                                             for m in assignments])
+
+    a, b, admin = RawClient(server.port), RawClient(server.port), RawClient(server.port)
+    member_a = a.call(join("", b"a"), 5).member_id
+    member_b = b.call(join("", b"b"), 5).member_id
+    correlation_b = b.send(join(member_b, b"b"), 5)
+    first = a.call(join(member_a, b"a"), 5)
+    assert first.error_code == 0 and b.receive(11, 5)[0] == correlation_b
+    generation = first.generation_id
+    leader, follower = (a, b) if first.leader == member_a else (b, a)
+    follower_id = member_b if follower is b else member_a
+    correlation_f = follower.send(sync(follower_id, generation, []), 3)
+    assert leader.call(sync(first.leader, generation, [member_a, member_b]), 3).error_code == 0
+    got, synced = follower.receive(14, 3)
+    assert got == correlation_f and synced.error_code == 0
+
+    # b rejoins with new metadata (a rebalance: it waits for a), a commit of the old generation behind it
+    correlation_join = b.send(join(member_b, b"b2"), 5)
+    correlation_commit = b.send(commit_request(group, {("t", 0): 5}, generation=generation, member=member_b), 8)
+    time.sleep(0.5)
+    committed = admin.call(fetch_request(group, {"t": [0]}), 5).topics[0].partitions[0].committed_offset
+    assert committed == -1  # not started: Kafka has not read it yet
+    rejoined = a.call(join(member_a, b"a"), 5)
+    assert rejoined.error_code == 0 and rejoined.generation_id == generation + 1
+    got, answer = b.receive(11, 5)
+    assert got == correlation_join and answer.error_code == 0
+    got, answer = b.receive(8, 8)
+    assert got == correlation_commit and answer.topics[0].partitions[0].error_code == 22  # ILLEGAL_GENERATION
+    assert admin.call(fetch_request(group, {"t": [0]}), 5).topics[0].partitions[0].committed_offset == -1
+
+    # a LeaveGroup behind a join that waits: the join succeeds (once a rejoins), then b leaves
+    correlation_join = b.send(join(member_b, b"b3"), 5)
+    correlation_leave = b.send(LeaveGroupRequest(group_id=group, members=[
+        LeaveGroupRequest.MemberIdentity(member_id=member_b, group_instance_id=None, reason=None)]), 3)
+    time.sleep(0.5)
+    assert a.call(join(member_a, b"a"), 5).error_code == 0
+    got, answer = b.receive(11, 5)
+    assert got == correlation_join and answer.error_code == 0 and answer.member_id == member_b
+    got, answer = b.receive(13, 3)
+    assert got == correlation_leave and answer.error_code == 0
+    for client in (a, b, admin):
+        client.close()
