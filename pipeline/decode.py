@@ -2,8 +2,10 @@
 
 Batches are read with ``storage.batch.decode_batch`` (aiokafka's C reader) and records with
 ``protocol.records.decode_record``, the service's own decoders. A batch that cannot be read is a
-``Damage`` at its byte position; the walk goes on after it when its length is sane (so ``--skip-corrupt``
-loses only that batch) and stops at a length that is not. A damaged tail that kcoord's own recovery would
+``Damage`` at its byte position; the walk goes on at the next position where a whole batch checks out
+(magic, length, CRC), so ``--skip-corrupt`` loses only the damaged bytes: stopping at a length that made
+no sense dropped every later batch of the segment uncounted, and groups went back to older offsets (a
+fault campaign's find). The damage says how many bytes were skipped. A damaged tail that kcoord's own recovery would
 cut aside (torn, in the partition's last segment, past the recovery point) is reported as a torn tail:
 never acknowledged, so not corruption. A record whose key or value does not parse is a Damage too.
 
@@ -17,7 +19,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 
 from pipeline.layout import Files
-from pipeline.splits import Split
+from pipeline.splits import MAGIC_POSITION, Split
 from protocol.records import (
     GroupMetadataRecord,
     OffsetCommitRecord,
@@ -25,7 +27,19 @@ from protocol.records import (
     UnknownRecord,
     decode_record,
 )
-from storage.batch import BATCH_HEADER_BYTES, COMMIT, LOG_OVERHEAD, Batch, BatchError, decode_batch, read_head
+from storage.batch import (
+    BATCH_HEADER_BYTES,
+    COMMIT,
+    LOG_OVERHEAD,
+    MAGIC,
+    Batch,
+    BatchError,
+    decode_batch,
+    read_head,
+)
+
+RESYNC_CHUNK_BYTES = 1 << 20
+MAGIC_BYTE = bytes([MAGIC])
 
 OFFSET_COMMIT = "offset_commit"
 GROUP_METADATA = "group_metadata"
@@ -98,6 +112,31 @@ def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
     def damage(pos: int, reason: str, torn: bool) -> Damage:
         return Damage(seg.path, seg.log_partition, pos, reason, torn and seg.last and pos >= seg.durable_below)
 
+    def resync(after: int) -> int | None:
+        """The first position past ``after`` and before the split's end where a whole batch checks out
+        (magic, length within the file, CRC), or None."""
+        cand = after + 1
+        while cand < split.end and seg.size - cand >= BATCH_HEADER_BYTES:
+            ensure(cand, min(RESYNC_CHUNK_BYTES, seg.size - cand))
+            found = buf.find(MAGIC_BYTE, cand - buf_start + MAGIC_POSITION)
+            if found < 0:
+                cand = max(cand + 1, buf_start + len(buf) - MAGIC_POSITION)
+                continue
+            cand = buf_start + found - MAGIC_POSITION
+            if cand >= split.end:
+                break
+            _, size = read_head(buf, cand - buf_start)
+            if BATCH_HEADER_BYTES <= size <= seg.size - cand:
+                ensure(cand, size)
+                rel = cand - buf_start
+                try:
+                    decode_batch(buf[rel : rel + size])
+                    return cand
+                except BatchError:
+                    pass
+            cand += 1
+        return None
+
     pos = split.start
     while pos < split.end:
         if seg.size - pos < LOG_OVERHEAD:
@@ -106,21 +145,31 @@ def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
         ensure(pos, LOG_OVERHEAD)
         _, batch_size = read_head(buf, pos - buf_start)
         if batch_size < BATCH_HEADER_BYTES:
-            yield damage(pos, f"batch length {batch_size - LOG_OVERHEAD} is invalid", _only_zeros(files, seg.path,
-                                                                                             pos, seg.size))
-            return
-        if pos + batch_size > seg.size:
-            yield damage(pos, f"batch of {batch_size} bytes runs past the end of the file", True)
-            return
-        ensure(pos, batch_size)
-        rel = pos - buf_start
-        try:
-            batch = decode_batch(buf[rel : rel + batch_size])
-        except BatchError as exc:
-            yield damage(pos, str(exc), pos + batch_size == seg.size)
+            found = damage(pos, f"batch length {batch_size - LOG_OVERHEAD} is invalid",
+                           _only_zeros(files, seg.path, pos, seg.size))
+        elif pos + batch_size > seg.size:
+            found = damage(pos, f"batch of {batch_size} bytes runs past the end of the file", True)
         else:
-            yield pos, batch
-        pos += batch_size
+            ensure(pos, batch_size)
+            rel = pos - buf_start
+            try:
+                batch = decode_batch(buf[rel : rel + batch_size])
+            except BatchError as exc:
+                found = damage(pos, str(exc), pos + batch_size == seg.size)
+            else:
+                yield pos, batch
+                pos += batch_size
+                continue
+        if found.torn_tail:  # kcoord cuts it aside from here on: nothing after it counts
+            yield found
+            return
+        after = resync(pos)
+        end = split.end if after is None else after
+        yield found._replace(reason=f"{found.reason}; {end - pos} bytes skipped" + (
+            f" to the next readable batch, at byte {after}" if after is not None else ""))
+        if after is None:
+            return
+        pos = after
 
 
 def _only_zeros(files: Files, path: str, pos: int, size: int) -> bool:
@@ -133,14 +182,24 @@ def _only_zeros(files: Files, path: str, pos: int, size: int) -> bool:
     return True
 
 
-def rows(split: Split, files: Files, on_damage: Callable[[Damage], None]) -> Iterator[Row]:
-    """One row per record of the split, in log order."""
+def rows(split: Split, files: Files, on_damage: Callable[[Damage], None],
+         on_removed: Callable[[int], None] | None = None) -> Iterator[Row]:
+    """One row per record of the split, in log order. ``on_removed`` hears how many offsets between the
+    split's first and last record hold no record: what compaction took out (kcoord and Kafka write
+    consecutive offsets; a damage's skipped bytes are not counted)."""
     partition = split.segment.log_partition
+    removed, expected = 0, -1
     for item in walk(split, files):
         if isinstance(item, Damage):
             on_damage(item)
+            expected = -1
             continue
         pos, batch = item
+        records = batch.records
+        if records:
+            first, last = records[0].offset, records[-1].offset
+            removed += (first - expected if expected >= 0 else 0) + last - first + 1 - len(records)
+            expected = last + 1
         producer = batch.producer_id
         txn = batch.is_transactional
         if batch.control_type is not None:
@@ -154,6 +213,8 @@ def rows(split: Split, files: Files, on_damage: Callable[[Damage], None]) -> Ite
                 on_damage(Damage(split.segment.path, partition, pos, f"record at offset {rec.offset}: {exc}", False))
                 continue
             yield record_row(partition, rec.offset, rec.timestamp, producer, txn, rec.key, rec.value, record)
+    if on_removed is not None:
+        on_removed(removed)
 
 
 def record_row(partition: int, log_offset: int, timestamp: int, producer: int, txn: bool, key: bytes | None,

@@ -97,6 +97,9 @@ def run(spark: SparkSession, args: argparse.Namespace, err: TextIO) -> int:
         bucket = bucket_ms(newest - oldest)
         png = render(chart_data(history, args.top, bucket), bucket)
         out.write_bytes("offset-advance.png", png)
+    except BaseException:  # Ctrl-C or a failed job: no staging directory left behind
+        out.discard()
+        raise
     finally:
         history.unpersist()
     corrupt = report_damages(read, err)
@@ -104,4 +107,8 @@ def run(spark: SparkSession, args: argparse.Namespace, err: TextIO) -> int:
         return 1
     say(f"wrote rates/, stalled/ ({args.format}) and offset-advance.png to {args.out} from {read.records_read:,} "
         "records" + skipped(corrupt), err)
+    if read.removed_by_compaction:
+        say(f"the log was compacted ({read.removed_by_compaction:,} records removed): the history holds only the "
+            "commits compaction kept, so rates/ counts fewer commits and stalled/ misses partitions re-committed "
+            "at an unchanged offset whose earlier commits were removed", err)
     return 0

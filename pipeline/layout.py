@@ -23,6 +23,7 @@ OFFSETS_TOPIC = "__consumer_offsets"  # as coordinator.runtime (a test checks th
 META_FILE = "kcoord.meta.json"  # records offsets_partitions in a kcoord data directory
 _PARTITION_DIR = re.compile(rf"^{OFFSETS_TOPIC}-(\d+)$")
 _SEGMENT = re.compile(r"^(\d{20})\.log$")
+_KCOORD_SWAP = re.compile(r"^(\d{20})-(\d{20})\.swap$")  # as storage.segments (a test checks they agree)
 
 
 class LayoutError(Exception):
@@ -185,6 +186,7 @@ def _segments_of(number: int, directory: str) -> list[SegmentFile]:
     files = files_for(directory)
     entries = _listed(files, directory)
     segments = sorted((int(m.group(1)), e) for e in entries if (m := _SEGMENT.match(e.name)) and not e.is_dir)
+    segments = _after_swaps(directory, entries, segments)
     known_base, known_position = _recovery_point(files, directory, {e.name for e in entries})
     out = []
     for i, (base, entry) in enumerate(segments):
@@ -197,6 +199,24 @@ def _segments_of(number: int, directory: str) -> list[SegmentFile]:
         out.append(SegmentFile(files.join(directory, entry.name), number, base, entry.size, i == len(segments) - 1,
                                durable))
     return out
+
+
+def _after_swaps(directory: str, entries: list[Entry], segments: list[tuple[int, Entry]]) -> list[tuple[int, Entry]]:
+    """The segments as kcoord's next start sees them. A crash during a compaction swap leaves a durable
+    ``<base>-<end>.swap`` that replaces the segments with base offsets in ``[base, end)``, some of them
+    possibly deleted already; kcoord completes the swap when it opens the log
+    (storage.segments.finish_interrupted_swaps), so the swap is read in their place, or records only
+    it still holds would be missed. Kafka's own ``.log.swap`` files (no range in their name) are refused."""
+    for entry in sorted(entries):
+        if entry.is_dir or not entry.name.endswith(".swap"):
+            continue
+        m = _KCOORD_SWAP.match(entry.name)
+        if m is None:
+            raise LayoutError(f"{directory}: {entry.name} is an interrupted compaction swap; start the broker on "
+                              "this directory once (it completes the swap) before reading it")
+        base, end = int(m.group(1)), int(m.group(2))
+        segments = sorted([(b, e) for b, e in segments if not base <= b < end] + [(base, entry)])
+    return segments
 
 
 def _recovery_point(files: Files, directory: str, names: set[str]) -> tuple[int, int]:

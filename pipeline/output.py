@@ -13,6 +13,11 @@ from typing import Any, Protocol, TextIO
 from pyspark.sql import DataFrame, SparkSession
 
 FORMATS = ("parquet", "csv")
+# RFC 4180 CSV: Spark's defaults trim the spaces around values (group ids " " and "" became one) and
+# escape a quote with a backslash, which other CSV readers take for a field's end (a fault campaign's
+# find); multiLine reads back values holding line breaks as one row each.
+CSV_OPTIONS = {"header": "true", "escape": '"', "ignoreLeadingWhiteSpace": "false",
+               "ignoreTrailingWhiteSpace": "false", "multiLine": "true"}
 
 
 class OutputError(Exception):
@@ -39,9 +44,13 @@ class StagedOutput:
         """``df`` as ``<out>/<name>/`` (or ``<out>/``) in ``fmt`` (csv part files carry a header row)."""
         writer = df.write.mode("errorifexists")
         if fmt == "csv":
-            writer.option("header", "true").csv(self.path(name))
+            writer.options(**CSV_OPTIONS).csv(self.path(name))
         else:
             writer.parquet(self.path(name))
+
+    def count(self, spark: SparkSession, fmt: str, out: str) -> int:
+        """Rows written to ``out`` (committed), read back as written."""
+        return int(spark.read.format(fmt).options(**(CSV_OPTIONS if fmt == "csv" else {})).load(out).count())
 
     def write_bytes(self, name: str, data: bytes) -> None:
         stream = self._fs.create(self._jvm.org.apache.hadoop.fs.Path(self.path(name)), False)

@@ -43,6 +43,7 @@ class LogRead:
     split_bytes: int
     _damages: Accumulator[list[decode.Damage]]
     _records: Accumulator[int]
+    _removed: Accumulator[int]
 
     def damages(self) -> list[decode.Damage]:
         """Every damage found so far (the DataFrame must have been computed), by file and position."""
@@ -52,6 +53,11 @@ class LogRead:
     def records_read(self) -> int:
         """Records decoded by the computations so far (a recomputed stage counts again)."""
         return int(self._records.value)
+
+    @property
+    def removed_by_compaction(self) -> int:
+        """Offsets between records that hold none, in what was read so far: records compaction removed."""
+        return int(self._removed.value)
 
     def summary(self) -> str:
         facts = describe(self.segments)
@@ -71,6 +77,7 @@ def read_offsets_log(spark: SparkSession, paths: list[str], columns: tuple[str, 
     tasks = pack(splits, size, parallelism)
     damages: Accumulator[list[decode.Damage]] = sc.accumulator([], _ListParam())
     records: Accumulator[int] = sc.accumulator(0)
+    removed: Accumulator[int] = sc.accumulator(0)
     schema = from_arrow_schema(decode.schema_of(columns))
     if not tasks:
         df = spark.createDataFrame([], schema)
@@ -78,8 +85,8 @@ def read_offsets_log(spark: SparkSession, paths: list[str], columns: tuple[str, 
         # one row per task, one task per Spark partition (range() splits evenly): the splits travel in
         # the function's closure, so no Python step runs before the decoding itself
         task_ids = spark.range(0, len(tasks), 1, len(tasks))
-        df = task_ids.mapInArrow(_decoder(tasks, columns, latest_only, damages, records), schema)
-    return LogRead(df, segments, splits, len(tasks), size, damages, records)
+        df = task_ids.mapInArrow(_decoder(tasks, columns, latest_only, damages, records, removed), schema)
+    return LogRead(df, segments, splits, len(tasks), size, damages, records, removed)
 
 
 def plan(spark: SparkSession, segments: list[SegmentFile], split_bytes: int) -> list[Split]:
@@ -100,18 +107,22 @@ def plan(spark: SparkSession, segments: list[SegmentFile], split_bytes: int) -> 
 
 
 def _decoder(tasks: list[list[Split]], columns: tuple[str, ...], latest_only: bool,
-             damages: Accumulator[list[decode.Damage]],
-             records: Accumulator[int]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+             damages: Accumulator[list[decode.Damage]], records: Accumulator[int],
+             removed: Accumulator[int]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found: list[decode.Damage] = []
-        count = 0
+        count = gone = 0
+
+        def add_removed(n: int) -> None:
+            nonlocal gone
+            gone += n
 
         def task_rows() -> Iterator[decode.Row]:
             nonlocal count
             for batch in batches:
                 for task in batch.column(0).to_pylist():
                     for split in tasks[task]:
-                        for r in decode.rows(split, files_for(split.segment.path), found.append):
+                        for r in decode.rows(split, files_for(split.segment.path), found.append, add_removed):
                             count += 1
                             yield r
 
@@ -126,6 +137,7 @@ def _decoder(tasks: list[list[Split]], columns: tuple[str, ...], latest_only: bo
             yield decode.to_batch(chunk, columns)
         damages.add(found)
         records.add(count)
+        removed.add(gone)
 
     return run
 

@@ -68,10 +68,18 @@ def targets(rows: DataFrame, partitions: int) -> DataFrame:
 
 
 class _TargetWriter:
-    """Writes the rows of one target partition, in order, as batches of records sharing a timestamp."""
+    """Writes the rows of one target partition, in order, as batches of records sharing a timestamp.
+
+    Into a directory of its own task attempt, renamed into place once complete: Spark retries a failed
+    task (and may run a speculative copy beside it), and a retry appending to what the failed attempt
+    had written made a log kcoord refuses to load ("batch offset 0 below expected"), the job exiting 0
+    (a fault campaign's find). An attempt finding its partition already in place (another attempt of the
+    same task finished it: the same rows in the same order) drops its own copy."""
 
     def __init__(self, directory: Path, target: int, segment_bytes: int) -> None:
-        self.log = PartitionLog(directory / f"{OFFSETS_TOPIC}-{target}", segment_bytes)
+        self.final = directory / f"{OFFSETS_TOPIC}-{target}"
+        self.attempt = directory / f".attempt-{uuid.uuid4().hex}" / self.final.name
+        self.log = PartitionLog(self.attempt, segment_bytes)
         self.target = target
         self.next_offset = self.batches = self.bytes = 0
         self.pending: list[tuple[bytes, bytes | None]] = []
@@ -103,6 +111,14 @@ class _TargetWriter:
         self.log.sync()
         self.log.checkpoint()
         self.log.close()
+        try:
+            os.rename(self.attempt, self.final)
+        except OSError:  # another attempt put the same partition in place first
+            if not self.final.is_dir():
+                raise
+        else:
+            fsync_path(self.final.parent)
+        shutil.rmtree(self.attempt.parent, ignore_errors=True)
         return {"target": self.target, "records": self.next_offset, "batches": self.batches, "bytes": self.bytes,
                 "dropped_transactional": 0, "dropped_unknown": 0}
 
@@ -169,6 +185,8 @@ class LocalStaging:
         self.directory.mkdir(parents=True)
 
     def commit(self) -> None:
+        for left in self.directory.glob(".attempt-*"):  # by task attempts that failed
+            shutil.rmtree(left)
         finish_data_dir(self.directory, self.partitions)
         os.rename(self.directory, self.out)
         fsync_path(self.out.parent)

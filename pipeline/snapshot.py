@@ -27,11 +27,15 @@ def run(spark: SparkSession, args: argparse.Namespace, err: TextIO) -> int:
     say(f"snapshot of {read.summary()}", err)
     out = StagedOutput(spark, args.out)
     result = snapshot(read).withColumn("commit_time", F.timestamp_millis("commit_timestamp"))
-    out.write(result, "", args.format)
+    try:
+        out.write(result, "", args.format)
+    except BaseException:  # Ctrl-C or a failed job: no staging directory left behind
+        out.discard()
+        raise
     corrupt = report_damages(read, err)
     if not settle(out, corrupt, args.skip_corrupt, err):
         return 1
-    rows = spark.read.format(args.format).option("header", "true").load(args.out).count()
+    rows = out.count(spark, args.format, args.out)
     say(f"wrote {rows:,} offsets from {read.records_read:,} records to {args.out} ({args.format})"
         + skipped(corrupt), err)
     return 0

@@ -78,6 +78,38 @@ def test_a_corrupt_batch_is_reported_and_the_batches_after_it_are_read(tmp_path:
     assert [col(r, "log_offset") for r in got] == [0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13, 14]
 
 
+def test_a_damaged_length_skips_only_the_damaged_bytes(tmp_path: Path) -> None:
+    """A bit flipped in a batch's length (outside its CRC) below the recovery point: the walk stopped
+    there and every later batch of the segment was dropped uncounted, so ``--skip-corrupt`` sent
+    groups back to older offsets (a fault campaign's find). It goes on at the next whole batch."""
+    path, positions = batches_of_three(tmp_path)
+    for bad, why in ((b"\x40", "runs past the end of the file"), (b"\0\0\0\0", "is invalid")):
+        with open(path, "r+b") as f:
+            f.seek(positions[1] + 8)
+            f.write(bad)
+        got, damages = read_all(tmp_path)
+        skipped = positions[2] - positions[1]
+        assert [(d.position, d.torn_tail) for d in damages] == [(positions[1], False)]
+        assert why in damages[0].reason
+        assert damages[0].reason.endswith(f"; {skipped} bytes skipped to the next readable batch, at byte "
+                                          f"{positions[2]}")
+        assert [col(r, "log_offset") for r in got] == [0, 1, 2, *range(6, 15)]
+
+
+def test_damage_with_nothing_readable_after_it_skips_to_the_end(tmp_path: Path) -> None:
+    path, positions = batches_of_three(tmp_path)
+    with open(path, "r+b") as f:
+        f.seek(positions[3] + 16)
+        f.write(b"\x07")  # magic
+        f.seek(positions[4] + 16)
+        f.write(b"\x07")
+    got, damages = read_all(tmp_path)
+    size = path.stat().st_size
+    assert [(d.position, d.reason) for d in damages] == [(positions[3], f"magic 7 is not 2; {size - positions[3]} "
+                                                                          "bytes skipped")]
+    assert [col(r, "log_offset") for r in got] == list(range(9))
+
+
 def test_a_torn_last_batch_past_the_recovery_point_is_a_torn_tail(tmp_path: Path) -> None:
     path, positions = batches_of_three(tmp_path, checkpoint=False)
     with open(path, "r+b") as f:
@@ -114,3 +146,20 @@ def test_the_map_side_combine_keeps_the_last_plain_commit_and_every_transactiona
     kept = sorted((col(r, "log_offset"), col(r, "record_type")) for r in latest_per_key(got))
     assert kept == [(1, "offset_commit"), (2, "offset_commit"), (3, "control"), (4, "offset_commit")]
     assert isinstance(to_batch(list(latest_per_key(got)), ("log_offset",)), pa.RecordBatch)
+
+
+def test_offsets_without_records_are_counted_as_removed_by_compaction(tmp_path: Path) -> None:
+    """What kcoord's cleaner leaves: offsets that hold no record any more. history says so."""
+    entries = [[commit("g", "t", 0, i)] for i in range(3)]
+    batches = plain_batches(entries[:2]) + plain_batches(entries[2:], first_offset=9)
+    write_partition(tmp_path / "__consumer_offsets-0", batches)
+    removed: list[int] = []
+    (seg,) = find_segments([str(tmp_path)])
+    got = list(rows(Split(seg, 0, seg.size), LocalFiles(), lambda d: None, removed.append))
+    assert [col(r, "log_offset") for r in got] == [0, 1, 9] and removed == [7]
+    full = tmp_path / "full"
+    write_partition(full / "__consumer_offsets-0", plain_batches(entries))
+    (seg,) = find_segments([str(full)])
+    removed.clear()
+    list(rows(Split(seg, 0, seg.size), LocalFiles(), lambda d: None, removed.append))
+    assert removed == [0]

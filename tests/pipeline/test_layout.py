@@ -50,3 +50,15 @@ def test_a_partition_in_two_dirs_or_none_at_all_is_refused(tmp_path: Path) -> No
     (tmp_path / "empty").mkdir()
     with pytest.raises(LayoutError, match="no __consumer_offsets"):
         find_segments([str(tmp_path / "empty")])
+
+
+def test_swap_names_agree_with_the_service_and_a_kafka_swap_is_refused(tmp_path: Path) -> None:
+    from pipeline import layout
+    from storage import segments
+
+    assert layout._KCOORD_SWAP.pattern == segments._SWAP_RE.pattern
+    assert layout._KCOORD_SWAP.match(segments.swap_name(3, 17))
+    make_log(tmp_path, 0)
+    (tmp_path / "__consumer_offsets-0" / "00000000000000000000.log.swap").write_bytes(b"")
+    with pytest.raises(LayoutError, match="interrupted compaction swap"):
+        find_segments([str(tmp_path)])
