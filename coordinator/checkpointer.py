@@ -94,10 +94,24 @@ class Checkpointer:
         drop = journal.droppable(boundary)
         spare = journal.reserve_spare()
         started = time.perf_counter()
+        work = loop.run_in_executor(self._thread, self._sync_and_delete, drop, spare)
+        stopping = False
         try:
-            made = await loop.run_in_executor(self._thread, self._sync_and_delete, drop, spare)
+            try:
+                made = await asyncio.shield(work)
+            except asyncio.CancelledError:
+                # A stop: the thread's work cannot be interrupted, so it ends first and its outcome is
+                # kept; the stop waits for this (coordinator.runtime) before the journal closes and
+                # the directory's lock goes. Left running, it renamed and deleted journal segments by
+                # number after the process had let go of the directory: those of a kcoord started on
+                # it meanwhile (a campaign's find, with a checkpoint slowed by a busy disk).
+                stopping = True
+                made = await work
         except OSError as exc:
             self.failed += 1
+            if stopping:  # the segments stay: the next start replays them
+                log.error("checkpoint failed at the stop (%s)", describe_error(exc))
+                raise asyncio.CancelledError() from exc
             self._failed(exc)
             return False
         self.seconds.observe(time.perf_counter() - started)
@@ -112,6 +126,8 @@ class Checkpointer:
         # cleaner would compact what the replay then writes into, and the partition fail its recovery:
         # a fault campaign's find) until a checkpoint deletes them.
         claims = {} if holding else self._synced(logs, ends, time.monotonic() - self._claimed_at >= CLAIM_INTERVAL_S)
+        if stopping:  # recovery points are recorded by the stop's own close of every log
+            raise asyncio.CancelledError()
         if claims:
             self._claimed_at = time.monotonic()
             try:

@@ -280,14 +280,17 @@ class Runtime:
         for compactor in self.compactors:
             compactor.stop()
         closed = await asyncio.gather(*(s.close(deadline) for s in self.shards))
+        checkpointed = await self._checkpoint_ended(deadline)
         for task in self._loads:
             task.cancel()
         self._cleaner_thread.shutdown(wait=False, cancel_futures=True)  # a running clean stops at its next batch
         self._writer.shutdown(wait=False, cancel_futures=True)
-        self.flusher.close()
-        self._loader.shutdown(wait=False, cancel_futures=True)
         if self.checkpointer is not None:
             self.checkpointer.close()
+        if not checkpointed:  # its thread still uses the journal and the directory: the process is about to end
+            return False
+        self.flusher.close()
+        self._loader.shutdown(wait=False, cancel_futures=True)
         if self.journal is not None:
             # Every log synced and holding its journal batches: the journal has nothing they lack.
             self.journal.close(remove=all(closed) and all(
@@ -296,3 +299,15 @@ class Runtime:
             os.close(self._lock)
             self._lock = None
         return all(closed)
+
+    async def _checkpoint_ended(self, deadline: float) -> bool:
+        """Waits until ``deadline`` for a checkpoint under way at the stop to end (coordinator.checkpointer:
+        its thread renames and deletes journal segments); False if it has not."""
+        task = self._checkpoints
+        if task is None or task.done():
+            return True
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
+        if not done:
+            log.error("a checkpoint's sync was still under way at the stop's deadline: exiting without it (the "
+                      "journal keeps what it had not synced)")
+        return bool(done)

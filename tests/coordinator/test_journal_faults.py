@@ -3,6 +3,7 @@ acknowledged commit lost, a partition wrongly FAILED, a descriptor leaked or a r
 
 import asyncio
 import errno
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -435,3 +436,51 @@ async def test_no_log_is_compacted_into_what_the_kept_segments_replay(tmp_path: 
         state, got = again.shards[1].state, again.shards[1].data.committed("g", "t", 0)
         await stop(again)
         assert (state, got) == (ShardState.ACTIVE, OffsetAndMetadata(offset, -1, "m", 1))
+
+
+async def _checkpoint_held_on_its_thread(tmp_path: Path) -> tuple[Runtime, threading.Event]:
+    """A runtime whose periodic checkpoint is under way on its thread, held at ``make_spare`` until the
+    returned gate is set."""
+    faults = GatedFaults()
+    runtime = await started(journal_config(tmp_path / "d", checkpoint_interval_ms=50), faults)
+    faults.j.gate = gate = threading.Event()
+    GatedJournal.entered.clear()
+    assert await append(runtime.shards[0], [commit("g", 0, 1)]) == OK
+    assert await asyncio.get_running_loop().run_in_executor(None, GatedJournal.entered.wait, 5)
+    return runtime, gate
+
+
+async def test_a_stop_waits_for_a_checkpoint_under_way_before_letting_go_of_the_journal(tmp_path: Path) -> None:
+    """The checkpoint thread renames and deletes journal segments by number. A stop cancelled its task
+    and closed the journal and the directory's lock while the thread went on: a kcoord started on the
+    directory meanwhile had its live segment renamed under it, and its journaled commits were not
+    replayed after a crash (a campaign's find, with a slow checkpoint). The stop waits for it now."""
+    loop = asyncio.get_running_loop()
+    runtime, gate = await _checkpoint_held_on_its_thread(tmp_path)
+    stopping = asyncio.ensure_future(runtime.stop(loop.time() + 10))
+    await asyncio.sleep(0.3)
+    assert not stopping.done()
+    gate.set()
+    assert await stopping is True
+    assert runtime._lock is None
+    again = await started(journal_config(tmp_path / "d"))
+    try:
+        assert committed(again) == OffsetAndMetadata(1, -1, "m", 1)
+    finally:
+        await stop(again)
+
+
+async def test_a_checkpoint_stuck_past_the_stop_deadline_keeps_the_directory(tmp_path: Path) -> None:
+    """Past the deadline the stop gives up (the process then exits 1 at once, coordinator.cli) and
+    keeps the journal open and the directory locked, so no other kcoord starts on it while the
+    thread may still touch it."""
+    loop = asyncio.get_running_loop()
+    runtime, gate = await _checkpoint_held_on_its_thread(tmp_path)
+    try:
+        assert await runtime.stop(loop.time() + 0.3) is False
+        assert runtime._lock is not None
+    finally:
+        gate.set()
+        ckpt(runtime)._thread.shutdown(wait=True)
+        if runtime._lock is not None:
+            os.close(runtime._lock)
