@@ -105,6 +105,11 @@ class Gateway:
         """First discovery (bounded: an upstream that is down at start-up is retried in the background,
         while kcoord already serves groups and offsets), then the refresher and the timeout sweeper."""
         loop = asyncio.get_running_loop()
+        if self.config.broker_port_base is None or self.config.coordinator_port == 0:
+            log.warning("gateway listeners on ports chosen at this start (no --broker-port-base or "
+                        "--coordinator-port): after a restart they change, and consumers that keep the addresses "
+                        "they learned (aiokafka, kafka-python) reconnect to the old ones and stop consuming; "
+                        "fix both for a service that restarts")
         self.cluster.listen_coordinator()
         deadline = loop.time() + wait_s
         while not await self.cluster.refresh() and loop.time() < deadline:

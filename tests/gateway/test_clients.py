@@ -24,9 +24,10 @@ from tests.gateway.conftest import (
     coordinator_port,
     node_ports,
     relayed_apis,
+    start_gateway,
     wait_all,
 )
-from tests.kcoord_process import REPO, KcoordProcess
+from tests.kcoord_process import REPO, KcoordProcess, free_port
 
 PARTITIONS = 4  # the mock cluster auto-creates topics with 4 partitions; Tansu's are created so
 GROUP_APIS = {"OffsetCommit", "OffsetFetch", "FindCoordinator", "JoinGroup", "Heartbeat", "LeaveGroup", "SyncGroup",
@@ -81,6 +82,24 @@ def test_metadata_names_only_kcoord_listeners(upstream: Upstream, gateway: Kcoor
         assert (broker.host, broker.port) == expected[COORDINATOR]
     finally:
         consumer.close()
+
+
+def test_ports_that_change_at_every_start_are_warned_about(upstream: Upstream, gateway: KcoordProcess,
+                                                           tmp_path: Path) -> None:
+    """By default the listeners' ports are chosen at each start; after a restart aiokafka and
+    kafka-python consumers kept reconnecting to the old ones and consumed nothing (a client campaign's
+    find). kcoord says so at start unless both are fixed."""
+    warning = "gateway listeners on ports chosen at this start"
+    assert warning in gateway.log()
+    (tmp_path / "fixed").mkdir()
+    fixed = start_gateway(tmp_path / "fixed", upstream.bootstrap, "--broker-port-base", str(free_port()),
+                          "--coordinator-port", str(free_port()))
+    try:
+        assert warning not in fixed.log()
+        assert fixed.stop() == 0
+    finally:
+        if fixed.proc is not None and fixed.proc.poll() is None:
+            fixed.kill()
 
 
 def test_mixed_group_consumes_every_message(upstream: Upstream, gateway: KcoordProcess, tmp_path: Path) -> None:
