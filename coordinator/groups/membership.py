@@ -512,7 +512,7 @@ class Membership:
         if group.is_in(GroupState.DEAD):
             return OpResult([], LeaveResult(ErrorCode.COORDINATOR_NOT_AVAILABLE))
         results: list[tuple[str, str | None, ErrorCode]] = []
-        left = False
+        gone: list[str] = []  # the ids of the members that left (a removal by instance id names none)
         for member_id, instance_id in members:
             if not member_id:
                 # Administrative removal by instance id: whoever holds it now.
@@ -521,20 +521,21 @@ class Membership:
                     results.append((member_id, instance_id, ErrorCode.UNKNOWN_MEMBER_ID))
                     continue
                 self._drop_member(group, group.members[holder])
+                gone.append(holder)
             elif member_id in group.pending_members:
                 group.pending_members.discard(member_id)
                 self.shard.timers.cancel(heartbeat_key(group_id, member_id))
+                gone.append(member_id)
             else:
                 error = validate_member(group, member_id, instance_id)
                 if error:
                     results.append((member_id, instance_id, error))
                     continue
                 self._drop_member(group, group.members[member_id])
+                gone.append(member_id)
             results.append((member_id, instance_id, ErrorCode.NONE))
-            left = True
         result = OpResult([], None)
-        if left:
-            gone = [m for m, _, e in results if e is ErrorCode.NONE]
+        if gone:
             log.info("Members %s have left group %s", gone, group_id)
             if group.is_in(GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
                 result = self._rebalance_or_complete_join(data, group, f"explicit LeaveGroup request for {gone}")

@@ -1,6 +1,8 @@
 """Classic membership, cell by cell (group state x request) and timer by timer, against reference
 sections 12.1-12.5 and vectors 19.5.12-13. Time only moves when a test moves it."""
 
+import logging
+
 import pytest
 
 from coordinator.groups.membership import NEW_MEMBER_JOIN_TIMEOUT_MS
@@ -299,7 +301,7 @@ def test_the_last_member_leaving_empties_the_group_and_records_it() -> None:
     assert (record.value.members, record.value.protocol, record.value.leader) == ((), None, None)
 
 
-def test_leave_errors() -> None:
+def test_leave_errors(caplog: pytest.LogCaptureFixture) -> None:
     shard = GroupShard()
     a = Client(shard, instance_id="inst-a")
     stable_group(shard, a)
@@ -309,9 +311,12 @@ def test_leave_errors() -> None:
     assert reply.response.members == [("wrong-id", "inst-a", E.FENCED_INSTANCE_ID)]
     reply = shard.call(shard.membership.leave, "missing", [("m", None)])
     assert reply.response.members == [("m", None, E.UNKNOWN_MEMBER_ID)]
-    # An administrator removes a static member by instance id alone.
-    reply = shard.call(shard.membership.leave, "g", [("", "inst-a")])
+    # An administrator removes a static member by instance id alone; the log names the member removed
+    # (it said [''], the id of the request: a client campaign's find)
+    with caplog.at_level(logging.INFO, logger="coordinator.groups.membership"):
+        reply = shard.call(shard.membership.leave, "g", [("", "inst-a")])
     assert reply.response.members == [("", "inst-a", E.NONE)] and not shard.data.groups["g"].members
+    assert f"Members ['{a.member_id}'] have left group g" in caplog.text
 
 
 def test_session_expiry_removes_a_silent_member_at_its_timeout_not_before() -> None:
