@@ -7,6 +7,7 @@ any length gets at most ~240 points per line."""
 import io
 from collections import defaultdict
 from datetime import UTC, datetime
+from typing import Any
 
 NICE_BUCKETS_MS = [1_000 * s for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600,
                                        43200, 86400, 7 * 86400)]
@@ -27,6 +28,17 @@ def _label(bucket: int) -> str:
 
 def render(points: list[tuple[str, int, int]], bucket: int) -> bytes:
     """PNG bytes from (group, bucket start ms, advance in that bucket)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(points, bucket)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def figure(points: list[tuple[str, int, int]], bucket: int) -> Any:
+    """The chart's matplotlib figure (the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,7 +57,9 @@ def render(points: list[tuple[str, int, int]], bucket: int) -> bytes:
         for s in starts:
             running += series[group][s]
             cumulative.append(running)
-        total_ax.step(times, cumulative, where="post", label=group, linewidth=1.6)
+        # a lone point is a step of no length: drawn as a marker, or the group's line is invisible
+        total_ax.step(times, cumulative, where="post", label=group, linewidth=1.6,
+                      marker="o" if len(times) == 1 else None)
         rate_ax.plot(times, [series[group][s] * 1000 / bucket for s in starts], marker=".", linewidth=1.0)
     title = f"Offset advance of the {len(order)} busiest groups" if order else "No offset advanced in this log"
     total_ax.set_title(title)
@@ -56,9 +70,11 @@ def render(points: list[tuple[str, int, int]], bucket: int) -> bytes:
         ax.grid(True, alpha=0.3)
     if order:
         total_ax.legend(loc="upper left", fontsize="small", title="group")
+        buckets = {s for group in order for s in series[group]}
+        if len(buckets) == 1:  # one bucket: matplotlib's default limits for a single date span years
+            (only,) = buckets
+            rate_ax.set_xlim(datetime.fromtimestamp(only / 1000, UTC),
+                             datetime.fromtimestamp((only + 2 * bucket) / 1000, UTC))
     fig.autofmt_xdate()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return buf.getvalue()
+    return fig
