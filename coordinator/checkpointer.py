@@ -131,9 +131,15 @@ class Checkpointer:
         if claims:
             self._claimed_at = time.monotonic()
             try:
-                await loop.run_in_executor(self._thread, self._sync.record, claims)
+                recording = loop.run_in_executor(self._thread, self._sync.record, claims)
             except RuntimeError:  # shut down meanwhile
                 pass
+            else:
+                try:
+                    await asyncio.shield(recording)
+                except asyncio.CancelledError:  # a stop: the recovery points' files are written first
+                    await recording
+                    raise
         self.completed += 1
         return True
 

@@ -484,3 +484,29 @@ async def test_a_checkpoint_stuck_past_the_stop_deadline_keeps_the_directory(tmp
         ckpt(runtime)._thread.shutdown(wait=True)
         if runtime._lock is not None:
             os.close(runtime._lock)
+
+
+async def test_a_stop_waits_for_recovery_points_being_recorded_on_the_checkpoint_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for the checkpoint's last step, recording recovery points (files written and renamed in
+    every partition's directory): cancelled, it went on after the stop had let go of the directory."""
+    monkeypatch.setattr(coordinator.checkpointer, "CLAIM_INTERVAL_S", 0.0)
+    loop = asyncio.get_running_loop()
+    runtime = await started(journal_config(tmp_path / "d", checkpoint_interval_ms=50))
+    sync = ckpt(runtime)._sync
+    gate, entered = threading.Event(), threading.Event()
+    real = sync.record
+
+    def held(claims: Any) -> None:
+        entered.set()
+        gate.wait(10)
+        real(claims)
+
+    monkeypatch.setattr(sync, "record", held)
+    assert await append(runtime.shards[0], [commit("g", 0, 1)]) == OK
+    assert await loop.run_in_executor(None, entered.wait, 5)
+    stopping = asyncio.ensure_future(runtime.stop(loop.time() + 10))
+    await asyncio.sleep(0.3)
+    assert not stopping.done()
+    gate.set()
+    assert await stopping is True
