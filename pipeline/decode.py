@@ -13,6 +13,7 @@ Rows are tuples in ``COLUMNS`` order (see ``RECORD_SCHEMA``); ``to_batch`` turns
 of the requested columns.
 """
 
+import struct
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -40,6 +41,9 @@ from storage.batch import (
 
 RESYNC_CHUNK_BYTES = 1 << 20
 MAGIC_BYTE = bytes([MAGIC])
+_RESYNC_FIELDS = struct.Struct(">hi")  # a v2 header's attributes and last offset delta (reference 8.1)
+_ATTRIBUTES_AT = 21
+_COUNT_AT = 57  # the record count
 
 OFFSET_COMMIT = "offset_commit"
 GROUP_METADATA = "group_metadata"
@@ -112,9 +116,13 @@ def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
     def damage(pos: int, reason: str, torn: bool) -> Damage:
         return Damage(seg.path, seg.log_partition, pos, reason, torn and seg.last and pos >= seg.durable_below)
 
-    def resync(after: int) -> int | None:
+    def resync(after: int, next_offset: int) -> int | None:
         """The first position past ``after`` and before the split's end where a whole batch checks out
-        (magic, length within the file, CRC), or None."""
+        (magic, length within the file, CRC), or None. Its header is checked first (attributes, offsets
+        no lower than ``next_offset``, a record count its offset range can hold), so garbage that
+        happens to show the magic byte and a length within the file (a random length is one for most
+        of a large segment) is rarely read in full and CRC-checked: each such read is up to the
+        segment's size."""
         cand = after + 1
         while cand < split.end and seg.size - cand >= BATCH_HEADER_BYTES:
             ensure(cand, min(RESYNC_CHUNK_BYTES, seg.size - cand))
@@ -123,10 +131,15 @@ def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
                 cand = max(cand + 1, buf_start + len(buf) - MAGIC_POSITION)
                 continue
             cand = buf_start + found - MAGIC_POSITION
-            if cand >= split.end:
+            if cand >= split.end or seg.size - cand < BATCH_HEADER_BYTES:
                 break
-            _, size = read_head(buf, cand - buf_start)
-            if BATCH_HEADER_BYTES <= size <= seg.size - cand:
+            ensure(cand, BATCH_HEADER_BYTES)
+            base, size = read_head(buf, cand - buf_start)
+            attributes, last_delta = _RESYNC_FIELDS.unpack_from(buf, cand - buf_start + _ATTRIBUTES_AT)
+            count = int.from_bytes(buf[cand - buf_start + _COUNT_AT : cand - buf_start + _COUNT_AT + 4], "big",
+                                   signed=True)
+            if (BATCH_HEADER_BYTES <= size <= seg.size - cand and 0 <= attributes < 0x80
+                    and attributes & 0x07 <= 4 and base >= next_offset and 0 <= count <= last_delta + 1):
                 ensure(cand, size)
                 rel = cand - buf_start
                 try:
@@ -137,7 +150,7 @@ def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
             cand += 1
         return None
 
-    pos = split.start
+    pos, next_offset = split.start, 0
     while pos < split.end:
         if seg.size - pos < LOG_OVERHEAD:
             yield damage(pos, f"{seg.size - pos} bytes too short for a batch header", True)
@@ -159,11 +172,12 @@ def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
             else:
                 yield pos, batch
                 pos += batch_size
+                next_offset = batch.last_offset + 1
                 continue
         if found.torn_tail:  # kcoord cuts it aside from here on: nothing after it counts
             yield found
             return
-        after = resync(pos)
+        after = resync(pos, next_offset)
         end = split.end if after is None else after
         yield found._replace(reason=f"{found.reason}; {end - pos} bytes skipped" + (
             f" to the next readable batch, at byte {after}" if after is not None else ""))
