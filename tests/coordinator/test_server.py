@@ -319,7 +319,9 @@ async def test_a_refused_connection_whose_peer_reads_nothing_is_dropped(serving:
     abort had freed it at once. It is dropped after ``refused_linger_s`` (30 s; shortened here)."""
     serving.server.refused_linger_s = 0.3
     reader, writer = await serving.connect()
-    writer.write(frame(commit_request("wide", {("t", p): p for p in range(60_000)}, "m" * 60), 8))
+    # ~13 MB of answer below: the kernel's buffers (4 MiB to send here) never hold it all. With 60-byte
+    # metadata (4.8 MB) they nearly could, and the test once timed out waiting for unsent bytes in CI.
+    writer.write(frame(commit_request("wide", {("t", p): p for p in range(60_000)}, "m" * 200), 8))
     assert {p.error_code for t in (await reply(reader, OffsetCommitResponse, 8)).topics for p in t.partitions} == {0}
     # reads nothing more: the stream stops reading past its 64 KiB limit, the kernel's buffers fill, then kcoord's
     writer.write(frame(OffsetFetchRequest(groups=[OffsetFetchRequest.OffsetFetchRequestGroup(
