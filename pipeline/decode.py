@@ -13,7 +13,6 @@ Rows are tuples in ``COLUMNS`` order (see ``RECORD_SCHEMA``); ``to_batch`` turns
 of the requested columns.
 """
 
-import struct
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -21,6 +20,7 @@ import pyarrow as pa
 
 from pipeline.layout import Files
 from pipeline.splits import MAGIC_POSITION, Split
+from protocol.hotcodec import int16_at, int32_at
 from protocol.records import (
     GroupMetadataRecord,
     OffsetCommitRecord,
@@ -29,10 +29,14 @@ from protocol.records import (
     decode_record,
 )
 from storage.batch import (
+    ATTRIBUTES_POSITION,
     BATCH_HEADER_BYTES,
     COMMIT,
+    COMPRESSION_MASK,
+    LAST_DELTA_POSITION,
     LOG_OVERHEAD,
     MAGIC,
+    RECORDS_COUNT_POSITION,
     Batch,
     BatchError,
     decode_batch,
@@ -41,9 +45,6 @@ from storage.batch import (
 
 RESYNC_CHUNK_BYTES = 1 << 20
 MAGIC_BYTE = bytes([MAGIC])
-_RESYNC_FIELDS = struct.Struct(">hi")  # a v2 header's attributes and last offset delta (reference 8.1)
-_ATTRIBUTES_AT = 21
-_COUNT_AT = 57  # the record count
 
 OFFSET_COMMIT = "offset_commit"
 GROUP_METADATA = "group_metadata"
@@ -134,14 +135,15 @@ def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
             if cand >= split.end or seg.size - cand < BATCH_HEADER_BYTES:
                 break
             ensure(cand, BATCH_HEADER_BYTES)
-            base, size = read_head(buf, cand - buf_start)
-            attributes, last_delta = _RESYNC_FIELDS.unpack_from(buf, cand - buf_start + _ATTRIBUTES_AT)
-            count = int.from_bytes(buf[cand - buf_start + _COUNT_AT : cand - buf_start + _COUNT_AT + 4], "big",
-                                   signed=True)
+            rel = cand - buf_start
+            base, size = read_head(buf, rel)
+            attributes = int16_at(buf, rel + ATTRIBUTES_POSITION)
+            last_delta = int32_at(buf, rel + LAST_DELTA_POSITION)
+            count = int32_at(buf, rel + RECORDS_COUNT_POSITION)
             if (BATCH_HEADER_BYTES <= size <= seg.size - cand and 0 <= attributes < 0x80
-                    and attributes & 0x07 <= 4 and base >= next_offset and 0 <= count <= last_delta + 1):
+                    and attributes & COMPRESSION_MASK <= 4 and base >= next_offset and 0 <= count <= last_delta + 1):
                 ensure(cand, size)
-                rel = cand - buf_start
+                rel = cand - buf_start  # the buffer may have moved
                 try:
                     decode_batch(buf[rel : rel + size])
                     return cand
@@ -217,10 +219,10 @@ def rows(split: Split, files: Files, on_damage: Callable[[Damage], None],
         producer = batch.producer_id
         txn = batch.is_transactional
         if batch.control_type is not None:
-            rec = batch.records[0]
+            rec = records[0]
             yield control_row(partition, rec.offset, rec.timestamp, producer, batch.control_type, rec.key, rec.value)
             continue
-        for rec in batch.records:
+        for rec in records:
             try:
                 record = decode_record(rec.key, rec.value)
             except RecordError as exc:
