@@ -111,18 +111,14 @@ def _decoder(tasks: list[list[Split]], columns: tuple[str, ...], latest_only: bo
              removed: Accumulator[int]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found: list[decode.Damage] = []
-        count = gone = 0
-
-        def add_removed(n: int) -> None:
-            nonlocal gone
-            gone += n
+        count = 0
 
         def task_rows() -> Iterator[decode.Row]:
             nonlocal count
             for batch in batches:
                 for task in batch.column(0).to_pylist():
                     for split in tasks[task]:
-                        for r in decode.rows(split, files_for(split.segment.path), found.append, add_removed):
+                        for r in decode.rows(split, files_for(split.segment.path), found.append, removed.add):
                             count += 1
                             yield r
 
@@ -137,7 +133,6 @@ def _decoder(tasks: list[list[Split]], columns: tuple[str, ...], latest_only: bo
             yield decode.to_batch(chunk, columns)
         damages.add(found)
         records.add(count)
-        removed.add(gone)
 
     return run
 
