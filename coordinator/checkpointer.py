@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Final
+from typing import Final, TypeVar
 
 from coordinator.logfmt import Repeated, describe_error
 from coordinator.metrics import LATENCY_BUCKETS, Histogram
@@ -51,6 +51,7 @@ POLL_S: Final = 0.1
 # the peak rate (bench.harness commit-1-half at 40k/s: 11.7-16.8 ms against 4.2-4.8 ms without).
 CLAIM_INTERVAL_S: Final = 30.0
 REPEAT_LOG_S: Final = 60.0
+T = TypeVar("T")
 
 
 class Checkpointer:
@@ -94,22 +95,11 @@ class Checkpointer:
         drop = journal.droppable(boundary)
         spare = journal.reserve_spare()
         started = time.perf_counter()
-        work = loop.run_in_executor(self._thread, self._sync_and_delete, drop, spare)
-        stopping = False
         try:
-            try:
-                made = await asyncio.shield(work)
-            except asyncio.CancelledError:
-                # A stop: the thread's work cannot be interrupted, so it ends first and its outcome is
-                # kept; the stop waits for this (coordinator.runtime) before the journal closes and
-                # the directory's lock goes. Left running, it renamed and deleted journal segments by
-                # number after the process had let go of the directory: those of a kcoord started on
-                # it meanwhile (a campaign's find, with a checkpoint slowed by a busy disk).
-                stopping = True
-                made = await work
+            made = await _to_its_end(loop.run_in_executor(self._thread, self._sync_and_delete, drop, spare))
         except OSError as exc:
             self.failed += 1
-            if stopping:  # the segments stay: the next start replays them
+            if _stopping():  # the segments stay: the next start replays them
                 log.error("checkpoint failed at the stop (%s)", describe_error(exc))
                 raise asyncio.CancelledError() from exc
             self._failed(exc)
@@ -126,7 +116,7 @@ class Checkpointer:
         # cleaner would compact what the replay then writes into, and the partition fail its recovery:
         # a fault campaign's find) until a checkpoint deletes them.
         claims = {} if holding else self._synced(logs, ends, time.monotonic() - self._claimed_at >= CLAIM_INTERVAL_S)
-        if stopping:  # recovery points are recorded by the stop's own close of every log
+        if _stopping():  # recovery points are recorded by the stop's own close of every log
             raise asyncio.CancelledError()
         if claims:
             self._claimed_at = time.monotonic()
@@ -135,11 +125,9 @@ class Checkpointer:
             except RuntimeError:  # shut down meanwhile
                 pass
             else:
-                try:
-                    await asyncio.shield(recording)
-                except asyncio.CancelledError:  # a stop: the recovery points' files are written first
-                    await recording
-                    raise
+                await _to_its_end(recording)
+                if _stopping():
+                    raise asyncio.CancelledError()
         self.completed += 1
         return True
 
@@ -185,3 +173,22 @@ class Checkpointer:
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+async def _to_its_end(work: "asyncio.Future[T]") -> T:
+    """``work``'s result, awaited to its end even when the checkpoint is cancelled meanwhile (a stop:
+    ``_stopping`` then says so). Work on the checkpoint thread cannot be interrupted, so its outcome is
+    kept, and the stop waits for the checkpoint (coordinator.runtime) before the journal closes and the
+    directory's lock goes. Left running, it renamed and deleted journal segments by number after the
+    process had let go of the directory: those of a kcoord started on it meanwhile (a campaign's find,
+    with a checkpoint slowed by a busy disk)."""
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        return await work
+
+
+def _stopping() -> bool:
+    """The checkpoint's task was cancelled (a stop) while it waited for its thread (``_to_its_end``)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
