@@ -39,10 +39,11 @@ def last_offset(batch: bytes) -> int:
     return int(struct.unpack_from(">q", batch, 0)[0] + struct.unpack_from(">i", batch, 23)[0])
 
 
-def write_partition(directory: Path, batches: list[bytes], checkpoint: bool = True) -> list[int]:
+def write_partition(directory: Path, batches: list[bytes], checkpoint: bool = True,
+                    segment_bytes: int | None = None) -> list[int]:
     """Appends ready-made batches as one partition's log; returns each batch's byte position. Without
     ``checkpoint`` no recovery point is left (as in a Kafka broker's directory)."""
-    plog = PartitionLog(directory)
+    plog = PartitionLog(directory) if segment_bytes is None else PartitionLog(directory, segment_bytes)
     positions, pos = [], 0
     for batch in batches:
         positions.append(pos)

@@ -265,20 +265,15 @@ def test_a_compaction_swap_interrupted_by_a_crash_is_read_as_kcoord_completes_it
     so the records only the swap held were missed: snapshot and reshard exited 0 without 5 of 25
     committed offsets (a fault campaign's find)."""
     import storage.cleaner
-    from tests.pipeline.logs import T, commit
+    from tests.pipeline.logs import T, commit, plain_batches, write_partition
 
     directory = tmp_path / "data" / "__consumer_offsets-0"
+    entries = [[commit(f"early-{i}", "t", 0, 1000 + i)] for i in range(20)]
+    entries += [[commit("busy", "t", p, r) for p in range(4)] for r in range(200)]
+    write_partition(directory, plain_batches(entries), segment_bytes=2048)
     plog = PartitionLog(directory, 2048)
     for _ in plog.recover():
         pass
-    entries = [[commit(f"early-{i}", "t", 0, 1000 + i)] for i in range(20)]
-    entries += [[commit("busy", "t", p, r) for p in range(4)] for r in range(200)]
-    offset = 0
-    for chunk in entries:
-        plog.append(build_batch(offset, chunk, T), offset + len(chunk) - 1)
-        offset += len(chunk)
-    plog.sync()
-    plog.checkpoint()
 
     def crash_after_the_first(originals: list[Any]) -> None:
         originals[0].path.unlink()
