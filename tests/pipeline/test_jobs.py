@@ -307,18 +307,18 @@ def test_a_reshard_task_retried_after_a_failure_writes_its_partition_afresh(tmp_
 
     staging = LocalStaging(tmp_path / "out", 1)
     rows = [commit(f"g-{i}", "t", 0, i) for i in range(50)]
-    failed = _TargetWriter(staging.directory, 0, 1 << 20)
-    for i, (key, value) in enumerate(rows[:30]):
-        failed.add(T + i // 10, key, value)
+
+    def attempt(upto: int) -> _TargetWriter:
+        """One task attempt writing target partition 0 from the first ``upto`` rows."""
+        writer = _TargetWriter(staging.directory, 0, 1 << 20)
+        for i, (key, value) in enumerate(rows[:upto]):
+            writer.add(T + i // 10, key, value)
+        return writer
+
+    failed = attempt(30)
     failed.flush()  # written, then the attempt fails: never closed
-    retried = _TargetWriter(staging.directory, 0, 1 << 20)
-    for i, (key, value) in enumerate(rows):
-        retried.add(T + i // 10, key, value)
-    assert retried.close()["records"] == 50
-    again = _TargetWriter(staging.directory, 0, 1 << 20)  # a speculative copy finishing last
-    for i, (key, value) in enumerate(rows):
-        again.add(T + i // 10, key, value)
-    again.close()
+    assert attempt(50).close()["records"] == 50  # the retry
+    attempt(50).close()  # a speculative copy finishing last
     failed.log.close()
     staging.commit()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["__consumer_offsets-0", "kcoord.meta.json"]
