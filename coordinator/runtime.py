@@ -56,7 +56,14 @@ def check_data_dir(data_dir: Path, partitions: int) -> int | None:
     """Creates the data directory or checks the one there: not in use by another process (the
     returned descriptor holds its lock, storage.dirlock), writable, and holding the same partition
     count (recorded in ``kcoord.meta.json``)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # mkdir's "File exists" would not say that it is a file
+        raise ConfigMismatch(f"data directory {data_dir} (--data-dir / KCOORD_DATA_DIR) is a file, or lies under "
+                             "one: give a directory") from None
+    except OSError as exc:
+        raise ConfigMismatch(f"cannot create the data directory {data_dir} (--data-dir / KCOORD_DATA_DIR): "
+                             f"{exc.strerror or exc}") from None
     try:
         lock = lock_directory(data_dir)
     except DirectoryInUse as exc:

@@ -180,6 +180,37 @@ def test_a_second_server_on_the_same_data_directory_is_refused(tmp_path: Path) -
                 server.kill()
 
 
+def _serve_once(data_dir: Path) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(data_dir),
+         "--listen", "127.0.0.1:0", "--metrics-listen", "off"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_a_data_directory_that_is_a_file_is_named_as_such(tmp_path: Path) -> None:
+    """An operator's slip (``--data-dir`` naming a file, or a path under one) gets a message saying
+    what is wrong with the flag, not mkdir's bare "File exists", and exit 2; the file is untouched."""
+    (tmp_path / "afile").write_bytes(b"keep me")
+    for data_dir in (tmp_path / "afile", tmp_path / "afile" / "data"):
+        result = _serve_once(data_dir)
+        assert result.returncode == 2, result.stderr
+        assert f"data directory {data_dir} (--data-dir / KCOORD_DATA_DIR) is a file" in result.stderr
+        assert "Traceback" not in result.stderr
+    assert (tmp_path / "afile").read_bytes() == b"keep me"
+
+
+def test_a_data_directory_that_cannot_be_created_says_why(tmp_path: Path) -> None:
+    """Any other failure to create it (here a name longer than the file system allows, which even
+    root cannot create) is named with the flag and the system's reason."""
+    data_dir = tmp_path / ("d" * 300)
+    result = _serve_once(data_dir)
+    assert result.returncode == 2, result.stderr
+    assert f"cannot create the data directory {data_dir} (--data-dir / KCOORD_DATA_DIR): File name too long" \
+        in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_a_server_does_not_start_while_a_reader_holds_its_directory(tmp_path: Path) -> None:
     """The pipeline holds a data directory's lock shared while it reads it (storage.dirlock
     share_directory): a server started meanwhile exits 2 rather than rewrite segments under it, and
