@@ -61,9 +61,9 @@ def check_data_dir(data_dir: Path, partitions: int) -> int | None:
     except (FileExistsError, NotADirectoryError):  # mkdir's "File exists" would not say that it is a file
         raise ConfigMismatch(f"data directory {data_dir} (--data-dir / KCOORD_DATA_DIR) is a file, or lies under "
                              "one: give a directory") from None
-    except OSError as exc:
+    except OSError as refused:  # compiled: one name per exception type in a function
         raise ConfigMismatch(f"cannot create the data directory {data_dir} (--data-dir / KCOORD_DATA_DIR): "
-                             f"{exc.strerror or exc}") from None
+                             f"{refused.strerror or refused}") from None
     try:
         lock = lock_directory(data_dir)
     except DirectoryInUse as exc:
