@@ -522,7 +522,7 @@ class Membership:
                     continue
                 self._drop_member(group, group.members[holder])
                 gone.append(holder)
-            elif member_id in group.pending_members:
+            elif member_id in group.pending_members:  # a valid leave too: a Stable group rebalances (Kafka 4)
                 group.pending_members.discard(member_id)
                 self.shard.timers.cancel(heartbeat_key(group_id, member_id))
                 gone.append(member_id)

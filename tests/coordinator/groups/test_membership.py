@@ -301,6 +301,24 @@ def test_the_last_member_leaving_empties_the_group_and_records_it() -> None:
     assert (record.value.members, record.value.protocol, record.value.leader) == ((), None, None)
 
 
+def test_a_pending_member_leaving_a_stable_group_starts_a_rebalance_as_in_kafka_4() -> None:
+    """Kafka 4's classicGroupLeaveToClassicGroup counts a pending (MEMBER_ID_REQUIRED) member's leave
+    among the valid ones, and any valid leave of a Stable group prepares a rebalance. The Scala
+    coordinator of 3.x only dropped the pending id; a review took that for the rule. Pinned here so the
+    choice stays deliberate."""
+    shard = GroupShard()
+    a = Client(shard, client_id="a")
+    stable_group(shard, a)
+    b = Client(shard, client_id="b")
+    pending_id = shard.call(shard.membership.join, b.join_request(9)).response.member_id
+    assert pending_id in shard.data.groups["g"].pending_members
+    reply = shard.call(shard.membership.leave, "g", [(pending_id, None)])
+    assert reply.response.members == [(pending_id, None, E.NONE)]
+    assert pending_id not in shard.data.groups["g"].pending_members
+    assert state(shard) is GroupState.PREPARING_REBALANCE
+    assert a.heartbeat() is E.REBALANCE_IN_PROGRESS
+
+
 def test_leave_errors(caplog: pytest.LogCaptureFixture) -> None:
     shard = GroupShard()
     a = Client(shard, instance_id="inst-a")
