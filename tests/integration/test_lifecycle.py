@@ -111,14 +111,20 @@ def test_sigterm_answers_the_commit_before_a_parked_join_and_starts_nothing_behi
     reader.close()
 
 
+def _serve_once(data_dir: Path, *extra: str) -> "subprocess.CompletedProcess[str]":
+    """One ``kcoord serve`` on ``data_dir`` that is expected to refuse to start (it would otherwise
+    serve until the timeout)."""
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(data_dir),
+         "--listen", "127.0.0.1:0", "--metrics-listen", "off", *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+
+
 def test_refuses_a_different_partition_count_for_existing_data(tmp_path: Path) -> None:
     server = KcoordProcess(tmp_path / "data").start()
     server.stop()
-    result = subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(tmp_path / "data"),
-         "--offsets-partitions", "10", "--listen", "127.0.0.1:0"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )
+    result = _serve_once(tmp_path / "data", "--offsets-partitions", "10")
     assert result.returncode == 2
     assert "offsets topic of 50 partitions" in result.stderr
 
@@ -127,10 +133,7 @@ def test_a_damaged_meta_file_is_a_clear_error(tmp_path: Path) -> None:
     data = tmp_path / "data"
     KcoordProcess(data).start().stop()
     (data / "kcoord.meta.json").write_text('{"offsets_partit')
-    result = subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(data), "--listen", "127.0.0.1:0"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )
+    result = _serve_once(data)
     assert result.returncode == 2
     assert "kcoord.meta.json is damaged" in result.stderr
 
@@ -158,11 +161,7 @@ def test_a_second_server_on_the_same_data_directory_is_refused(tmp_path: Path) -
         assert first.proc is not None
         client = RawClient(first.port)
         assert client.call(commit_request("locked", {("t", 0): 5}), 8).topics[0].partitions[0].error_code == 0
-        result = subprocess.run(
-            [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(tmp_path / "data"),
-             "--listen", "127.0.0.1:0", "--metrics-listen", "off"],
-            cwd=REPO, capture_output=True, text=True, timeout=60,
-        )
+        result = _serve_once(tmp_path / "data")
         assert result.returncode == 2, result.stderr
         assert f"in use by another process (pid {first.proc.pid})" in result.stderr
         assert "Traceback" not in result.stderr
@@ -178,14 +177,6 @@ def test_a_second_server_on_the_same_data_directory_is_refused(tmp_path: Path) -
         for server in (first, second):
             if server.proc is not None and server.proc.poll() is None:
                 server.kill()
-
-
-def _serve_once(data_dir: Path) -> "subprocess.CompletedProcess[str]":
-    return subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(data_dir),
-         "--listen", "127.0.0.1:0", "--metrics-listen", "off"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )
 
 
 def test_a_data_directory_that_is_a_file_is_named_as_such(tmp_path: Path) -> None:
@@ -221,11 +212,7 @@ def test_a_server_does_not_start_while_a_reader_holds_its_directory(tmp_path: Pa
     fd = share_directory(tmp_path / "data")
     assert fd is not None
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(tmp_path / "data"),
-             "--listen", "127.0.0.1:0", "--metrics-listen", "off"],
-            cwd=REPO, capture_output=True, text=True, timeout=60,
-        )
+        result = _serve_once(tmp_path / "data")
         assert result.returncode == 2, result.stderr
         assert "in use by another process (it holds" in result.stderr and f"pid {gone}" not in result.stderr
     finally:
@@ -240,11 +227,7 @@ def test_logs_without_their_meta_file_keep_their_partition_count(tmp_path: Path)
     data = tmp_path / "data"
     KcoordProcess(data, "--offsets-partitions", "8").start().stop()
     (data / "kcoord.meta.json").unlink()
-    result = subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "serve", "--data-dir", str(data), "--listen", "127.0.0.1:0",
-         "--offsets-partitions", "12", "--metrics-listen", "off"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )
+    result = _serve_once(data, "--offsets-partitions", "12")
     assert result.returncode == 2
     assert "offsets topic of 8 partitions" in result.stderr and "Start with 8" in result.stderr
     KcoordProcess(data, "--offsets-partitions", "8").start().stop()
