@@ -48,8 +48,9 @@ PARTITION_CACHE = 1 << 16  # group ids whose partition is remembered (cleared wh
 
 
 class ConfigMismatch(Exception):
-    """The data directory was written with another partition count (groups would re-hash and their
-    offsets would be stranded; Kafka forbids this too, KAFKA-14418), or its record of it is damaged."""
+    """The data directory cannot serve this start: written with another partition count (groups would
+    re-hash and their offsets would be stranded; Kafka forbids this too, KAFKA-14418), its record of it
+    damaged, in use by another process, or not a directory that can be created. The CLI exits 2."""
 
 
 def check_data_dir(data_dir: Path, partitions: int) -> int | None:
