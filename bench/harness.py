@@ -1,6 +1,7 @@
 """Side-by-side benchmark: kcoord, the librdkafka mock, Tansu and a Python echo ceiling, in one run.
 
-Starts every server, runs the same request scenarios against each (OffsetCommit and OffsetFetch of 1
+Times a wake-up between two processes on one CPU and across CPUs (bench/wakeup.py: on this VM it
+moves with the boot and moves kcoord's ratios), starts every server, runs the same request scenarios against each (OffsetCommit and OffsetFetch of 1
 and 100 partitions, a mixed 80/20 load over 10,000 groups), then kcoord and the mock at half kcoord's
 peak commit rate (the mock's latency there is the load generator's floor), an fsync probe on kcoord's
 disk, the floor of a serial group commit there at that rate (bench/commit_floor.py) and restarts of a
@@ -21,6 +22,7 @@ import platform
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from bench.commit_floor import FloorProbe, group_commit_floor
 from bench.peers import AttachedKcoord, Echo, Kcoord, MissingPeer, Mock, Peer, Tansu, git_commit, tansu_binary
 from bench.restart import RestartResult, restart
 from bench.scenarios import SCENARIOS, FsyncProbe, Measurement, fsync_probe, run_scenario
+from bench.wakeup import describe, probe
 from bench.wire import Versions, api_versions, pick_versions
 
 SERVERS = ("kcoord", "mock", "tansu", "echo")
@@ -211,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{meta['date']}; load average {' '.join(f'{x:.2f}' for x in meta['loadavg_before'])} before the run")
     print(f"load: {args.connections} connections x {args.inflight} in flight, {args.warmup:g} s warm-up + "
           f"{args.duration:g} s measured per scenario and server", flush=True)
+    wakeup = probe(5000 if args.quick else 20000)
+    meta["wakeup_probe"] = asdict(wakeup)
+    print(describe(wakeup), flush=True)
     with tempfile.TemporaryDirectory(prefix="kcoord-harness-") as tmp_name:
         try:
             measurements, fsync, floors, restarts, failures = run_loop(lambda: bench(args, Path(tmp_name), meta))
