@@ -1,14 +1,14 @@
 """Side-by-side benchmark: kcoord, the librdkafka mock, Tansu and a Python echo ceiling, in one run.
 
 Times a wake-up between two processes on one CPU and across CPUs (bench/wakeup.py: on this VM it
-moves with the boot and moves kcoord's ratios), starts every server, runs the same request scenarios against each (OffsetCommit and OffsetFetch of 1
-and 100 partitions, a mixed 80/20 load over 10,000 groups), then kcoord and the mock at half kcoord's
-peak commit rate (the mock's latency there is the load generator's floor), an fsync probe on kcoord's
-disk, the floor of a serial group commit there at that rate (bench/commit_floor.py) and restarts of a
-1M-record (and with --with-10m a 10M-record) partition. Reports req/s, partition-offsets/s,
-p50/p99/p999 latency, server CPU per request, client CPU, ratios and the issue's targets as tables
-and, with --json, as a JSON document. Every response is checked; any error, lost answer or wrong
-offset makes the exit status 1.
+moves with the boot and moves kcoord's ratios), starts every server, runs the same request scenarios
+against each (OffsetCommit and OffsetFetch of 1 and 100 partitions, a mixed 80/20 load over 10,000
+groups), then kcoord and the mock at half kcoord's peak commit rate (the mock's latency there is the
+load generator's floor), an fsync probe on kcoord's disk, the floor of a serial group commit there at
+that rate (bench/commit_floor.py) and restarts of a 1M-record (and with --with-10m a 10M-record)
+partition. Reports req/s, partition-offsets/s, p50/p99/p999 latency, server CPU per request, client
+CPU, ratios and the issue's targets as tables and, with --json, as a JSON document. Every response is
+checked; any error, lost answer or wrong offset makes the exit status 1.
 
 Run from the repository root: ``python -m bench.harness --help``.
 """
