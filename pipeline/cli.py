@@ -8,15 +8,18 @@
 Common options: ``--master`` (default ``local[*]``), ``--format parquet|csv``, ``--skip-corrupt``,
 ``--ignore-journal``, ``--split-bytes N``, ``--conf KEY=VALUE``. Exit codes: 0 done, 1 corrupt batches
 found (nothing written) or the job failed, 2 bad usage, an input a running kcoord serves or whose
-journal holds batches, or the pipeline extra not installed. Nothing here imports PySpark until a
-job runs, so ``kcoord`` without the extra still starts.
+journal holds batches, or the pipeline extra not installed, 130 interrupted (Ctrl-C). Nothing here
+imports PySpark until a job runs, so ``kcoord`` without the extra still starts.
 """
 
 import argparse
 import importlib
+import logging
 import os
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -107,20 +110,66 @@ def run(args: argparse.Namespace, err: TextIO = sys.stderr, spark: Any = None,
         print(f"kcoord pipeline {args.job}: {exc}", file=err)
         return 2
     own = spark is None
+    quiet = _QuietPy4j()
     try:
         if own:
             spark = build_session(args.master or default_master, f"kcoord-pipeline-{args.job}", conf=dict(args.conf))
+            quiet.take_ctrl_c()
         job = importlib.import_module(JOBS[args.job])
         code: int = job.run(spark, args, err)
         return code
+    except KeyboardInterrupt:
+        quiet.interrupted = True
+        print(f"kcoord pipeline {args.job}: interrupted; {args.out} was not put in place (a staging directory "
+              f"{args.out}.kcoord-tmp-* beside it may be left to delete)", file=err)
+        return 130
     except (LayoutError, OutputError) as exc:
         print(f"kcoord pipeline {args.job}: {exc}", file=err)
         return 2
     finally:
         if own and spark is not None:
-            spark.stop()
+            quiet.stop(spark)
         for fd in holds:
             os.close(fd)
+
+
+class _QuietPy4j(logging.Filter):
+    """A Ctrl-C ends a job with one line, not ~100 of py4j tracebacks. PySpark's SIGINT handler calls
+    into the JVM from inside the signal handler, re-entering the py4j call the job is blocked in (and at
+    a terminal the JVM has the signal too and is going down); py4j then logs each failed call through
+    the root logger. So: Ctrl-C only raises KeyboardInterrupt, py4j's root-logger lines about it are
+    dropped, and once interrupted so are its complaints while the session stops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interrupted = False
+        self._installed = False
+
+    def take_ctrl_c(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            logging.getLogger().addFilter(self)
+            self._installed = True
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if f"{os.sep}py4j{os.sep}" not in record.pathname:
+            return True
+        return not (self.interrupted or record.getMessage().startswith("KeyboardInterrupt"))
+
+    def stop(self, spark: Any) -> None:
+        try:
+            if not self.interrupted:
+                spark.stop()
+                return
+            logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)
+            try:  # cancelled first, the running tasks end quietly instead of failing as the context stops
+                spark.sparkContext.cancelAllJobs()
+                spark.stop()
+            except Exception:  # the JVM went down with the Ctrl-C: nothing is left to stop
+                pass
+        finally:
+            if self._installed:
+                logging.getLogger().removeFilter(self)
 
 
 class _Refused(Exception):

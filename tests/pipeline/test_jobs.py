@@ -4,7 +4,9 @@ finds the idle partition and not the moving ones, and a corrupt batch is reporte
 
 import argparse
 import io
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -222,6 +224,34 @@ def test_kcoord_pipeline_command_exits_non_zero_on_corruption(committed_log: Com
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stderr
     assert f"CORRUPT: {segment} at byte {position}" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_ends_the_command_with_one_line_and_no_output(committed_log: CommittedLog, tmp_path: Path) -> None:
+    """Ctrl-C at a terminal signals the whole process group (Python and Spark's JVM) while the job runs:
+    exit 130, one line saying so, no py4j tracebacks (PySpark's own handler re-entered the py4j call the
+    job was blocked in: ~100 lines), and nothing put in place."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "pipeline", "snapshot", "--data-dir",
+                             str(committed_log.data_dir), "--out", str(out), "--master", "local[1]"],
+                            cwd=REPO, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        lines: list[str] = []
+        for line in proc.stderr:  # the job's first line comes once Spark is up and the files are listed
+            lines.append(line)
+            if line.startswith("kcoord pipeline: snapshot of "):
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        rest = proc.stderr.read()
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stderr = "".join(lines) + rest
+    assert code == 130, stderr
+    assert f"kcoord pipeline snapshot: interrupted; {out} was not put in place" in stderr
+    assert "Traceback" not in stderr and "py4j" not in stderr, stderr
+    assert not out.exists()
 
 
 def test_a_kafka_written_log_with_transactions_reads_as_kcoord_serves_it(spark: Any, tmp_path: Path) -> None:
