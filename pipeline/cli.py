@@ -181,7 +181,8 @@ def _hold_inputs(args: argparse.Namespace, err: TextIO) -> list[int]:
     and removes segments under a reader, and one cannot start meanwhile), and their journals checked: a
     journal that holds batches (a crash's, or a copy's of a running directory) means the logs may lack
     acknowledged commits and hold ones never acknowledged, which kcoord's next start resolves; the job
-    reads them as they are only with ``--ignore-journal``. URIs are read as given."""
+    reads them as they are only with ``--ignore-journal``. A ``file:///`` URI is a local directory like
+    any other; other URIs are read as given."""
     from pipeline.layout import data_dir_of, is_uri
     from storage.dirlock import DirectoryInUse, share_directory
     from storage.journal import left_over_note
@@ -189,9 +190,10 @@ def _hold_inputs(args: argparse.Namespace, err: TextIO) -> list[int]:
     holds: list[int] = []
     try:
         for given in getattr(args, "data_dir", None) or []:
-            if is_uri(given):
+            local = given.removeprefix("file://")
+            if is_uri(local) or (local != given and not local.startswith("/")):  # file://host/... is not ours
                 continue
-            data_dir = data_dir_of(Path(given))
+            data_dir = data_dir_of(Path(local))
             try:
                 fd = share_directory(data_dir)
             except DirectoryInUse as exc:

@@ -111,12 +111,14 @@ def test_a_data_directory_whose_journal_holds_batches_is_refused_unless_told(spa
 def test_a_data_directory_a_running_kcoord_serves_is_refused(spark: Any, tmp_path: Path) -> None:
     """A running kcoord rewrites and removes segments under a reader (a campaign's snapshot died in a
     Spark worker with ~275 lines of traceback while the cleaner ran; a reshard wrote a stale copy):
-    the jobs refuse its directory, naming the process, and hold the lock while they read."""
+    the jobs refuse its directory, also named as a ``file://`` URI, naming the process, and hold the
+    lock while they read."""
     server = KcoordProcess(tmp_path / "data").start()
     try:
-        code, err = job(spark, "snapshot", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out"))
-        assert code == 2 and not (tmp_path / "out").exists()
-        assert f"{tmp_path / 'data'} is in use by a running kcoord (pid {server.proc.pid})" in err, err  # type: ignore[union-attr]
+        for given in (str(tmp_path / "data"), f"file://{tmp_path / 'data'}"):
+            code, err = job(spark, "snapshot", "--data-dir", given, "--out", str(tmp_path / "out"))
+            assert code == 2 and not (tmp_path / "out").exists()
+            assert f"{tmp_path / 'data'} is in use by a running kcoord (pid {server.proc.pid})" in err, err  # type: ignore[union-attr]
         assert server.stop() == 0
     finally:
         if server.proc is not None and server.proc.poll() is None:
