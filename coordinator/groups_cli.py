@@ -5,14 +5,19 @@ Kafka broker), through kafka-python's admin client.
     kcoord groups describe GROUP          state, protocol, members and their assigned partitions
     kcoord groups offsets GROUP           committed offsets with metadata
     kcoord groups delete GROUP
-    kcoord groups reset-offsets GROUP --topic T [--partitions 0,1] --to-offset N
+    kcoord groups reset-offsets GROUP --topic T [--partitions 0,1] [--dry-run]
+                  (--to-offset N | --shift-by N | --to-earliest | --to-latest | --to-datetime ISO-8601)
     kcoord groups delete-offsets GROUP --topic T [--partitions 0,1]
 
 Exit codes: 0 done, 1 refused or failed (the reason is printed), 2 bad usage. ``reset-offsets`` is
-refused while the group has members, as Kafka's kafka-consumer-groups tool refuses it.
+refused while the group has members, as Kafka's kafka-consumer-groups tool refuses it. Its targets
+other than ``--to-offset`` and ``--shift-by`` are looked up in the topic's log with ListOffsets, so
+they need the cluster's brokers (kcoord in gateway mode, or a Kafka broker); ``--shift-by`` is
+clamped to the log's range when the cluster knows the topic (at 0 otherwise), as Kafka's tool clamps.
 """
 
 import argparse
+import datetime
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -40,7 +45,14 @@ def add_groups_parser(sub: Any) -> argparse.ArgumentParser:
     reset.add_argument("group")
     reset.add_argument("--topic", required=True)
     reset.add_argument("--partitions", type=_partitions, help="comma-separated (default: those with an offset)")
-    reset.add_argument("--to-offset", type=int, required=True)
+    target = reset.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-offset", type=int, help="this offset")
+    target.add_argument("--shift-by", type=int, help="the committed offset plus N (N may be negative)")
+    target.add_argument("--to-earliest", action="store_true", help="the log's first offset")
+    target.add_argument("--to-latest", action="store_true", help="the log's end (past its last record)")
+    target.add_argument("--to-datetime", type=_epoch_ms, metavar="ISO-8601",
+                        help="the first record at or after this time (UTC unless it gives its zone, e.g. +01:00)")
+    reset.add_argument("--dry-run", action="store_true", help="print the new offsets, change nothing")
     delete = actions.add_parser("delete-offsets", help="delete a topic's committed offsets")
     delete.add_argument("group")
     delete.add_argument("--topic", required=True)
@@ -53,6 +65,16 @@ def _partitions(value: str) -> list[int]:
         return sorted({int(p) for p in value.split(",") if p.strip()})
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of partitions") from None
+
+
+def _epoch_ms(value: str) -> int:
+    try:
+        when = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an ISO-8601 time (e.g. 2026-11-28T10:00:00)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp() * 1000)
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
@@ -177,13 +199,67 @@ def _reset(admin: Any, args: argparse.Namespace) -> Result:
         raise GroupsError(f"{args.group} is {state}: offsets can only be reset while the group has no members "
                           "(stop its consumers first)")
     partitions = _chosen(admin, args)
-    # per partition, not raised: a consumer joining since the check above gets UNKNOWN_MEMBER_ID, a topic name
-    # no topic can have UNKNOWN_TOPIC_OR_PARTITION (the table was printed, exit 0, nothing stored)
-    _raise_refusals(args, admin.alter_group_offsets(
-        args.group, {TopicPartition(args.topic, p): OffsetAndMetadata(args.to_offset, "", -1) for p in partitions}))
-    data = [{"topic": args.topic, "partition": p, "offset": args.to_offset} for p in partitions]
-    return Result(data, ["GROUP", "TOPIC", "PARTITION", "NEW OFFSET"],
-                  [[args.group, args.topic, p, args.to_offset] for p in partitions])
+    current = {p: om.offset for (t, p), om in _offsets(admin, args.group).items() if t == args.topic}
+    new = _targets(admin, args, partitions, current)
+    if not args.dry_run:
+        # per partition, not raised: a consumer joining since the check above gets UNKNOWN_MEMBER_ID, a topic
+        # name no topic can have UNKNOWN_TOPIC_OR_PARTITION (the table was printed, exit 0, nothing stored)
+        _raise_refusals(args, admin.alter_group_offsets(
+            args.group, {TopicPartition(args.topic, p): OffsetAndMetadata(new[p], "", -1) for p in partitions}))
+    data = [{"topic": args.topic, "partition": p, "previous": current.get(p), "offset": new[p]} for p in partitions]
+    if args.dry_run:
+        print(f"kcoord groups reset-offsets: dry run, {args.group}'s offsets are unchanged", file=sys.stderr)
+    return Result(data, ["GROUP", "TOPIC", "PARTITION", "PREVIOUS OFFSET", "NEW OFFSET"],
+                  [[args.group, args.topic, p, "-" if current.get(p) is None else current[p], new[p]]
+                   for p in partitions])
+
+
+def _targets(admin: Any, args: argparse.Namespace, partitions: list[int], current: dict[int, int]) -> dict[int, int]:
+    """The new offset of each partition, as kafka-consumer-groups computes it: ``--to-datetime`` past
+    the last record is the log's end, and ``--shift-by`` stays within the log."""
+    from kafka.admin import OffsetSpec
+
+    if args.to_offset is not None:
+        return {p: args.to_offset for p in partitions}
+    if args.shift_by is not None:
+        missing = [p for p in partitions if p not in current]
+        if missing:
+            raise GroupsError(f"{args.group} has no committed offset to shift for "
+                              + ", ".join(f"{args.topic}-{p}" for p in missing))
+        shifted = {p: max(0, current[p] + args.shift_by) for p in partitions}
+        earliest = _log_offsets(admin, args, partitions, OffsetSpec.EARLIEST, required=False)
+        latest = _log_offsets(admin, args, partitions, OffsetSpec.LATEST, required=False)
+        if earliest is None or latest is None:  # a standalone kcoord: no log to stay within
+            return shifted
+        return {p: min(max(shifted[p], earliest[p]), latest[p]) for p in partitions}
+    if args.to_datetime is not None:
+        found = _log_offsets(admin, args, partitions, args.to_datetime)
+        assert found is not None
+        latest = _log_offsets(admin, args, partitions, OffsetSpec.LATEST)
+        assert latest is not None
+        return {p: found[p] if found[p] >= 0 else latest[p] for p in partitions}
+    found = _log_offsets(admin, args, partitions, OffsetSpec.EARLIEST if args.to_earliest else OffsetSpec.LATEST)
+    assert found is not None
+    return found
+
+
+def _log_offsets(admin: Any, args: argparse.Namespace, partitions: list[int], spec: Any,
+                 required: bool = True) -> dict[int, int] | None:
+    """ListOffsets for the topic's partitions, from their leaders; None (when not ``required``) if the
+    cluster does not know the topic, as a standalone kcoord, which hosts no topics, does not."""
+    from kafka.errors import UnknownTopicOrPartitionError
+    from kafka.structs import TopicPartition
+
+    try:
+        found = admin.list_partition_offsets({TopicPartition(args.topic, p): spec for p in partitions})
+    except UnknownTopicOrPartitionError:
+        if not required:
+            return None
+        raise GroupsError(f"{args.bootstrap} knows no topic {args.topic} with partitions "
+                          f"{','.join(map(str, partitions))}: --to-earliest, --to-latest and --to-datetime read "
+                          "the topic's log from the cluster's brokers (kcoord in gateway mode, or a Kafka "
+                          "broker); a standalone kcoord hosts no topics") from None
+    return {tp.partition: found_at.offset for tp, found_at in found.items()}
 
 
 def _delete_offsets(admin: Any, args: argparse.Namespace) -> Result:

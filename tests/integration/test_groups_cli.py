@@ -63,9 +63,27 @@ def test_reset_offsets_is_refused_while_the_group_has_members(server: KcoordProc
     refused = groups(server, "reset-offsets", "live", "--topic", "events", "--partitions", "0", "--to-offset", "0")
     assert refused.returncode == 1 and "only be reset while the group has no members" in refused.stderr
     done = parsed(groups(server, "reset-offsets", "quiet", "--topic", "t", "--to-offset", "100"))
-    assert done == [{"topic": "t", "partition": 0, "offset": 100}, {"topic": "t", "partition": 1, "offset": 100}]
-    offsets = {(o["topic"], o["partition"]): o["offset"] for o in parsed(groups(server, "offsets", "quiet"))}
-    assert offsets == {("t", 0): 100, ("t", 1): 100, ("u", 0): 7}
+    assert done == [{"topic": "t", "partition": 0, "previous": 5, "offset": 100},
+                    {"topic": "t", "partition": 1, "previous": 6, "offset": 100}]
+
+    def offsets() -> dict[tuple[str, int], int]:
+        return {(o["topic"], o["partition"]): o["offset"] for o in parsed(groups(server, "offsets", "quiet"))}
+
+    assert offsets() == {("t", 0): 100, ("t", 1): 100, ("u", 0): 7}
+    # --shift-by moves the committed offsets; standalone, with no log to stay within, only not below 0
+    dry = parsed(groups(server, "reset-offsets", "quiet", "--topic", "u", "--shift-by", "-10", "--dry-run"))
+    assert dry == [{"topic": "u", "partition": 0, "previous": 7, "offset": 0}]
+    assert offsets() == {("t", 0): 100, ("t", 1): 100, ("u", 0): 7}
+    shifted = parsed(groups(server, "reset-offsets", "quiet", "--topic", "t", "--partitions", "1", "--shift-by", "-4"))
+    assert shifted == [{"topic": "t", "partition": 1, "previous": 100, "offset": 96}]
+    assert offsets() == {("t", 0): 100, ("t", 1): 96, ("u", 0): 7}
+    # the log's ends and times need the cluster's brokers (gateway mode: tests/gateway/test_reset_offsets.py)
+    for target in (["--to-earliest"], ["--to-latest"], ["--to-datetime", "2026-11-28T10:00:00"]):
+        result = groups(server, "reset-offsets", "quiet", "--topic", "t", *target)
+        assert result.returncode == 1 and "a standalone kcoord hosts no topics" in result.stderr, result.stderr
+    no_offset = groups(server, "reset-offsets", "quiet", "--topic", "t", "--partitions", "0,3", "--shift-by", "1")
+    assert no_offset.returncode == 1 and "no committed offset to shift for t-3" in no_offset.stderr
+    assert offsets() == {("t", 0): 100, ("t", 1): 96, ("u", 0): 7}
     # a partition the coordinator refuses (no topic can have this name) fails the command: it used to
     # print the new offset and exit 0 with nothing stored (helper-63's find)
     bad = groups(server, "reset-offsets", "quiet", "--topic", "bad topic", "--partitions", "0", "--to-offset", "42")
