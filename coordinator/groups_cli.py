@@ -3,7 +3,7 @@ Kafka broker), through kafka-python's admin client.
 
     kcoord groups [--bootstrap H:P] [--json] list
     kcoord groups describe GROUP          state, protocol, members and their assigned partitions
-    kcoord groups offsets GROUP           committed offsets with metadata
+    kcoord groups offsets GROUP           committed offsets with metadata, log end offsets and lag
     kcoord groups delete GROUP
     kcoord groups reset-offsets GROUP --topic T [--partitions 0,1] [--dry-run]
                   (--to-offset N | --shift-by N | --to-earliest | --to-latest | --to-datetime ISO-8601)
@@ -39,7 +39,8 @@ def add_groups_parser(sub: Any) -> argparse.ArgumentParser:
     actions = parser.add_subparsers(dest="action", required=True)
     actions.add_parser("list", help="every group with its state and protocol type")
     for name, what in (("describe", "state, protocol, members and their partitions"),
-                       ("offsets", "committed offsets with metadata"), ("delete", "delete an empty group")):
+                       ("offsets", "committed offsets with metadata, log end offsets and lag"),
+                       ("delete", "delete an empty group")):
         actions.add_parser(name, help=what).add_argument("group")
     reset = actions.add_parser("reset-offsets", help="set committed offsets (the group must have no members)")
     reset.add_argument("group")
@@ -169,10 +170,41 @@ def _offsets(admin: Any, group: str) -> dict[tuple[str, int], Any]:
 
 def _offsets_action(admin: Any, args: argparse.Namespace) -> Result:
     offsets = _offsets(admin, args.group)
-    data = [{"topic": t, "partition": p, "offset": om.offset, "metadata": om.metadata}
-            for (t, p), om in offsets.items()]
-    return Result(data, ["GROUP", "TOPIC", "PARTITION", "OFFSET", "METADATA"],
-                  [[args.group, d["topic"], d["partition"], d["offset"], d["metadata"] or ""] for d in data])
+    ends = _log_ends(admin, args, offsets)
+    data = []
+    for (t, p), om in offsets.items():
+        end = ends.get((t, p))
+        lag = end - om.offset if end is not None and om.offset >= 0 else None
+        data.append({"topic": t, "partition": p, "offset": om.offset, "metadata": om.metadata,
+                     "log_end_offset": end, "lag": lag})
+    return Result(data, ["GROUP", "TOPIC", "PARTITION", "OFFSET", "LOG-END-OFFSET", "LAG", "METADATA"],
+                  [[args.group, d["topic"], d["partition"], d["offset"], _or_dash(d["log_end_offset"]),
+                    _or_dash(d["lag"]), d["metadata"] or ""] for d in data])
+
+
+def _log_ends(admin: Any, args: argparse.Namespace, offsets: dict[tuple[str, int], Any]) -> dict[tuple[str, int], int]:
+    """Each partition's log end, for the lag, as kafka-consumer-groups shows it; none for a topic the
+    cluster does not know (a standalone kcoord knows none) or cannot say (one line on stderr)."""
+    from kafka.admin import OffsetSpec
+    from kafka.errors import KafkaError
+
+    by_topic: dict[str, list[int]] = {}
+    for t, p in offsets:
+        by_topic.setdefault(t, []).append(p)
+    ends: dict[tuple[str, int], int] = {}
+    for topic, partitions in by_topic.items():
+        try:
+            found = _log_offsets(admin, args.bootstrap, topic, partitions, OffsetSpec.LATEST, required=False)
+        except KafkaError as exc:
+            print(f"kcoord groups offsets: no log end offsets for {topic}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            continue
+        ends.update({(topic, p): end for p, end in (found or {}).items()})
+    return ends
+
+
+def _or_dash(value: int | None) -> str | int:
+    return "-" if value is None else value
 
 
 def _delete(admin: Any, args: argparse.Namespace) -> Result:
@@ -219,6 +251,9 @@ def _targets(admin: Any, args: argparse.Namespace, partitions: list[int], curren
     the last record is the log's end, and ``--shift-by`` stays within the log."""
     from kafka.admin import OffsetSpec
 
+    def lookup(spec: Any, required: bool = True) -> dict[int, int] | None:
+        return _log_offsets(admin, args.bootstrap, args.topic, partitions, spec, required)
+
     if args.to_offset is not None:
         return {p: args.to_offset for p in partitions}
     if args.shift_by is not None:
@@ -227,23 +262,20 @@ def _targets(admin: Any, args: argparse.Namespace, partitions: list[int], curren
             raise GroupsError(f"{args.group} has no committed offset to shift for "
                               + ", ".join(f"{args.topic}-{p}" for p in missing))
         shifted = {p: max(0, current[p] + args.shift_by) for p in partitions}
-        earliest = _log_offsets(admin, args, partitions, OffsetSpec.EARLIEST, required=False)
-        latest = _log_offsets(admin, args, partitions, OffsetSpec.LATEST, required=False)
+        earliest, latest = lookup(OffsetSpec.EARLIEST, False), lookup(OffsetSpec.LATEST, False)
         if earliest is None or latest is None:  # a standalone kcoord: no log to stay within
             return shifted
         return {p: min(max(shifted[p], earliest[p]), latest[p]) for p in partitions}
     if args.to_datetime is not None:
-        found = _log_offsets(admin, args, partitions, args.to_datetime)
-        assert found is not None
-        latest = _log_offsets(admin, args, partitions, OffsetSpec.LATEST)
-        assert latest is not None
+        found, latest = lookup(args.to_datetime), lookup(OffsetSpec.LATEST)
+        assert found is not None and latest is not None
         return {p: found[p] if found[p] >= 0 else latest[p] for p in partitions}
-    found = _log_offsets(admin, args, partitions, OffsetSpec.EARLIEST if args.to_earliest else OffsetSpec.LATEST)
+    found = lookup(OffsetSpec.EARLIEST if args.to_earliest else OffsetSpec.LATEST)
     assert found is not None
     return found
 
 
-def _log_offsets(admin: Any, args: argparse.Namespace, partitions: list[int], spec: Any,
+def _log_offsets(admin: Any, bootstrap: str, topic: str, partitions: list[int], spec: Any,
                  required: bool = True) -> dict[int, int] | None:
     """ListOffsets for the topic's partitions, from their leaders; None (when not ``required``) if the
     cluster does not know the topic, as a standalone kcoord, which hosts no topics, does not."""
@@ -251,11 +283,11 @@ def _log_offsets(admin: Any, args: argparse.Namespace, partitions: list[int], sp
     from kafka.structs import TopicPartition
 
     try:
-        found = admin.list_partition_offsets({TopicPartition(args.topic, p): spec for p in partitions})
+        found = admin.list_partition_offsets({TopicPartition(topic, p): spec for p in partitions})
     except UnknownTopicOrPartitionError:
         if not required:
             return None
-        raise GroupsError(f"{args.bootstrap} knows no topic {args.topic} with partitions "
+        raise GroupsError(f"{bootstrap} knows no topic {topic} with partitions "
                           f"{','.join(map(str, partitions))}: --to-earliest, --to-latest and --to-datetime read "
                           "the topic's log from the cluster's brokers (kcoord in gateway mode, or a Kafka "
                           "broker); a standalone kcoord hosts no topics") from None

@@ -1,6 +1,6 @@
-"""``kcoord groups reset-offsets`` targets that read the topic's log (ListOffsets), through kcoord in
-gateway mode in front of the librdkafka mock cluster: the real CLI in a subprocess, the data produced
-by a stock producer through kcoord, the offsets stored in kcoord."""
+"""``kcoord groups reset-offsets`` targets that read the topic's log (ListOffsets), and the lag
+``offsets`` shows, through kcoord in gateway mode in front of the librdkafka mock cluster: the real CLI
+in a subprocess, the data produced by a stock producer through kcoord, the offsets stored in kcoord."""
 
 import json
 import subprocess
@@ -51,6 +51,12 @@ def test_reset_to_the_log_s_ends_and_shift_within_it(tmp_path: Path) -> None:
         assert reset(kcoord, "--shift-by", "-3") == {(0, 10): 7, (1, 0): 0}  # not below the log's start
         assert reset(kcoord, "--shift-by", "5") == {(0, 7): 10, (1, 0): 4}  # nor past its end
         assert committed() == {0: 10, 1: 4}
+        admin.alter_group_offsets("r", {TopicPartition("resets", 1): OffsetAndMetadata(1, "", -1)})
+        lags = subprocess.run([sys.executable, "-m", "coordinator.cli", "groups", "--bootstrap", kcoord.bootstrap,
+                               "--json", "offsets", "r"], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert lags.returncode == 0, lags.stderr
+        assert [(r["partition"], r["offset"], r["log_end_offset"], r["lag"]) for r in json.loads(lags.stdout)] == [
+            (0, 10, 10, 0), (1, 1, 4, 3)]
         # The mock keeps no time index (it answers -1 for any time), which is a time past the last
         # record: the log's end, as Kafka's tool resolves it.
         admin.alter_group_offsets("r", {TopicPartition("resets", 0): OffsetAndMetadata(1, "", -1)})

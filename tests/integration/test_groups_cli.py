@@ -47,11 +47,15 @@ def test_list_describe_and_offsets(server: KcoordProcess, live_group: list[Membe
     described = parsed(groups(server, "describe", "live"))
     assert (described["state"], described["protocol"]) == ("Stable", "fixed")
     assert sorted(p for m in described["members"] for p in m["partitions"]) == [f"events-{p}" for p in range(4)]
+    no_log = {"log_end_offset": None, "lag": None}  # standalone: no topic's log to measure the lag against
     assert parsed(groups(server, "offsets", "quiet")) == [
-        {"topic": "t", "partition": 0, "offset": 5, "metadata": ""},
-        {"topic": "t", "partition": 1, "offset": 6, "metadata": ""},
-        {"topic": "u", "partition": 0, "offset": 7, "metadata": ""},
+        {"topic": "t", "partition": 0, "offset": 5, "metadata": "", **no_log},
+        {"topic": "t", "partition": 1, "offset": 6, "metadata": "", **no_log},
+        {"topic": "u", "partition": 0, "offset": 7, "metadata": "", **no_log},
     ]
+    header, *rows = groups(server, "offsets", "quiet", json_out=False).stdout.splitlines()
+    assert header.split() == ["GROUP", "TOPIC", "PARTITION", "OFFSET", "LOG-END-OFFSET", "LAG", "METADATA"]
+    assert rows[0].split() == ["quiet", "t", "0", "5", "-", "-"]
     table = groups(server, "describe", "live", json_out=False)
     assert table.returncode == 0
     header, *rows = table.stdout.splitlines()
@@ -129,9 +133,9 @@ def test_against_a_kafka_compatible_broker(tansu: TansuProcess) -> None:
                                              TopicPartition("t", 1): OffsetAndMetadata(6, "", -1)})
     admin.close()
     assert "elsewhere" in [g["group"] for g in parsed(groups(tansu, "list"))]
-    assert parsed(groups(tansu, "offsets", "elsewhere")) == [
-        {"topic": "t", "partition": 0, "offset": 5, "metadata": None},
-        {"topic": "t", "partition": 1, "offset": 6, "metadata": None}]  # Tansu answers null
+    assert parsed(groups(tansu, "offsets", "elsewhere")) == [  # Tansu answers null metadata; "t" is empty
+        {"topic": "t", "partition": 0, "offset": 5, "metadata": None, "log_end_offset": 0, "lag": -5},
+        {"topic": "t", "partition": 1, "offset": 6, "metadata": None, "log_end_offset": 0, "lag": -6}]
     # Whatever a broker lacks or answers oddly ends as one clear line and exit 1, never a traceback.
     for action in (["describe", "elsewhere"], ["delete-offsets", "elsewhere", "--topic", "t"]):
         result = groups(tansu, *action)
