@@ -12,8 +12,8 @@ Kafka broker), through kafka-python's admin client.
 Exit codes: 0 done, 1 refused or failed (the reason is printed), 2 bad usage. ``reset-offsets`` is
 refused while the group has members, as Kafka's kafka-consumer-groups tool refuses it. Its targets
 other than ``--to-offset`` and ``--shift-by`` are looked up in the topic's log with ListOffsets, so
-they need the cluster's brokers (kcoord in gateway mode, or a Kafka broker); ``--shift-by`` is
-clamped to the log's range when the cluster knows the topic (at 0 otherwise), as Kafka's tool clamps.
+they need the cluster's brokers (kcoord in gateway mode, or a Kafka broker); those two are clamped
+to the log's range when the cluster knows the topic, as Kafka's tool clamps them.
 """
 
 import argparse
@@ -248,24 +248,25 @@ def _reset(admin: Any, args: argparse.Namespace) -> Result:
 
 def _targets(admin: Any, args: argparse.Namespace, partitions: list[int], current: dict[int, int]) -> dict[int, int]:
     """The new offset of each partition, as kafka-consumer-groups computes it: ``--to-datetime`` past
-    the last record is the log's end, and ``--shift-by`` stays within the log."""
+    the last record is the log's end, and ``--to-offset`` and ``--shift-by`` stay within the log."""
     from kafka.admin import OffsetSpec
 
     def lookup(spec: Any, required: bool = True) -> dict[int, int] | None:
         return _log_offsets(admin, args.bootstrap, args.topic, partitions, spec, required)
 
-    if args.to_offset is not None:
-        return {p: args.to_offset for p in partitions}
-    if args.shift_by is not None:
-        missing = [p for p in partitions if p not in current]
-        if missing:
-            raise GroupsError(f"{args.group} has no committed offset to shift for "
-                              + ", ".join(f"{args.topic}-{p}" for p in missing))
-        shifted = {p: max(0, current[p] + args.shift_by) for p in partitions}
+    if args.to_offset is not None or args.shift_by is not None:
+        if args.to_offset is not None:
+            chosen = {p: args.to_offset for p in partitions}
+        else:
+            missing = [p for p in partitions if p not in current]
+            if missing:
+                raise GroupsError(f"{args.group} has no committed offset to shift for "
+                                  + ", ".join(f"{args.topic}-{p}" for p in missing))
+            chosen = {p: max(0, current[p] + args.shift_by) for p in partitions}
         earliest, latest = lookup(OffsetSpec.EARLIEST, False), lookup(OffsetSpec.LATEST, False)
         if earliest is None or latest is None:  # a standalone kcoord: no log to stay within
-            return shifted
-        return {p: min(max(shifted[p], earliest[p]), latest[p]) for p in partitions}
+            return chosen
+        return {p: min(max(chosen[p], earliest[p]), latest[p]) for p in partitions}
     if args.to_datetime is not None:
         found, latest = lookup(args.to_datetime), lookup(OffsetSpec.LATEST)
         assert found is not None and latest is not None

@@ -51,7 +51,9 @@ def test_reset_to_the_log_s_ends_and_shift_within_it(tmp_path: Path) -> None:
         assert reset(kcoord, "--shift-by", "-3") == {(0, 10): 7, (1, 0): 0}  # not below the log's start
         assert reset(kcoord, "--shift-by", "5") == {(0, 7): 10, (1, 0): 4}  # nor past its end
         assert committed() == {0: 10, 1: 4}
-        admin.alter_group_offsets("r", {TopicPartition("resets", 1): OffsetAndMetadata(1, "", -1)})
+        assert reset(kcoord, "--to-offset", "7") == {(0, 10): 7, (1, 4): 4}  # --to-offset too
+        admin.alter_group_offsets("r", {TopicPartition("resets", 0): OffsetAndMetadata(10, "", -1),
+                                        TopicPartition("resets", 1): OffsetAndMetadata(1, "", -1)})
         lags = subprocess.run([sys.executable, "-m", "coordinator.cli", "groups", "--bootstrap", kcoord.bootstrap,
                                "--json", "offsets", "r"], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert lags.returncode == 0, lags.stderr
