@@ -47,7 +47,7 @@ def add_groups_parser(sub: Any) -> argparse.ArgumentParser:
     reset.add_argument("--topic", required=True)
     reset.add_argument("--partitions", type=_partitions, help="comma-separated (default: those with an offset)")
     target = reset.add_mutually_exclusive_group(required=True)
-    target.add_argument("--to-offset", type=int, help="this offset")
+    target.add_argument("--to-offset", type=_offset, help="this offset")
     target.add_argument("--shift-by", type=int, help="the committed offset plus N (N may be negative)")
     target.add_argument("--to-earliest", action="store_true", help="the log's first offset")
     target.add_argument("--to-latest", action="store_true", help="the log's end (past its last record)")
@@ -66,6 +66,16 @@ def _partitions(value: str) -> list[int]:
         return sorted({int(p) for p in value.split(",") if p.strip()})
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of partitions") from None
+
+
+def _offset(value: str) -> int:
+    try:
+        offset = int(value)
+    except ValueError:
+        offset = -1
+    if offset < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an offset (an integer, 0 or more)")
+    return offset
 
 
 def _epoch_ms(value: str) -> int:

@@ -85,6 +85,8 @@ def test_reset_offsets_is_refused_while_the_group_has_members(server: KcoordProc
     for target in (["--to-earliest"], ["--to-latest"], ["--to-datetime", "2026-11-28T10:00:00"]):
         result = groups(server, "reset-offsets", "quiet", "--topic", "t", *target)
         assert result.returncode == 1 and "a standalone kcoord hosts no topics" in result.stderr, result.stderr
+    negative = groups(server, "reset-offsets", "quiet", "--topic", "t", "--to-offset=-5")
+    assert negative.returncode == 2 and "'-5' is not an offset" in negative.stderr
     no_offset = groups(server, "reset-offsets", "quiet", "--topic", "t", "--partitions", "0,3", "--shift-by", "1")
     assert no_offset.returncode == 1 and "no committed offset to shift for t-3" in no_offset.stderr
     assert offsets() == {("t", 0): 100, ("t", 1): 96, ("u", 0): 7}
