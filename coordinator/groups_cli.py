@@ -48,7 +48,7 @@ def add_groups_parser(sub: Any) -> argparse.ArgumentParser:
     reset.add_argument("--partitions", type=_partitions, help="comma-separated (default: those with an offset)")
     target = reset.add_mutually_exclusive_group(required=True)
     target.add_argument("--to-offset", type=_offset, help="this offset")
-    target.add_argument("--shift-by", type=int, help="the committed offset plus N (N may be negative)")
+    target.add_argument("--shift-by", type=_shift, help="the committed offset plus N (N may be negative)")
     target.add_argument("--to-earliest", action="store_true", help="the log's first offset")
     target.add_argument("--to-latest", action="store_true", help="the log's end (past its last record)")
     target.add_argument("--to-datetime", type=_epoch_ms, metavar="ISO-8601",
@@ -68,14 +68,27 @@ def _partitions(value: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of partitions") from None
 
 
+MAX_OFFSET = 2**63 - 1  # offsets are int64 on the wire
+
+
 def _offset(value: str) -> int:
     try:
         offset = int(value)
     except ValueError:
         offset = -1
-    if offset < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an offset (an integer, 0 or more)")
+    if not 0 <= offset <= MAX_OFFSET:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an offset (an integer from 0 to {MAX_OFFSET})")
     return offset
+
+
+def _shift(value: str) -> int:
+    try:
+        shift = int(value)
+    except ValueError:
+        shift = MAX_OFFSET + 1
+    if abs(shift) > MAX_OFFSET:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a shift (an integer from -{MAX_OFFSET} to {MAX_OFFSET})")
+    return shift
 
 
 def _epoch_ms(value: str) -> int:
@@ -85,7 +98,10 @@ def _epoch_ms(value: str) -> int:
         raise argparse.ArgumentTypeError(f"{value!r} is not an ISO-8601 time (e.g. 2026-11-28T10:00:00)") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.UTC)
-    return int(when.timestamp() * 1000)
+    ms = int(when.timestamp() * 1000)
+    if ms < 0:  # ListOffsets takes -1 and -2 for latest and earliest, and no other time before 1970
+        raise argparse.ArgumentTypeError(f"{value!r} is before 1970: no record has such a time")
+    return ms
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
@@ -258,11 +274,17 @@ def _reset(admin: Any, args: argparse.Namespace) -> Result:
 
 def _targets(admin: Any, args: argparse.Namespace, partitions: list[int], current: dict[int, int]) -> dict[int, int]:
     """The new offset of each partition, as kafka-consumer-groups computes it: ``--to-datetime`` past
-    the last record is the log's end, and ``--to-offset`` and ``--shift-by`` stay within the log."""
+    the last record is the log's end, and ``--to-offset`` and ``--shift-by`` stay within the log (a
+    line on stderr says where one was moved)."""
     from kafka.admin import OffsetSpec
 
     def lookup(spec: Any, required: bool = True) -> dict[int, int] | None:
-        return _log_offsets(admin, args.bootstrap, args.topic, partitions, spec, required)
+        found = _log_offsets(admin, args.bootstrap, args.topic, partitions, spec, required)
+        lacking = [p for p in partitions if found is not None and p not in found]
+        if lacking:
+            raise GroupsError(f"topic {args.topic} has no partition " + ", ".join(map(str, lacking))
+                              + f" at {args.bootstrap}")
+        return found
 
     if args.to_offset is not None or args.shift_by is not None:
         if args.to_offset is not None:
@@ -272,11 +294,17 @@ def _targets(admin: Any, args: argparse.Namespace, partitions: list[int], curren
             if missing:
                 raise GroupsError(f"{args.group} has no committed offset to shift for "
                                   + ", ".join(f"{args.topic}-{p}" for p in missing))
-            chosen = {p: max(0, current[p] + args.shift_by) for p in partitions}
+            chosen = {p: min(MAX_OFFSET, max(0, current[p] + args.shift_by)) for p in partitions}
         earliest, latest = lookup(OffsetSpec.EARLIEST, False), lookup(OffsetSpec.LATEST, False)
         if earliest is None or latest is None:  # a standalone kcoord: no log to stay within
             return chosen
-        return {p: min(max(chosen[p], earliest[p]), latest[p]) for p in partitions}
+        kept = {p: min(max(chosen[p], earliest[p]), latest[p]) for p in partitions}
+        for p in partitions:
+            if kept[p] != chosen[p]:
+                where = "before the log's start" if chosen[p] < earliest[p] else "past the log's end"
+                print(f"kcoord groups reset-offsets: {args.topic}-{p}: {chosen[p]} is {where} ({kept[p]}): "
+                      f"{kept[p]} instead", file=sys.stderr)
+        return kept
     if args.to_datetime is not None:
         found, latest = lookup(args.to_datetime), lookup(OffsetSpec.LATEST)
         assert found is not None and latest is not None
@@ -288,19 +316,24 @@ def _targets(admin: Any, args: argparse.Namespace, partitions: list[int], curren
 
 def _log_offsets(admin: Any, bootstrap: str, topic: str, partitions: list[int], spec: Any,
                  required: bool = True) -> dict[int, int] | None:
-    """ListOffsets for the topic's partitions, from their leaders; None (when not ``required``) if the
-    cluster does not know the topic, as a standalone kcoord, which hosts no topics, does not."""
+    """ListOffsets for those of the topic's partitions the cluster has (the others are left out), from
+    their leaders; None (when not ``required``) if the cluster does not know the topic, as a standalone
+    kcoord, which hosts no topics, does not."""
     from kafka.errors import UnknownTopicOrPartitionError
     from kafka.structs import TopicPartition
 
+    [described] = admin.describe_topics([topic])
+    known = None if described.get("error_code") else {p.get("partition_index") for p in described["partitions"]}
     try:
-        found = admin.list_partition_offsets({TopicPartition(topic, p): spec for p in partitions})
+        if known is None:
+            raise UnknownTopicOrPartitionError(topic)
+        asked = [p for p in partitions if p in known]
+        found = admin.list_partition_offsets({TopicPartition(topic, p): spec for p in asked}) if asked else {}
     except UnknownTopicOrPartitionError:
         if not required:
             return None
-        raise GroupsError(f"{bootstrap} knows no topic {topic} with partitions "
-                          f"{','.join(map(str, partitions))}: --to-earliest, --to-latest and --to-datetime read "
-                          "the topic's log from the cluster's brokers (kcoord in gateway mode, or a Kafka "
+        raise GroupsError(f"{bootstrap} knows no topic {topic}: --to-earliest, --to-latest and --to-datetime "
+                          "read the topic's log from the cluster's brokers (kcoord in gateway mode, or a Kafka "
                           "broker); a standalone kcoord hosts no topics") from None
     return {tp.partition: found_at.offset for tp, found_at in found.items()}
 

@@ -17,10 +17,13 @@ from tests.gateway.mock_cluster import MockCluster
 from tests.kcoord_process import REPO, KcoordProcess
 
 
+def groups(kcoord: KcoordProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "coordinator.cli", "groups", "--bootstrap", kcoord.bootstrap,
+                           "--json", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
 def reset(kcoord: KcoordProcess, *args: str) -> Any:
-    result = subprocess.run([sys.executable, "-m", "coordinator.cli", "groups", "--bootstrap", kcoord.bootstrap,
-                             "--json", "reset-offsets", "r", "--topic", "resets", *args],
-                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    result = groups(kcoord, "reset-offsets", "r", "--topic", "resets", *args)
     assert result.returncode == 0, result.stderr
     return {(row["partition"], row["previous"]): row["offset"] for row in json.loads(result.stdout)}
 
@@ -52,13 +55,20 @@ def test_reset_to_the_log_s_ends_and_shift_within_it(tmp_path: Path) -> None:
         assert reset(kcoord, "--shift-by", "5") == {(0, 7): 10, (1, 0): 4}  # nor past its end
         assert committed() == {0: 10, 1: 4}
         assert reset(kcoord, "--to-offset", "7") == {(0, 10): 7, (1, 4): 4}  # --to-offset too
+        clamped = groups(kcoord, "reset-offsets", "r", "--topic", "resets", "--partitions", "0", "--to-offset", "70")
+        assert clamped.returncode == 0 and "resets-0: 70 is past the log's end (10): 10 instead" in clamped.stderr
+        # an offset for a partition the topic does not have (kcoord keeps any): the others keep their lag,
+        # and a reset naming it is refused rather than left unclamped
         admin.alter_group_offsets("r", {TopicPartition("resets", 0): OffsetAndMetadata(10, "", -1),
-                                        TopicPartition("resets", 1): OffsetAndMetadata(1, "", -1)})
-        lags = subprocess.run([sys.executable, "-m", "coordinator.cli", "groups", "--bootstrap", kcoord.bootstrap,
-                               "--json", "offsets", "r"], cwd=REPO, capture_output=True, text=True, timeout=60)
+                                        TopicPartition("resets", 1): OffsetAndMetadata(1, "", -1),
+                                        TopicPartition("resets", 9): OffsetAndMetadata(3, "", -1)})
+        lags = groups(kcoord, "offsets", "r")
         assert lags.returncode == 0, lags.stderr
         assert [(r["partition"], r["offset"], r["log_end_offset"], r["lag"]) for r in json.loads(lags.stdout)] == [
-            (0, 10, 10, 0), (1, 1, 4, 3)]
+            (0, 10, 10, 0), (1, 1, 4, 3), (9, 3, None, None)]
+        refused = groups(kcoord, "reset-offsets", "r", "--topic", "resets", "--partitions", "0,9", "--to-offset", "100")
+        assert refused.returncode == 1 and "topic resets has no partition 9" in refused.stderr, refused.stderr
+        assert committed() == {0: 10, 1: 1, 9: 3}
         # The mock keeps no time index (it answers -1 for any time), which is a time past the last
         # record: the log's end, as Kafka's tool resolves it.
         admin.alter_group_offsets("r", {TopicPartition("resets", 0): OffsetAndMetadata(1, "", -1)})

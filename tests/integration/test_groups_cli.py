@@ -85,8 +85,14 @@ def test_reset_offsets_is_refused_while_the_group_has_members(server: KcoordProc
     for target in (["--to-earliest"], ["--to-latest"], ["--to-datetime", "2026-11-28T10:00:00"]):
         result = groups(server, "reset-offsets", "quiet", "--topic", "t", *target)
         assert result.returncode == 1 and "a standalone kcoord hosts no topics" in result.stderr, result.stderr
-    negative = groups(server, "reset-offsets", "quiet", "--topic", "t", "--to-offset=-5")
-    assert negative.returncode == 2 and "'-5' is not an offset" in negative.stderr
+    for flag, why in (("--to-offset=-5", "'-5' is not an offset"), (f"--to-offset={2**63}", "is not an offset"),
+                      (f"--shift-by={2**63}", "is not a shift"),
+                      ("--to-datetime=1969-12-31T23:59:59.999", "before 1970")):
+        refused = groups(server, "reset-offsets", "quiet", "--topic", "t", flag)
+        assert refused.returncode == 2 and why in refused.stderr, refused.stderr
+    big = parsed(groups(server, "reset-offsets", "quiet", "--topic", "t", "--partitions", "1",
+                        f"--shift-by={2**63 - 1}", "--dry-run"))
+    assert big == [{"topic": "t", "partition": 1, "previous": 96, "offset": 2**63 - 1}]  # at most int64's largest
     no_offset = groups(server, "reset-offsets", "quiet", "--topic", "t", "--partitions", "0,3", "--shift-by", "1")
     assert no_offset.returncode == 1 and "no committed offset to shift for t-3" in no_offset.stderr
     assert offsets() == {("t", 0): 100, ("t", 1): 96, ("u", 0): 7}
