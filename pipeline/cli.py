@@ -120,17 +120,35 @@ def run(args: argparse.Namespace, err: TextIO = sys.stderr, spark: Any = None,
         return code
     except KeyboardInterrupt:
         quiet.interrupted = True
-        print(f"kcoord pipeline {args.job}: interrupted; {args.out} was not put in place (a staging directory "
-              f"{args.out}.kcoord-tmp-* beside it may be left to delete)", file=err)
+        print(f"kcoord pipeline {args.job}: {_interrupted(args.out)}", file=err)
         return 130
     except (LayoutError, OutputError) as exc:
         print(f"kcoord pipeline {args.job}: {exc}", file=err)
         return 2
+    except Exception:
+        if not quiet.interrupted:
+            raise
+        # the Ctrl-C surfaced as a py4j error: a staging directory's discard, say, reached for the JVM
+        # that the same Ctrl-C at a terminal is taking down
+        print(f"kcoord pipeline {args.job}: {_interrupted(args.out)}", file=err)
+        return 130
     finally:
         if own and spark is not None:
             quiet.stop(spark)
         for fd in holds:
             os.close(fd)
+
+
+def _interrupted(out: str) -> str:
+    """What an interrupted job left: its output appears whole or not at all (renamed into place once
+    complete), so a local one that exists is complete."""
+    from pipeline.layout import is_uri
+
+    local = out.removeprefix("file://")
+    if not is_uri(local) and Path(local).exists():
+        return f"interrupted after {out} was put in place (complete)"
+    where = "was not put in place" if not is_uri(local) else "is complete if it exists"
+    return f"interrupted; {out} {where} (a staging directory {out}.kcoord-tmp-* beside it may be left to delete)"
 
 
 class _QuietPy4j(logging.Filter):
@@ -147,9 +165,14 @@ class _QuietPy4j(logging.Filter):
 
     def take_ctrl_c(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, self._on_ctrl_c)
             logging.getLogger().addFilter(self)
             self._installed = True
+
+    def _on_ctrl_c(self, signum: int, frame: Any) -> None:
+        self.interrupted = True  # known even when what surfaces is a py4j error, not the KeyboardInterrupt
+        logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)  # its own loggers' complaints from now on
+        raise KeyboardInterrupt
 
     def filter(self, record: logging.LogRecord) -> bool:
         if f"{os.sep}py4j{os.sep}" not in record.pathname:
@@ -161,7 +184,9 @@ class _QuietPy4j(logging.Filter):
             if not self.interrupted:
                 spark.stop()
                 return
-            logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)
+            logging.getLogger("py4j").setLevel(logging.CRITICAL + 1)  # a KeyboardInterrupt before take_ctrl_c
+            if self._installed:  # a second Ctrl-C does not cut the stop short with a traceback
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
             try:  # cancelled first, the running tasks end quietly instead of failing as the context stops
                 spark.sparkContext.cancelAllJobs()
                 spark.stop()
@@ -170,6 +195,7 @@ class _QuietPy4j(logging.Filter):
         finally:
             if self._installed:
                 logging.getLogger().removeFilter(self)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class _Refused(Exception):
