@@ -39,29 +39,38 @@ def _round_trip_us(parent_cpu: int, child_cpu: int, round_trips: int) -> float:
     if pid == 0:  # the echo: nothing but the pipe, then out without running the parent's atexit
         try:
             os.sched_setaffinity(0, {child_cpu})
+            os.close(from_parent)
+            os.close(from_child)
             for _ in range(round_trips):
-                os.read(to_child, 1)
+                if not os.read(to_child, 1):
+                    break
                 os.write(to_parent, b"x")
         finally:
             os._exit(0)
+    os.close(to_child)  # the child's ends: a child gone early is then an EOF here, not a wait for ever
+    os.close(to_parent)
     try:
         os.sched_setaffinity(0, {parent_cpu})
         os.write(from_parent, b"x")  # one unmeasured round trip: the child is placed and running
-        os.read(from_child, 1)
+        if not os.read(from_child, 1):
+            raise RuntimeError("the echo process ended")
         start = time.perf_counter()
         for _ in range(round_trips - 1):
             os.write(from_parent, b"x")
-            os.read(from_child, 1)
+            if not os.read(from_child, 1):
+                raise RuntimeError("the echo process ended")
         elapsed = time.perf_counter() - start
     finally:
         os.sched_setaffinity(0, before)
+        os.close(from_parent)  # the child, if still reading, sees EOF and ends
+        os.close(from_child)
         os.waitpid(pid, 0)
-        for fd in (to_child, from_parent, from_child, to_parent):
-            os.close(fd)
     return elapsed / (round_trips - 1) * 1e6
 
 
 def probe(round_trips: int = 20000) -> WakeupProbe:
+    if round_trips < 2:
+        raise ValueError("round_trips: at least 2 (one is not measured)")
     cpus = sorted(os.sched_getaffinity(0))
     same = _round_trip_us(cpus[0], cpus[0], round_trips)
     cross = _round_trip_us(cpus[0], cpus[1], round_trips) if len(cpus) > 1 else None
@@ -80,8 +89,10 @@ def describe(p: WakeupProbe) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--round-trips", type=int, default=20000)
+    parser.add_argument("--round-trips", type=int, default=20000, help="at least 2 (default %(default)s)")
     args = parser.parse_args()
+    if args.round_trips < 2:
+        parser.error("--round-trips: at least 2 (the first is not measured)")
     print(describe(probe(args.round_trips)))
 
 

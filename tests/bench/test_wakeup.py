@@ -25,3 +25,11 @@ def test_one_cpu_only_when_the_process_has_one() -> None:
     finally:
         os.sched_setaffinity(0, before)
     assert p.cross_cpu_us is None and "one CPU only" in describe(p)
+
+
+def test_too_few_round_trips_is_refused() -> None:
+    """The first round trip is not measured: one would divide by zero."""
+    import pytest
+
+    with pytest.raises(ValueError):
+        probe(round_trips=1)
