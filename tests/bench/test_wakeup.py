@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from bench.wakeup import describe, probe
 
 
@@ -29,7 +31,5 @@ def test_one_cpu_only_when_the_process_has_one() -> None:
 
 def test_too_few_round_trips_is_refused() -> None:
     """The first round trip is not measured: one would divide by zero."""
-    import pytest
-
     with pytest.raises(ValueError):
         probe(round_trips=1)
