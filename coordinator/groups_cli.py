@@ -18,6 +18,7 @@ to the log's range when the cluster knows the topic, as Kafka's tool clamps them
 
 import argparse
 import datetime
+import functools
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -220,7 +221,9 @@ def _log_ends(admin: Any, args: argparse.Namespace, offsets: dict[tuple[str, int
     ends: dict[tuple[str, int], int] = {}
     for topic, partitions in by_topic.items():
         try:
-            found = _log_offsets(admin, args.bootstrap, topic, partitions, OffsetSpec.LATEST, required=False)
+            known = _partitions_of(admin, topic)
+            asked = [p for p in partitions if known is not None and p in known]
+            found = _log_offsets(admin, topic, asked, OffsetSpec.LATEST)
         except KafkaError as exc:
             print(f"kcoord groups offsets: no log end offsets for {topic}: {type(exc).__name__}: {exc}",
                   file=sys.stderr)
@@ -240,10 +243,16 @@ def _delete(admin: Any, args: argparse.Namespace) -> Result:
     return Result({"group": args.group, "deleted": True}, ["GROUP", "RESULT"], [[args.group, "deleted"]])
 
 
-def _chosen(admin: Any, args: argparse.Namespace) -> list[int]:
+def _committed(admin: Any, args: argparse.Namespace) -> dict[int, int]:
+    """The group's committed offsets of ``--topic``, by partition."""
+    return {p: om.offset for (t, p), om in _offsets(admin, args.group).items() if t == args.topic}
+
+
+def _chosen(admin: Any, args: argparse.Namespace, committed: dict[int, int] | None = None) -> list[int]:
+    """``--partitions``, else those with a committed offset (``committed``, when already read)."""
     if args.partitions:
         return list(args.partitions)
-    chosen = sorted(p for (t, p) in _offsets(admin, args.group) if t == args.topic)
+    chosen = sorted(_committed(admin, args) if committed is None else committed)
     if not chosen:
         raise GroupsError(f"{args.group} has no committed offset for topic {args.topic}; name --partitions")
     return chosen
@@ -256,8 +265,8 @@ def _reset(admin: Any, args: argparse.Namespace) -> Result:
     if state not in ("Empty", "Dead"):
         raise GroupsError(f"{args.group} is {state}: offsets can only be reset while the group has no members "
                           "(stop its consumers first)")
-    partitions = _chosen(admin, args)
-    current = {p: om.offset for (t, p), om in _offsets(admin, args.group).items() if t == args.topic}
+    current = _committed(admin, args)
+    partitions = _chosen(admin, args, current)
     new = _targets(admin, args, partitions, current)
     if not args.dry_run:
         # per partition, not raised: a consumer joining since the check above gets UNKNOWN_MEMBER_ID, a topic
@@ -278,12 +287,21 @@ def _targets(admin: Any, args: argparse.Namespace, partitions: list[int], curren
     line on stderr says where one was moved)."""
     from kafka.admin import OffsetSpec
 
+    known = functools.cache(lambda: _partitions_of(admin, args.topic))  # read once, on the first lookup
+
     def lookup(spec: Any, required: bool = True) -> dict[int, int] | None:
-        found = _log_offsets(admin, args.bootstrap, args.topic, partitions, spec, required)
-        lacking = [p for p in partitions if found is not None and p not in found]
+        """ListOffsets for the chosen partitions; None (when not ``required``) if the cluster does not
+        know the topic, as a standalone kcoord, which hosts no topics, does not."""
+        partitions_there = known()
+        lacking = [p for p in partitions if partitions_there is not None and p not in partitions_there]
         if lacking:
             raise GroupsError(f"topic {args.topic} has no partition " + ", ".join(map(str, lacking))
                               + f" at {args.bootstrap}")
+        found = None if partitions_there is None else _log_offsets(admin, args.topic, partitions, spec)
+        if found is None and required:
+            raise GroupsError(f"{args.bootstrap} knows no topic {args.topic}: --to-earliest, --to-latest and "
+                              "--to-datetime read the topic's log from the cluster's brokers (kcoord in gateway "
+                              "mode, or a Kafka broker); a standalone kcoord hosts no topics")
         return found
 
     if args.to_offset is not None or args.shift_by is not None:
@@ -314,27 +332,23 @@ def _targets(admin: Any, args: argparse.Namespace, partitions: list[int], curren
     return found
 
 
-def _log_offsets(admin: Any, bootstrap: str, topic: str, partitions: list[int], spec: Any,
-                 required: bool = True) -> dict[int, int] | None:
-    """ListOffsets for those of the topic's partitions the cluster has (the others are left out), from
-    their leaders; None (when not ``required``) if the cluster does not know the topic, as a standalone
-    kcoord, which hosts no topics, does not."""
+def _partitions_of(admin: Any, topic: str) -> set[int] | None:
+    """The topic's partitions in the cluster's metadata; None if it does not know the topic."""
+    [described] = admin.describe_topics([topic])
+    return None if described.get("error_code") else {p.get("partition_index") for p in described["partitions"]}
+
+
+def _log_offsets(admin: Any, topic: str, partitions: list[int], spec: Any) -> dict[int, int] | None:
+    """ListOffsets for the partitions, from their leaders; None if the topic is gone since its metadata."""
     from kafka.errors import UnknownTopicOrPartitionError
     from kafka.structs import TopicPartition
 
-    [described] = admin.describe_topics([topic])
-    known = None if described.get("error_code") else {p.get("partition_index") for p in described["partitions"]}
+    if not partitions:
+        return {}
     try:
-        if known is None:
-            raise UnknownTopicOrPartitionError(topic)
-        asked = [p for p in partitions if p in known]
-        found = admin.list_partition_offsets({TopicPartition(topic, p): spec for p in asked}) if asked else {}
+        found = admin.list_partition_offsets({TopicPartition(topic, p): spec for p in partitions})
     except UnknownTopicOrPartitionError:
-        if not required:
-            return None
-        raise GroupsError(f"{bootstrap} knows no topic {topic}: --to-earliest, --to-latest and --to-datetime "
-                          "read the topic's log from the cluster's brokers (kcoord in gateway mode, or a Kafka "
-                          "broker); a standalone kcoord hosts no topics") from None
+        return None
     return {tp.partition: found_at.offset for tp, found_at in found.items()}
 
 
