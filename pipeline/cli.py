@@ -20,7 +20,6 @@ import re
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Any, TextIO
 
 JOBS = {"snapshot": "pipeline.snapshot", "history": "pipeline.history", "reshard": "pipeline.reshard"}
@@ -118,18 +117,15 @@ def run(args: argparse.Namespace, err: TextIO = sys.stderr, spark: Any = None,
         job = importlib.import_module(JOBS[args.job])
         code: int = job.run(spark, args, err)
         return code
-    except KeyboardInterrupt:
-        quiet.interrupted = True
-        print(f"kcoord pipeline {args.job}: {_interrupted(args.out)}", file=err)
-        return 130
     except (LayoutError, OutputError) as exc:
         print(f"kcoord pipeline {args.job}: {exc}", file=err)
         return 2
-    except Exception:
-        if not quiet.interrupted:
+    except BaseException as exc:
+        # a Ctrl-C, also when it surfaced as a py4j error (a staging directory's discard, say, reaching
+        # for the JVM that the same Ctrl-C at a terminal is taking down)
+        if not (isinstance(exc, KeyboardInterrupt) or (quiet.interrupted and isinstance(exc, Exception))):
             raise
-        # the Ctrl-C surfaced as a py4j error: a staging directory's discard, say, reached for the JVM
-        # that the same Ctrl-C at a terminal is taking down
+        quiet.interrupted = True
         print(f"kcoord pipeline {args.job}: {_interrupted(args.out)}", file=err)
         return 130
     finally:
@@ -142,12 +138,12 @@ def run(args: argparse.Namespace, err: TextIO = sys.stderr, spark: Any = None,
 def _interrupted(out: str) -> str:
     """What an interrupted job left: its output appears whole or not at all (renamed into place once
     complete), so a local one that exists is complete."""
-    from pipeline.layout import is_uri
+    from pipeline.layout import local_path
 
-    local = out.removeprefix("file://")
-    if not is_uri(local) and Path(local).exists():
+    local = local_path(out)
+    if local is not None and local.exists():
         return f"interrupted after {out} was put in place (complete)"
-    where = "was not put in place" if not is_uri(local) else "is complete if it exists"
+    where = "was not put in place" if local is not None else "is complete if it exists"
     return f"interrupted; {out} {where} (a staging directory {out}.kcoord-tmp-* beside it may be left to delete)"
 
 
@@ -209,17 +205,17 @@ def _hold_inputs(args: argparse.Namespace, err: TextIO) -> list[int]:
     acknowledged commits and hold ones never acknowledged, which kcoord's next start resolves; the job
     reads them as they are only with ``--ignore-journal``. A ``file:///`` URI is a local directory like
     any other; other URIs are read as given."""
-    from pipeline.layout import data_dir_of, is_uri
+    from pipeline.layout import data_dir_of, local_path
     from storage.dirlock import DirectoryInUse, share_directory
     from storage.journal import left_over_note
 
     holds: list[int] = []
     try:
         for given in getattr(args, "data_dir", None) or []:
-            local = given.removeprefix("file://")
-            if is_uri(local) or (local != given and not local.startswith("/")):  # file://host/... is not ours
+            local = local_path(given)
+            if local is None:
                 continue
-            data_dir = data_dir_of(Path(local))
+            data_dir = data_dir_of(local)
             try:
                 fd = share_directory(data_dir)
             except DirectoryInUse as exc:

@@ -105,6 +105,15 @@ def is_uri(path: str) -> bool:
     return re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path) is not None
 
 
+def local_path(given: str) -> Path | None:
+    """The local path a plain path or a ``file:///`` URI names; None for any other URI (``file://host/...``
+    included)."""
+    local = given.removeprefix("file://")
+    if is_uri(local) or (local != given and not local.startswith("/")):
+        return None
+    return Path(local)
+
+
 @functools.lru_cache(maxsize=64)
 def files_for(path: str) -> Files:
     """The file system of ``path`` (one per scheme and authority, cached per process)."""
