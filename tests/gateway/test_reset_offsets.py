@@ -3,8 +3,6 @@
 in a subprocess, the data produced by a stock producer through kcoord, the offsets stored in kcoord."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +12,13 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from tests.gateway.conftest import start_gateway
 from tests.gateway.mock_cluster import MockCluster
-from tests.kcoord_process import REPO, KcoordProcess
-
-
-def groups(kcoord: KcoordProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "coordinator.cli", "groups", "--bootstrap", kcoord.bootstrap,
-                           "--json", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+from tests.integration.test_groups_cli import groups, parsed
+from tests.kcoord_process import KcoordProcess
 
 
 def reset(kcoord: KcoordProcess, *args: str) -> Any:
-    result = groups(kcoord, "reset-offsets", "r", "--topic", "resets", *args)
-    assert result.returncode == 0, result.stderr
-    return {(row["partition"], row["previous"]): row["offset"] for row in json.loads(result.stdout)}
+    rows = parsed(groups(kcoord, "reset-offsets", "r", "--topic", "resets", *args))
+    return {(row["partition"], row["previous"]): row["offset"] for row in rows}
 
 
 def test_reset_to_the_log_s_ends_and_shift_within_it(tmp_path: Path) -> None:
