@@ -425,7 +425,8 @@ class Connection(asyncio.Protocol):
         self._replied(req)
 
     def _replied(self, req: Request) -> None:
-        self._runtime.metrics.request(req.api.spec.key, req.version, *req.outcome, time.perf_counter() - req.started)
+        error, items = req.outcome  # not ``*req.outcome``: compiled, that is a call through the interpreter's protocol
+        self._runtime.metrics.request(req.api.spec.key, req.version, error, items, time.perf_counter() - req.started)
         self._server.want_write(self)
 
     def _encoded(self, req: Request, done: "concurrent.futures.Future[bytes]") -> None:

@@ -7,9 +7,15 @@ microsecond per request; a prometheus-client counter with labels costs several (
 (coordinator/exporter.py) turns a ``snapshot`` of them into Prometheus metric families when it is
 scraped, on its own thread: copying a dict or list of ints is atomic under the GIL, so no lock is
 needed, and a scrape never waits for the event loop.
+
+Per request (``request``) nothing is allocated and nothing is looked up by name: counts live in
+lists indexed by API, version and error code, and the latency bucket is found by a compiled loop.
+The first version (a dict keyed by ``(api, version, error)``, ``bisect`` over the bounds) cost ~5,400
+instructions per request under callgrind, ~10% of a 1-partition OffsetFetch: the tuple key, its
+dict lookups, and the bounds, a tuple of floats that mypyc keeps unboxed, boxed again into a new
+tuple of 16 floats for every ``bisect`` call.
 """
 
-import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
@@ -21,6 +27,8 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
                    2.5, 5.0, 10.0)
 BATCH_RECORD_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536)
 API_KEYS: Final = 128  # above every Kafka API key; per-API figures live in lists indexed by key
+VERSIONS: Final = 32  # above every version of every API: counts by (api, version) live in one list
+ERRORS: Final = 256  # error codes -1 (UNKNOWN_SERVER_ERROR) to 254 are counted in lists; others in a dict
 
 
 class Histogram:
@@ -35,13 +43,23 @@ class Histogram:
         self.total = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.counts[bucket(self.bounds, value)] += 1
         self.total += value
 
     def copy(self) -> "Histogram":
         out = Histogram(self.bounds)
         out.counts, out.total = self.counts.copy(), self.total
         return out
+
+
+def bucket(bounds: tuple[float, ...], value: float) -> int:
+    """The index of the first bound ``value`` does not exceed (``len(bounds)``: +Inf), as
+    ``bisect_left``; a linear scan, as most values fall in the first buckets."""
+    i = 0
+    n = len(bounds)
+    while i < n and value > bounds[i]:
+        i += 1
+    return i
 
 
 @dataclass
@@ -54,7 +72,10 @@ class PartitionLoad:
 class Metrics:
     """Everything counted since start. Keys are small tuples of ints so the hot path allocates nothing."""
 
-    requests: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (api, version, error) -> n
+    # replies by API, version and first error code: [api * VERSIONS + version][error + 1] -> n, a row
+    # made at its first reply; what falls outside those ranges in ``other_requests``. Read as ``requests``.
+    request_counts: list[list[int] | None] = field(default_factory=lambda: [None] * (API_KEYS * VERSIONS))
+    other_requests: dict[tuple[int, int, int], int] = field(default_factory=dict)  # (api, version, error) -> n
     request_seconds: list[Histogram] = field(
         default_factory=lambda: [Histogram(LATENCY_BUCKETS) for _ in range(API_KEYS)])  # by api key
     # by api key, what its replies did without error, in the API's own unit (coordinator.apis.Api.outcome):
@@ -83,13 +104,31 @@ class Metrics:
     def request(self, api_key: int, version: int, error: int, items: int, seconds: float) -> None:
         """One reply ready to send: ``error`` is its first non-zero error code (or 0), ``items`` what it
         did without error, ``seconds`` since its frame was taken up."""
-        key = (api_key, version, error)
-        requests = self.requests
-        requests[key] = requests.get(key, 0) + 1
+        if 0 <= version < VERSIONS and -1 <= error < ERRORS - 1:
+            at = api_key * VERSIONS + version
+            row = self.request_counts[at]
+            if row is None:
+                row = self.request_counts[at] = [0] * ERRORS
+            row[error + 1] += 1
+        else:
+            key = (api_key, version, error)
+            self.other_requests[key] = self.other_requests.get(key, 0) + 1
         self.done[api_key] += items
         hist = self.request_seconds[api_key]
-        hist.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        hist.counts[bucket(hist.bounds, seconds)] += 1
         hist.total += seconds
+
+    @property
+    def requests(self) -> dict[tuple[int, int, int], int]:
+        """Replies counted so far: ``(api, version, error) -> n`` (a new dict; the exporter's thread
+        reads it while the loop counts: each list read is atomic under the GIL)."""
+        out = self.other_requests.copy()
+        for at, row in enumerate(self.request_counts.copy()):
+            if row is not None:
+                for i, n in enumerate(row.copy()):
+                    if n:
+                        out[(at // VERSIONS, at % VERSIONS, i - 1)] = n
+        return out
 
     # -- groups ----------------------------------------------------------------------------------
 
