@@ -32,7 +32,8 @@ COMPILED = [
     "coordinator/flusher.py",
     "coordinator/metrics.py", "coordinator/timers.py",
     # OffsetCommit and OffsetFetch
-    "protocol/hotcodec.py", "protocol/commit.py", "coordinator/offsets.py", "coordinator/apis/k08_offset_commit.py",
+    "protocol/hotcodec.py", "protocol/commit.py", "protocol/offsetfetch.py", "coordinator/offsets.py",
+    "coordinator/apis/k08_offset_commit.py",
     "coordinator/apis/k09_offset_fetch.py",
 ]
 GROUP = "kcoord_compiled"

@@ -6,7 +6,8 @@ still spent ~8 us in its header, body and tag sections and ~3 us encoding its an
 the request's event-loop time. Compiled, with byte arithmetic in ``i64``, the same work takes ~1-2 us.
 
 Requests decode into the generated classes' objects, as the registry's other codecs do, except that
-OffsetCommit's handler takes its ``CommitRequest`` straight from the frame (``decode_commit``); the
+the two handlers take their requests straight from the frame: OffsetCommit's ``CommitRequest``
+(``decode_commit``) and OffsetFetch's ``FetchRequest`` (``decode_fetch``); the
 answers are encoded from the plain lists and tuples the two handlers answer with (coordinator/apis/k08
 and k09), so no response objects are built at all. The registry and the handlers use this module
 only when compiled (interpreted it is no faster than the generated code). The generated codecs stay
@@ -23,6 +24,7 @@ from mypy_extensions import i16, i32, i64, u8
 
 from protocol.codec import MAX_COMPACT_STRING, DecodeError, EncodeError
 from protocol.commit import CommitRequest, PartitionCommit
+from protocol.offsetfetch import FetchGroup, FetchRequest, Requested
 from protocol.schema import ZERO_UUID
 
 OFFSET_COMMIT: Final = 8
@@ -390,29 +392,19 @@ class OffsetFetchCodec:
             out.append(r.int32())
         return out
 
-    def decode(self, frame: bytes, version: i64) -> tuple[str, Any]:
+    def decode_fetch(self, frame: bytes, version: i64) -> tuple[str, FetchRequest]:
+        """``(client id, request)`` straight from the frame, without the generated objects: what
+        coordinator/apis/k09 serves from."""
         flexible = version >= 6
         r = _Reader(frame, 0)
         client_id = r.header(flexible)
         group_id = ""
-        topics: list[Any] | None = []
-        groups: list[Any] = []
+        topics: Requested = []
+        groups: list[FetchGroup] = []
         if version <= 7:
             group_id = r.text(flexible, "group_id")
-            n = r.count(flexible, version >= 2, "topics")
-            if n < 0:
-                topics = None
-            else:
-                topic_cls = self.topic
-                listed: list[Any] = []
-                for _i in range(n):
-                    name = r.text(flexible, "name")
-                    listed.append(topic_cls(name, self._partitions(r, flexible)))
-                    if flexible:
-                        r.skip_tags()
-                topics = listed
+            topics = self._topics(r, flexible, version >= 2)
         else:
-            group_cls, topic_cls = self.group, self.group_topic
             for _g in range(r.count(True, False, "groups")):
                 gid = r.text(True, "group_id")
                 member_id: str | None = None
@@ -420,20 +412,39 @@ class OffsetFetchCodec:
                 if version >= 9:
                     member_id = r.string(True, True, "member_id")
                     member_epoch = r.int32()
-                n = r.count(True, True, "topics")
-                group_topics: list[Any] | None = None
-                if n >= 0:
-                    group_topics = []
-                    for _i in range(n):
-                        name = r.text(True, "name")
-                        group_topics.append(topic_cls(name, _ZERO_UUID, self._partitions(r, True)))
-                        r.skip_tags()
+                group_topics = self._topics(r, True, True)
                 r.skip_tags()
-                groups.append(group_cls(gid, member_id, member_epoch, group_topics))
+                groups.append(FetchGroup(gid, member_id, member_epoch, group_topics))
         require_stable = r.int8() != 0 if version >= 7 else False
         if flexible:
             r.skip_tags()
-        return client_id, self.request(group_id, topics, groups, require_stable)
+        return client_id, FetchRequest(version, group_id, topics, groups, require_stable)
+
+    def _topics(self, r: _Reader, flexible: bool, nullable: bool) -> Requested:
+        n = r.count(flexible, nullable, "topics")
+        if n < 0:
+            return None
+        topics: list[tuple[str, list[int]]] = []
+        for _i in range(n):
+            name = r.text(flexible, "name")
+            topics.append((name, self._partitions(r, flexible)))
+            if flexible:
+                r.skip_tags()
+        return topics
+
+    def decode(self, frame: bytes, version: i64) -> tuple[str, Any]:
+        """``(client id, the generated request object)``, as the registry's ``decode_request`` gives."""
+        client_id, req = self.decode_fetch(frame, version)
+        if version <= 7:
+            topic_cls = self.topic
+            topics = None if req.topics is None else [topic_cls(name, parts) for name, parts in req.topics]
+            return client_id, self.request(req.group_id, topics, [], req.require_stable)
+        group_cls, group_topic_cls = self.group, self.group_topic
+        groups = [group_cls(g.group_id, g.member_id, g.member_epoch,
+                            None if g.topics is None else [group_topic_cls(name, _ZERO_UUID, parts)
+                                                           for name, parts in g.topics])
+                  for g in req.groups]
+        return client_id, self.request("", [], groups, req.require_stable)
 
     def encode_answer(self, groups: list[Any], version: i64, correlation_id: i64) -> bytes:
         """The response from the handler's ``[group_id, error code, offsets]`` per group, without the

@@ -19,6 +19,7 @@ from coordinator.runtime import Runtime
 from coordinator.state import offset_value
 from protocol.errors import ErrorCode
 from protocol.hotcodec import YIELD_EVERY, offer_gil
+from protocol.offsetfetch import FetchRequest, Requested, from_message
 from protocol.registry import register
 from protocol.schema import ZERO_UUID
 
@@ -33,8 +34,6 @@ GroupTopic = Group.OffsetFetchResponseTopics
 GroupPartition = GroupTopic.OffsetFetchResponsePartitions
 Topic = Response.OffsetFetchResponseTopic
 Partition = Topic.OffsetFetchResponsePartition
-
-Requested = list[tuple[str, list[int]]] | None
 
 log = logging.getLogger(__name__)
 
@@ -123,17 +122,24 @@ def _free(*lists: list[Any]) -> None:
                 pending = 0
 
 
-def _requested(topics: Any) -> Requested:
-    return None if topics is None else [(t.name, list(t.partition_indexes)) for t in topics]
+def decode(frame: bytes, version: int) -> tuple[str, FetchRequest]:
+    """The request straight from the frame where the compiled codec serves (protocol/hotcodec.py), else
+    from the generated message object."""
+    hot = SPEC.hot
+    if hot is not None:
+        decoded: tuple[str, FetchRequest] = SPEC.hot_decoded(hot.decode_fetch, frame, version)
+        return decoded
+    client_id, body = SPEC.decode_request(frame, version)
+    return client_id, from_message(version, body)
 
 
-def error_response(body: Any, version: int, error: ErrorCode) -> FetchAnswer:
+def error_response(body: FetchRequest, version: int, error: ErrorCode) -> FetchAnswer:
     if version >= 8:
         return FetchAnswer([[g.group_id, error, []] for g in body.groups])
     if version >= 2:
         return FetchAnswer([[body.group_id, error, []]])
     # v0-v1 carry a group error on every requested partition (offset -1), as older Kafka did.
-    requested = _requested(body.topics) or []
+    requested = body.topics or []
     return FetchAnswer([[body.group_id, _ERR_NONE, [(name, [(p, None, error) for p in parts])
                                                          for name, parts in requested]]])
 
@@ -145,7 +151,7 @@ class _Groups:
 
     __slots__ = ("answered", "asked", "by_shard", "ids", "results", "same", "times")
 
-    def __init__(self, runtime: Runtime, body: Any) -> None:
+    def __init__(self, runtime: Runtime, body: FetchRequest) -> None:
         self.asked: list[Any] = body.groups
         self.ids = [g.group_id for g in body.groups]
         self.by_shard: dict[int, list[tuple[int, str, Requested]]] = {}
@@ -165,7 +171,7 @@ class _Groups:
                     continue
                 every[g.group_id] = i
             shard = runtime.partition_of(g.group_id)
-            self.by_shard.setdefault(shard, []).append((i, g.group_id, _requested(g.topics)))
+            self.by_shard.setdefault(shard, []).append((i, g.group_id, g.topics))
         self.results: list[tuple[ErrorCode, TopicOffsets | OffsetsCopy]] = [(_ERR_NONE, [])] * len(self.ids)
         self.answered = 0  # offsets the answer holds so far (past LARGE_FETCH it is built off the loop)
 
@@ -196,7 +202,7 @@ class _Groups:
 _DIRECT_GROUPS: Final = 16
 
 
-def prepare(runtime: Runtime, body: Any, version: int) -> Any:
+def prepare(runtime: Runtime, body: FetchRequest, version: int) -> Any:
     return _Groups(runtime, body) if version >= 8 and len(body.groups) > _DIRECT_GROUPS else body
 
 
@@ -225,22 +231,19 @@ def outcome(answer: FetchAnswer) -> tuple[int, int]:
     return first, ok
 
 
-@handles(SPEC, error_response=error_response, prepare=prepare, outcome=outcome, encode=encode)
+@handles(SPEC, error_response=error_response, prepare=prepare, outcome=outcome, encode=encode, decode=decode)
 def offset_fetch(runtime: Runtime, req: Request, prepared: Any) -> Any:
-    v = req.version
-    if v >= 8:
-        stable8 = bool(req.body.require_stable)
-        if isinstance(prepared, _Groups):
-            return _fetch_groups(runtime, req, prepared, stable8)
-        return _fetch_few_groups(runtime, req, prepared, stable8)
-    body = prepared
-    stable = bool(body.require_stable) if v >= 7 else False
+    if isinstance(prepared, _Groups):
+        return _fetch_groups(runtime, req, prepared, req.body.require_stable)
+    body: FetchRequest = prepared
+    if body.version >= 8:
+        return _fetch_few_groups(runtime, req, body, body.require_stable)
     shard = runtime.shard_for(body.group_id)
-    offsets = shard.read(req, None, read_offsets, body.group_id, _requested(body.topics), stable)
+    offsets = shard.read(req, None, read_offsets, body.group_id, body.topics, body.require_stable)
     return _answer(req, [[body.group_id, _ERR_NONE, offsets]])
 
 
-def _fetch_few_groups(runtime: Runtime, req: Request, body: Any, stable: bool) -> Any:
+def _fetch_few_groups(runtime: Runtime, req: Request, body: FetchRequest, stable: bool) -> Any:
     """The common case (a consumer asks for its own group): each group read directly into its part."""
     groups: list[list[Any]] = []
     for g in body.groups:
@@ -248,7 +251,7 @@ def _fetch_few_groups(runtime: Runtime, req: Request, body: Any, stable: bool) -
         groups.append(entry)
         try:
             entry[2] = runtime.shard_for(g.group_id).read(req, _failer(entry), read_offsets, g.group_id,
-                                                          _requested(g.topics), stable)
+                                                          g.topics, stable)
         except ShardUnavailable as exc:
             entry[1] = exc.error
     return _answer(req, groups)

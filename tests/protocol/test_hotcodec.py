@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from coordinator.apis import k09_offset_fetch as k09
 from coordinator.apis.k09_offset_fetch import FetchAnswer
-from protocol import commit, hotcodec, registry
+from protocol import commit, hotcodec, offsetfetch, registry
 from protocol.codec import DecodeError, EncodeError, MessageCodec
 from protocol.records import OffsetAndMetadata
 from protocol.registry import REGISTRY, ApiSpec
@@ -82,6 +82,9 @@ def test_requests_decode_as_generated(module: ModuleType, key: int, version: int
     if key == 8:  # what OffsetCommit's handler takes, straight from the frame
         direct = hot(module, key).decode_commit(frame, version)
         assert direct == (expected[0], commit.from_message(version, expected[1]))
+    else:  # OffsetFetch's, likewise
+        fetched = hot(module, key).decode_fetch(frame, version)
+        assert fetched == (expected[0], offsetfetch.from_message(version, expected[1]))
 
 
 @SETTINGS

@@ -15,6 +15,7 @@ from coordinator.request import Request
 from coordinator.request import encode_reply as _encode
 from protocol.errors import ErrorCode
 from protocol.hotcodec import YIELD_EVERY
+from protocol.offsetfetch import from_message
 from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey
 from tests.coordinator.harness import Faults, Holds, append, commit, config, started, stop
 
@@ -25,8 +26,8 @@ async def test_many_groups_let_other_threads_run(tmp_path: Path, monkeypatch: py
     runtime = await started(config(tmp_path, partitions=4))
     try:
         cls = k09.SPEC.request.cls
-        body = cls(groups=[cls.OffsetFetchRequestGroup(group_id=f"g{i}", topics=None)
-                           for i in range(2 * YIELD_EVERY + 1)])
+        body = from_message(8, cls(groups=[cls.OffsetFetchRequestGroup(group_id=f"g{i}", topics=None)
+                                           for i in range(2 * YIELD_EVERY + 1)]))
         offered: list[float] = []
         monkeypatch.setattr(time, "sleep", offered.append)
         groups = k09.prepare(runtime, body, 8)
@@ -76,10 +77,10 @@ async def test_a_fetch_of_all_of_a_large_group_is_answered_off_the_loop(tmp_path
         cls = k09.SPEC.request.cls
         if version >= 8:
             names = ["big", "small", *(f"filler-{i}" for i in range(fillers))]  # > 16: bucketed by shard
-            body = cls(groups=[cls.OffsetFetchRequestGroup(group_id=g, topics=None) for g in names],
-                       require_stable=False)
+            body = from_message(version, cls(groups=[cls.OffsetFetchRequestGroup(group_id=g, topics=None)
+                                                     for g in names], require_stable=False))
         else:
-            body = cls(group_id="big", topics=None, require_stable=False)
+            body = from_message(version, cls(group_id="big", topics=None, require_stable=False))
         sink = _Released()
         req = Request(sink, APIS[9], version, 3)
         req.body = body
@@ -130,7 +131,7 @@ async def test_a_group_named_again_and_again_is_read_once_and_answered_off_the_l
         t0 = cls.OffsetFetchRequestGroup.OffsetFetchRequestTopics(name="t", partition_indexes=[0])
         names = [cls.OffsetFetchRequestGroup(group_id="g", topics=None) for _ in range(LARGE_FETCH // 100 + 5)]
         names.insert(3, cls.OffsetFetchRequestGroup(group_id="g", topics=[t0]))  # named partitions: read itself
-        body = cls(groups=names, require_stable=False)
+        body = from_message(8, cls(groups=names, require_stable=False))
         prepared = APIS[9].prepare(runtime, body, 8) if APIS[9].prepare else body
         assert isinstance(prepared, k09._Groups)
         assert sum(len(m) for m in prepared.by_shard.values()) == 2  # once for all offsets, once for t-0
@@ -169,14 +170,14 @@ async def test_an_answer_of_many_offsets_from_few_groups_is_encoded_off_the_loop
             shard.data.replay(p, OffsetCommitRecord(OffsetKey("g", "t", p), OffsetAndMetadata(p, -1, "", 1)))
         cls = k09.SPEC.request.cls
         if version >= 8:
-            body = cls(groups=[cls.OffsetFetchRequestGroup(group_id="g", topics=None) for _ in range(2)],
-                       require_stable=False)
+            body = from_message(version, cls(groups=[cls.OffsetFetchRequestGroup(group_id="g", topics=None)
+                                                     for _ in range(2)], require_stable=False))
         else:
-            body = cls(group_id="g", topics=None, require_stable=False)
-        small = cls(groups=[cls.OffsetFetchRequestGroup(group_id="g", topics=[
+            body = from_message(version, cls(group_id="g", topics=None, require_stable=False))
+        small = from_message(version, cls(groups=[cls.OffsetFetchRequestGroup(group_id="g", topics=[
             cls.OffsetFetchRequestGroup.OffsetFetchRequestTopics(name="t", partition_indexes=[0])])],
             require_stable=False) if version >= 8 else cls(group_id="g", topics=[
-                cls.OffsetFetchRequestTopic(name="t", partition_indexes=[0])], require_stable=False)
+                cls.OffsetFetchRequestTopic(name="t", partition_indexes=[0])], require_stable=False))
         for asked, large in ((body, version >= 8), (small, False)):
             sink = _Released()
             req = Request(sink, APIS[9], version, 3)
