@@ -239,15 +239,25 @@ class Shard:
     def read(self, req: Request | None, fixup: Fixup | None, op: Callable[..., Any], *args: Any) -> Any:
         """Runs ``op(self.data, *args)`` for its response; ``req`` waits for the newest pending write, if
         any (``fixup`` turns its part of the response into an error should that write fail)."""
+        self.readable()
+        response = op(self.data, *args)
+        self.read_done(req, fixup)
+        return response
+
+    def readable(self) -> None:
+        """``read``'s first half, for a caller that reads ``data`` itself (OffsetFetch: a compiled call
+        to its reader, where ``op(self.data, *args)`` is a call through the interpreter's protocol,
+        ~2,500 instructions of a 1-partition fetch): raises ShardUnavailable unless reads are served."""
         state = self.state  # an Enum hashes in Python: look it up only when not plainly ACTIVE
         if state is not _SHARD_ACTIVE and (error := READ_ERRORS.get(state)) is not None:
             raise ShardUnavailable(error)
-        response = op(self.data, *args)
+
+    def read_done(self, req: Request | None, fixup: Fixup | None) -> None:
+        """``read``'s second half, once ``data`` was read: ``req`` waits for the newest pending write."""
         batch = self._open or self._inflight
         if req is not None and batch is not None:
             req.wait()
             batch.waiters.append((req, fixup))
-        return response
 
     def schedule(self, key: str, delay_ms: int, op: Callable[..., OpResult], *args: Any) -> None:
         """A keyed timer whose expiry runs ``op`` through ``write`` (dropped if the shard stopped serving)."""

@@ -14,8 +14,9 @@ from typing import Any, Final
 
 from coordinator.apis import handles
 from coordinator.offsets import LARGE_FETCH, OffsetsCopy, TopicOffsets, copied_offsets, read_offsets
-from coordinator.request import Lazy, Request, ShardUnavailable
+from coordinator.request import Fixup, Lazy, Request, ShardUnavailable
 from coordinator.runtime import Runtime
+from coordinator.shard import Shard
 from coordinator.state import offset_value
 from protocol.errors import ErrorCode
 from protocol.hotcodec import YIELD_EVERY, offer_gil
@@ -238,9 +239,17 @@ def offset_fetch(runtime: Runtime, req: Request, prepared: Any) -> Any:
     body: FetchRequest = prepared
     if body.version >= 8:
         return _fetch_few_groups(runtime, req, body, body.require_stable)
-    shard = runtime.shard_for(body.group_id)
-    offsets = shard.read(req, None, read_offsets, body.group_id, body.topics, body.require_stable)
+    offsets = _read(runtime.shard_for(body.group_id), req, None, body.group_id, body.topics, body.require_stable)
     return _answer(req, [[body.group_id, _ERR_NONE, offsets]])
+
+
+def _read(shard: Shard, req: Request, fixup: Fixup | None, group_id: str, topics: Requested,
+          stable: bool) -> TopicOffsets | OffsetsCopy:
+    """``shard.read(req, fixup, read_offsets, ...)`` with ``read_offsets`` called directly."""
+    shard.readable()
+    offsets = read_offsets(shard.data, group_id, topics, stable)
+    shard.read_done(req, fixup)
+    return offsets
 
 
 def _fetch_few_groups(runtime: Runtime, req: Request, body: FetchRequest, stable: bool) -> Any:
@@ -250,8 +259,7 @@ def _fetch_few_groups(runtime: Runtime, req: Request, body: FetchRequest, stable
         entry: list[Any] = [g.group_id, _ERR_NONE, []]
         groups.append(entry)
         try:
-            entry[2] = runtime.shard_for(g.group_id).read(req, _failer(entry), read_offsets, g.group_id,
-                                                          g.topics, stable)
+            entry[2] = _read(runtime.shard_for(g.group_id), req, _failer(entry), g.group_id, g.topics, stable)
         except ShardUnavailable as exc:
             entry[1] = exc.error
     return _answer(req, groups)
