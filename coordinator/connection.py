@@ -326,7 +326,7 @@ class Connection(asyncio.Protocol):
             on_loop(self._server.loop, done, self._bulk_done, req)
             return
         try:
-            req.client_id, body = (api.decode or api.decode_request)(frame, version)  # no interpreted frame
+            req.client_id, body = api.decode(frame, version)
         except DecodeError as bad:  # not ``exc``: compiled, one name holds one type (the HeaderError above)
             self.forget(req)  # its own slot, the last
             self.refuse(f"malformed request: {bad}", "malformed")

@@ -27,22 +27,13 @@ frame, DecodeError if malformed; ``error_response`` and ``prepare`` get that bod
 import importlib
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from coordinator.request import Request
-from coordinator.runtime import Runtime
+from coordinator.request import Api, Decode, Encode, ErrorResponse, Handler, Outcome, Prepare, Render
 from protocol.codec import Message
-from protocol.errors import ErrorCode
 from protocol.registry import ApiSpec
 
-Handler = Callable[[Runtime, Request, Any], Any]
-ErrorResponse = Callable[[Any, int, ErrorCode], Any]
-Prepare = Callable[[Runtime, Any, int], Any]
-Render = Callable[[Any, int], Any]
-Outcome = Callable[[Any], tuple[int, int]]
-Encode = Callable[[Any, int, int], bytes]
-Decode = Callable[[bytes, int], tuple[str, Any]]
+__all__ = ["APIS", "Api", "handles", "load_all", "outcome"]
 
 
 def outcome(msg: Any) -> tuple[int, int]:
@@ -63,25 +54,6 @@ def outcome(msg: Any) -> tuple[int, int]:
     if not nested and hasattr(msg, "error_code"):
         return 0, 1
     return first, ok
-
-
-@dataclass(frozen=True, slots=True)
-class Api:
-    spec: ApiSpec
-    handle: Handler
-    error_response: ErrorResponse
-    prepare: Prepare | None = None
-    render: Render | None = None
-    outcome: Outcome = outcome
-    encode: Encode | None = None
-    # ``(client id, body)`` as the handler takes it: the API's own decoder, else the spec's. Always set,
-    # so the compiled server calls it without an interpreted method in between.
-    decode: Decode | None = None
-
-    def decode_request(self, frame: bytes, version: int) -> tuple[str, Any]:
-        """``(client id, body)`` as the handler takes it."""
-        decode = self.decode or self.spec.decode_request
-        return decode(frame, version)
 
 
 APIS: dict[int, Api] = {}

@@ -8,8 +8,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from coordinator.apis import k08_offset_commit as k08
 from coordinator.config import Config
-from coordinator.request import Request
+from coordinator.request import Api, Request
 from coordinator.runtime import LogFactory, Runtime
 from coordinator.shard import OpResult, Shard
 from coordinator.shardstate import ShardState
@@ -45,11 +46,19 @@ def commit(group: str, partition: int, offset: int) -> OffsetCommitRecord:
     return OffsetCommitRecord(OffsetKey(group, "t", partition), OffsetAndMetadata(offset, -1, "m", 1))
 
 
-class _TestApi:
-    """Stands in for an API module: a failed write answers with the bare error code."""
+def _bare_error(body: Any, version: int, error: ErrorCode) -> Any:
+    return error
 
-    def error_response(self, body: Any, version: int, error: ErrorCode) -> Any:
-        return error
+
+def _not_called(*args: Any) -> Any:
+    raise AssertionError("a stand-in API's handler, decoder or encoder was called")
+
+
+def stand_in_api() -> Api:
+    """Stands in for an API module (OffsetCommit's spec, for its name): a failed write answers with
+    the bare error code."""
+    return Api(k08.SPEC, _not_called, _bare_error, None, None,
+               lambda response: (0, 0), None, _not_called)
 
 
 class Holds:
@@ -89,7 +98,7 @@ def _records_op(data: ShardData, records: list[LiveRecord]) -> OpResult:
 def append(shard: Shard, records: list[LiveRecord], sink: FutureSink | None = None) -> "asyncio.Future[Any]":
     """Writes ``records`` as a request would; the future gives OK once durable, else the error code."""
     sink = sink or FutureSink()
-    req = Request(sink, _TestApi(), 0, 0)  # type: ignore[arg-type]
+    req = Request(sink, stand_in_api(), 0, 0)
     req.wait()  # as the server does around a handler
     req.response = shard.write(req, _records_op, records)
     req.done()

@@ -258,7 +258,6 @@ async def test_a_huge_commit_whose_later_slice_fails_is_still_answered(
     """Slices after the first run from the event loop; one raising (a bug, injected here) used to leave
     the commit unanswered, every later reply of its connection queued behind it, its connection held
     and the collector paused. It is now answered UNKNOWN_SERVER_ERROR and the connection goes on."""
-    import dataclasses
 
     from coordinator.apis import APIS
     from coordinator.shard import APPEND_SLICE
@@ -278,7 +277,7 @@ async def test_a_huge_commit_whose_later_slice_fails_is_still_answered(
         prepared.commit.records = FailingSlice(prepared.commit.records)
         return prepared
 
-    monkeypatch.setitem(APIS, 8, dataclasses.replace(api, prepare=failing))
+    monkeypatch.setitem(APIS, 8, api.replace(prepare=failing))
     reader, writer = await serving.connect()
     writer.write(big_commit())
     answer = await asyncio.wait_for(reply(reader, OffsetCommitResponse, 8), 10)

@@ -17,14 +17,9 @@ from coordinator.state import ShardData
 from coordinator.timers import Clock, ManualClock, Timers
 from protocol.errors import ErrorCode
 from protocol.records import LiveRecord
-from tests.coordinator.harness import Holds
+from tests.coordinator.harness import Holds, stand_in_api
 
 T0 = 1_700_000_000_000
-
-
-class _Api:
-    def error_response(self, body: Any, version: int, error: ErrorCode) -> Any:
-        return error
 
 
 class Reply(Holds):
@@ -104,7 +99,7 @@ class GroupShard:
 
     def request(self, version: int = 9, client_id: str = "client") -> tuple[Request, Reply]:
         reply = Reply()
-        return Request(reply, _Api(), version, 0, client_id, "127.0.0.1:5555"), reply  # type: ignore[arg-type]
+        return Request(reply, stand_in_api(), version, 0, client_id, "127.0.0.1:5555"), reply
 
     def call(self, fn: Callable[..., Any], *args: Any, version: int = 9, client_id: str = "client") -> Reply:
         """As the server calls a handler: a wait of its own around it, then what was written is made durable."""
