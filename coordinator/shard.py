@@ -164,9 +164,18 @@ class Shard:
     def write(self, req: Request | None, op: Callable[..., OpResult], *args: Any) -> Any:
         """Runs ``op(self.data, *args)``; its records are replayed and appended, and ``req`` waits until
         they (or, with no records, all earlier writes) are durable. Raises ShardUnavailable unless ACTIVE."""
+        self.writable()
+        return self.write_result(req, op(self.data, *args))
+
+    def writable(self) -> None:
+        """``write``'s first half, for a caller that runs its operation on ``data`` itself (OffsetCommit:
+        a compiled call, where ``op(self.data, *args)`` is one through the interpreter's protocol, ~2,800
+        instructions of a 1-partition commit): raises ShardUnavailable unless ACTIVE."""
         if self.state is not _SHARD_ACTIVE:
             raise ShardUnavailable(WRITE_ERRORS[self.state])
-        result = op(self.data, *args)
+
+    def write_result(self, req: Request | None, result: OpResult) -> Any:
+        """``write``'s second half: the operation's records replayed and appended, ``req`` waiting for them."""
         batch: Batch | None
         if len(result.records) > APPEND_SLICE:
             if self._closing:  # its slices would be refused: refused whole, through the handler's caller

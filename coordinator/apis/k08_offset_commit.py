@@ -140,4 +140,6 @@ def offset_commit(runtime: Runtime, req: Request, prepared: _Prepared) -> Any:
     if prepared.commit is None:
         return prepared.response
     group_id = prepared.commit.request.group_id
-    return runtime.shard_for(group_id).write(req, _commit, prepared, runtime.groups_for(group_id).membership)
+    shard = runtime.shard_for(group_id)  # shard.write(req, _commit, ...), with _commit called directly
+    shard.writable()
+    return shard.write_result(req, _commit(shard.data, prepared, runtime.groups_for(group_id).membership))

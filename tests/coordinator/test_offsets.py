@@ -31,6 +31,7 @@ from protocol.records import (
     OffsetKey,
     encode_offset_key,
     encode_offset_value,
+    offset_key_prefix,
 )
 from storage.loadcodec import loaded_value
 from tests.interpreted import interpreted, skip_unless_the_machine_compiles
@@ -337,3 +338,21 @@ def test_legal_topic_is_kafkas_rule() -> None:
         for module in (offsets, PURE):
             expected = legal.fullmatch(name) is not None and name not in (".", "..")
             assert module.legal_topic(name) == expected, name
+
+
+def test_a_commit_to_an_illegal_topic_after_legal_ones_is_refused_and_the_prefixes_stay_bounded() -> None:
+    """Key prefixes are remembered for legal topic names only (a name remembered is taken as checked),
+    and all are forgotten once KEY_PREFIXES_KEPT are held."""
+    for module in (offsets, PURE):
+        legal = CommitRequest(8, "g", -1, "", None, -1, [("t", [(0, 5, -1, -1, "")])])
+        illegal = CommitRequest(8, "g", -1, "", None, -1, [("a b", [(0, 5, -1, -1, "")]), ("t", [(1, 6, -1, -1, "")])])
+        assert module.prepare_commit(legal, NOW, 4096).results == [("t", [(0, ErrorCode.NONE)])]
+        prepared = module.prepare_commit(illegal, NOW, 4096)
+        assert prepared.results == [("a b", [(0, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)]), ("t", [(1, ErrorCode.NONE)])]
+        assert [key for key, _ in prepared.encoded] == [encode_offset_key(OffsetKey("g", "t", 1))]
+        assert module._key_prefix("g", "a b") is None and "a b" not in module._key_prefixes.get("g", {})
+        held = module._key_prefixes_held[0]
+        for i in range(module.KEY_PREFIXES_KEPT - held + 1):
+            assert module._key_prefix(f"g{i % 7}", f"t{i}") == offset_key_prefix(f"g{i % 7}", f"t{i}")
+        assert module._key_prefixes_held[0] <= module.KEY_PREFIXES_KEPT
+        assert sum(len(topics) for topics in module._key_prefixes.values()) == module._key_prefixes_held[0]
