@@ -62,6 +62,26 @@ def bucket(bounds: tuple[float, ...], value: float) -> int:
     return i
 
 
+def latency_bucket(seconds: float) -> int:
+    """``bucket(LATENCY_BUCKETS, seconds)`` with the bounds as constants (compiled, comparisons of
+    doubles: the loop reads each bound out of a tuple of boxed floats, ~900 instructions a commit)."""
+    if seconds <= 0.001:
+        if seconds <= 0.0001:
+            return 0
+        if seconds <= 0.00025:
+            return 1
+        return 2 if seconds <= 0.0005 else 3
+    if seconds <= 0.05:
+        if seconds <= 0.0025:
+            return 4
+        if seconds <= 0.005:
+            return 5
+        if seconds <= 0.01:
+            return 6
+        return 7 if seconds <= 0.025 else 8
+    return bucket(LATENCY_BUCKETS, seconds)
+
+
 @dataclass
 class PartitionLoad:
     seconds: float
@@ -115,7 +135,7 @@ class Metrics:
             self.other_requests[key] = self.other_requests.get(key, 0) + 1
         self.done[api_key] += items
         hist = self.request_seconds[api_key]
-        hist.counts[bucket(hist.bounds, seconds)] += 1
+        hist.counts[latency_bucket(seconds)] += 1
         hist.total += seconds
 
     @property

@@ -11,6 +11,8 @@ or memoryview (interpreted it would take any buffer).
 import struct
 from typing import Final
 
+from mypy_extensions import i64
+
 DEFAULT_MAX_FRAME_BYTES: Final = 100 * 1024 * 1024
 _SIZE: Final = struct.Struct(">i")
 CHUNKED_BYTES: Final = 64 * 1024
@@ -85,13 +87,23 @@ class FrameReader:
             return None
         if self._known_at == self._pos:
             return self._known
-        if len(self._buf) - self._pos < 4:
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < 4:
             return None
-        (size,) = _SIZE.unpack_from(self._buf, self._pos)
+        # Byte by byte as i64, not struct's unpack_from (a method call and a tuple: ~1,400 instructions
+        # compiled, once per frame).
+        b0: i64 = buf[pos]
+        b1: i64 = buf[pos + 1]
+        b2: i64 = buf[pos + 2]
+        b3: i64 = buf[pos + 3]
+        size: i64 = (b0 << 24) | (b1 << 16) | (b2 << 8) | b3
+        if size >= 0x80000000:
+            size -= 0x100000000
         if size < 0 or size > self._max_bytes:
             self.error = FrameError(f"frame size {size} outside [0, {self._max_bytes}]")
             return None
-        self._known, self._known_at = int(size), self._pos
+        self._known, self._known_at = int(size), pos
         return self._known
 
     def _take_chunks(self) -> bytes | None:

@@ -93,3 +93,15 @@ def test_json_log_lines_carry_extra_fields_and_exceptions() -> None:
     assert line["message"] == "partition 3: gone" and line["level"] == "ERROR"
     assert line["logger"] == "coordinator.shard" and line["partition"] == 3
     assert "No space left on device" in line["exception"] and line["time"].endswith("Z")
+
+
+def test_the_latency_bucket_is_the_bounds_bucket() -> None:
+    """metrics.latency_bucket (the request histogram's, bounds as constants) agrees with the general
+    search over LATENCY_BUCKETS: at, just below and just above every bound, and far outside them."""
+    from coordinator import metrics
+
+    values = [0.0, -1.0, 1e-9, 100.0, float("inf"), float("nan")]
+    for b in metrics.LATENCY_BUCKETS:
+        values += [b, b * (1 - 1e-9), b * (1 + 1e-9)]
+    for v in values:
+        assert metrics.latency_bucket(v) == metrics.bucket(metrics.LATENCY_BUCKETS, v), v
