@@ -191,13 +191,14 @@ def _key_prefix(group_id: str, topic: str) -> bytes | None:
             return prefix
     if not legal_topic(topic):
         return None
+    prefix = offset_key_prefix(group_id, topic)  # first: if it raises, nothing is left behind
     if _key_prefixes_held[0] >= KEY_PREFIXES_KEPT:
         _key_prefixes.clear()
         _key_prefixes_held[0] = 0
         topics = None
     if topics is None:
         topics = _key_prefixes[group_id] = {}
-    prefix = topics[topic] = offset_key_prefix(group_id, topic)
+    topics[topic] = prefix
     _key_prefixes_held[0] += 1
     return prefix
 
