@@ -9,7 +9,8 @@ scraped, on its own thread: copying a dict or list of ints is atomic under the G
 needed, and a scrape never waits for the event loop.
 
 Per request (``request``) nothing is allocated and nothing is looked up by name: counts live in
-lists indexed by API, version and error code, and the latency bucket is found by a compiled loop.
+lists indexed by API, version and error code, and the latency bucket is found by comparisons with
+the bounds as constants.
 The first version (a dict keyed by ``(api, version, error)``, ``bisect`` over the bounds) cost ~5,400
 instructions per request under callgrind, ~10% of a 1-partition OffsetFetch: the tuple key, its
 dict lookups, and the bounds, a tuple of floats that mypyc keeps unboxed, boxed again into a new
@@ -90,7 +91,8 @@ class PartitionLoad:
 
 @dataclass
 class Metrics:
-    """Everything counted since start. Keys are small tuples of ints so the hot path allocates nothing."""
+    """Everything counted since start. What the request path counts is indexed by small ints (an API
+    key, a version, an error code), so counting allocates nothing."""
 
     # replies by API, version and first error code: [api * VERSIONS + version][error + 1] -> n, a row
     # made at its first reply; what falls outside those ranges in ``other_requests``. Read as ``requests``.
