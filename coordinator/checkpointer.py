@@ -70,12 +70,16 @@ class Checkpointer:
         self.synced_at = time.monotonic()  # when the last checkpoint completed (or the process started)
 
     async def run(self) -> None:
-        """Checkpoints while the process runs: every interval when anything was journaled since."""
+        """Checkpoints while the process runs: every interval when anything was journaled since, or
+        when a log holds acknowledged bytes no checkpoint could count yet (their journal sync was in
+        flight during the last one: without another, a server going idle then left them unmarked,
+        and their recovery point unrecorded, until its stop)."""
         while True:
             await asyncio.sleep(min(self._interval_s, POLL_S))
             journal = self._sync.journal
             due = time.monotonic() - self._last >= self._interval_s
-            if journal.live_size >= CHECKPOINT_BYTES or (due and (journal.live_size or journal.retained > 1)):
+            if journal.live_size >= CHECKPOINT_BYTES or (due and (journal.live_size or journal.retained > 1
+                                                                  or self._logs_behind())):
                 await self.checkpoint()
             elif due:  # nothing journaled since the last one: the logs hold everything (age 0, not stalled)
                 self._last = self.synced_at = time.monotonic()
@@ -130,6 +134,9 @@ class Checkpointer:
                     raise asyncio.CancelledError()
         self.completed += 1
         return True
+
+    def _logs_behind(self) -> bool:
+        return any(shard.log.disk_behind() for shard in self._shards)
 
     def _sync_and_delete(self, drop: list[JournalSegment], spare: int) -> JournalSegment | None:
         """Checkpoint thread: the logs on disk, then the journal segments they make redundant, then

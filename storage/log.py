@@ -422,8 +422,18 @@ class PartitionLog:
     def disk_synced(self, upto: LogEnd) -> None:
         """A checkpoint's syncfs made everything appended up to ``upto`` durable in the log itself.
         Ignored for an end the log no longer reaches (cut back to its durable end since)."""
-        if self.recovered and upto <= self.end() and upto > (self.synced_offset, self._synced_base, self._synced_size):
+        if self._would_mark(upto):
             self._mark_synced(upto)
+
+    def disk_behind(self) -> bool:
+        """A checkpoint taken now would mark more of the log synced (``disk_synced``): bytes journaled
+        and acknowledged past the last mark. So a checkpoint that ran while their journal sync was in
+        flight (and could not count them) is followed by another, though nothing more is journaled."""
+        return self._would_mark(min(self.journaled_end, self.durable_end()))
+
+    def _would_mark(self, upto: LogEnd) -> bool:
+        synced = (self.synced_offset, self._synced_base, self._synced_size)
+        return self.recovered and upto <= self.end() and upto > synced
 
     def checkpoint_due(self) -> bool:
         return self._synced_base >= 0 and time.monotonic() - self._checkpointed_at >= CHECKPOINT_INTERVAL_S
