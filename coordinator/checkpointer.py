@@ -93,7 +93,7 @@ class Checkpointer:
         # Journaled and acknowledged: a batch whose journal sync is still under way (or will fail)
         # must not count as synced (the cleaner would let it hide the acknowledged record it replaces,
         # and a recovery point could claim bytes a failed sync then cuts).
-        ends = [min(plog.journaled_end, plog.durable_end()) for plog in logs]
+        ends = [plog.acknowledged_end() for plog in logs]
         boundary = journal.rotate()
         holding = journal.holding
         drop = journal.droppable(boundary)

@@ -425,11 +425,16 @@ class PartitionLog:
         if self._would_mark(upto):
             self._mark_synced(upto)
 
+    def acknowledged_end(self) -> LogEnd:
+        """Where the appends both in the journal and durable there end: what a checkpoint may mark synced
+        (a batch whose journal sync is still under way, or will fail, must not count)."""
+        return min(self.journaled_end, self.durable_end())
+
     def disk_behind(self) -> bool:
         """A checkpoint taken now would mark more of the log synced (``disk_synced``): bytes journaled
         and acknowledged past the last mark. So a checkpoint that ran while their journal sync was in
         flight (and could not count them) is followed by another, though nothing more is journaled."""
-        return self._would_mark(min(self.journaled_end, self.durable_end()))
+        return self._would_mark(self.acknowledged_end())
 
     def _would_mark(self, upto: LogEnd) -> bool:
         synced = (self.synced_offset, self._synced_base, self._synced_size)
