@@ -51,15 +51,6 @@ class Api:
         self.encode = encode
         self.decode = decode  # ``(client id, body)`` as the handler takes it: the API's own, else the spec's
 
-    def decode_request(self, frame: bytes, version: int) -> tuple[str, Any]:
-        """``(client id, body)`` as the handler takes it."""
-        return self.decode(frame, version)
-
-    def replace(self, *, prepare: Prepare | None) -> "Api":
-        """The same API with another ``prepare`` (tests that inject a failure)."""
-        return Api(self.spec, self.handle, self.error_response, prepare, self.render, self.outcome, self.encode,
-                   self.decode)
-
 
 class ReplySink(Protocol):
     """Where a request's reply goes: its connection."""
@@ -220,5 +211,5 @@ def encode_reply(req: Request) -> bytes:
 
 def decode_and_prepare(runtime: "Runtime", api: "Api", frame: bytes, version: int) -> tuple[str, Any, Any]:
     """Bulk thread: a large request's decoding and its API's state-independent preparation."""
-    client_id, body = api.decode_request(frame, version)
+    client_id, body = api.decode(frame, version)
     return client_id, body, api.prepare(runtime, body, version) if api.prepare else body

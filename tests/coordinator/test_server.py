@@ -259,7 +259,7 @@ async def test_a_huge_commit_whose_later_slice_fails_is_still_answered(
     the commit unanswered, every later reply of its connection queued behind it, its connection held
     and the collector paused. It is now answered UNKNOWN_SERVER_ERROR and the connection goes on."""
 
-    from coordinator.apis import APIS
+    from coordinator.apis import APIS, Api
     from coordinator.shard import APPEND_SLICE
 
     class FailingSlice(list):  # type: ignore[type-arg]
@@ -277,7 +277,8 @@ async def test_a_huge_commit_whose_later_slice_fails_is_still_answered(
         prepared.commit.records = FailingSlice(prepared.commit.records)
         return prepared
 
-    monkeypatch.setitem(APIS, 8, api.replace(prepare=failing))
+    monkeypatch.setitem(APIS, 8, Api(api.spec, api.handle, api.error_response, failing, api.render, api.outcome,
+                                     api.encode, api.decode))
     reader, writer = await serving.connect()
     writer.write(big_commit())
     answer = await asyncio.wait_for(reply(reader, OffsetCommitResponse, 8), 10)
