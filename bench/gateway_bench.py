@@ -30,6 +30,7 @@ from typing import Any
 import confluent_kafka as ck
 import confluent_kafka.admin
 
+from bench.client import process_tree_cpu
 from bench.kcoord_api import free_port
 
 PARTITIONS = 4
@@ -46,12 +47,6 @@ def wait_port(port: int, timeout: float = 30.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- upstreams ----------------------------------------------------------------------------------
@@ -185,12 +180,12 @@ def main() -> int:
             for path, bootstrap in (("direct", upstream_bootstrap), ("kcoord", kcoord_bootstrap)):
                 topic = f"bench-{path}-{r}"
                 create_topic(args.upstream, bootstrap, topic)
-                cpu0 = cpu_seconds(kcoord.pid)
+                cpu0 = process_tree_cpu(kcoord.pid)
                 results[path]["produce"].append((args.messages, produce(bootstrap, topic, args.messages, args.size)))
                 consumed = consume(bootstrap, topic)
                 results[path]["consume"].append(consumed)
                 if path == "kcoord":
-                    kcoord_cpu += cpu_seconds(kcoord.pid) - cpu0
+                    kcoord_cpu += process_tree_cpu(kcoord.pid) - cpu0
                     relayed += (args.messages + consumed[0]) * args.size
                 print(f"round {r + 1} {path}: produced {args.messages} in {results[path]['produce'][-1][1]:.2f} s, "
                       f"consumed {consumed[0]} in {consumed[1]:.2f} s", file=sys.stderr, flush=True)

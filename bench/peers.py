@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.client import cpu_seconds
+from bench.client import cpu_seconds, process_tree_cpu
 from bench.kcoord_api import KcoordProcess, free_port, tansu_in_venv, wait_port
 from bench.wire import TOPIC, TOPIC_PARTITIONS, Tolerance
 
@@ -27,9 +27,10 @@ class MissingPeer(RuntimeError):
 
 
 def process_cpu(pid: int) -> float | None:
-    """All threads of a process, or None once it is gone."""
+    """All threads of a process and of its descendants (bench.client.process_tree_cpu), or None once
+    it is gone."""
     try:
-        return cpu_seconds(f"/proc/{pid}/stat")
+        return process_tree_cpu(pid)
     except (FileNotFoundError, ProcessLookupError):
         return None
 
