@@ -22,6 +22,8 @@ import sys
 import threading
 from typing import Any, TextIO
 
+from pipeline.layout import location
+
 JOBS = {"snapshot": "pipeline.snapshot", "history": "pipeline.history", "reshard": "pipeline.reshard"}
 DEFAULT_MASTER = "local[*]"
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
@@ -59,10 +61,10 @@ def add_pipeline_parser(sub: Any) -> argparse.ArgumentParser:
 
 def add_jobs(parser: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", action="append", required=True, metavar="DIR",
+    common.add_argument("--data-dir", action="append", required=True, metavar="DIR", type=location,
                         help="a kcoord data dir, a Kafka log dir or a __consumer_offsets-N dir (local, hdfs://, "
                              "s3a://; repeat for several)")
-    common.add_argument("--out", required=True, help="output path (it must not exist)")
+    common.add_argument("--out", required=True, type=location, help="output path (it must not exist)")
     common.add_argument("--master", default=None, help=f"Spark master (default {DEFAULT_MASTER})")
     common.add_argument("--skip-corrupt", action="store_true",
                         help="write what can be read when batches are corrupt (they are still reported)")

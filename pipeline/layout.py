@@ -105,6 +105,15 @@ def is_uri(path: str) -> bool:
     return re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path) is not None
 
 
+def location(given: str) -> str:
+    """A ``--data-dir`` or ``--out`` as the jobs read it: ``file://localhost/p`` (RFC 8089's name for
+    this machine) becomes ``file:///p``, the one form the local checks, pyarrow and Hadoop all take as
+    local; anything else as given."""
+    if given[:17].lower() == "file://localhost/":
+        return "file:///" + given[17:]
+    return given
+
+
 def local_path(given: str) -> Path | None:
     """The local path a plain path or a ``file:///`` URI names; None for any other URI (``file://host/...``
     included)."""

@@ -30,7 +30,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from pipeline import decode
 from pipeline.decode import GROUP_METADATA, OFFSET_COMMIT, UNKNOWN
-from pipeline.layout import META_FILE, OFFSETS_TOPIC, is_uri
+from pipeline.layout import META_FILE, OFFSETS_TOPIC, local_path
 from pipeline.output import OutputError, say, settle, skipped
 from pipeline.reader import read_offsets_log, report_damages
 from pipeline.semantics import TRANSACTION_COLUMNS, with_counts
@@ -196,9 +196,10 @@ class LocalStaging:
 
 
 def run(spark: SparkSession, args: argparse.Namespace, err: TextIO) -> int:
-    if is_uri(args.out) and not args.out.startswith("file://"):
+    out = local_path(args.out)
+    if out is None:  # another file system, or a file:// URI naming another host
         raise OutputError(f"{args.out}: reshard writes a data directory kcoord serves, so --out is a local path")
-    staging = LocalStaging(Path(args.out.removeprefix("file://")).absolute(), args.partitions)
+    staging = LocalStaging(out.absolute(), args.partitions)
     try:
         read = read_offsets_log(spark, args.data_dir, READ_COLUMNS, args.split_bytes)
         say(f"reshard to {args.partitions} partitions of {read.summary()}", err)

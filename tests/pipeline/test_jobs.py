@@ -111,11 +111,12 @@ def test_a_data_directory_whose_journal_holds_batches_is_refused_unless_told(spa
 def test_a_data_directory_a_running_kcoord_serves_is_refused(spark: Any, tmp_path: Path) -> None:
     """A running kcoord rewrites and removes segments under a reader (a campaign's snapshot died in a
     Spark worker with ~275 lines of traceback while the cleaner ran; a reshard wrote a stale copy):
-    the jobs refuse its directory, also named as a ``file://`` URI, naming the process, and hold the
-    lock while they read."""
+    the jobs refuse its directory, also named as a ``file://`` URI (``file://localhost/`` too: it was
+    read as another host's, without the check), naming the process, and hold the lock while they read."""
     server = KcoordProcess(tmp_path / "data").start()
     try:
-        for given in (str(tmp_path / "data"), f"file://{tmp_path / 'data'}"):
+        for given in (str(tmp_path / "data"), f"file://{tmp_path / 'data'}", f"file://localhost{tmp_path / 'data'}",
+                      f"FILE://LocalHost{tmp_path / 'data'}"):
             code, err = job(spark, "snapshot", "--data-dir", given, "--out", str(tmp_path / "out"))
             assert code == 2 and not (tmp_path / "out").exists()
             assert f"{tmp_path / 'data'} is in use by a running kcoord (pid {server.proc.pid})" in err, err  # type: ignore[union-attr]
@@ -123,8 +124,10 @@ def test_a_data_directory_a_running_kcoord_serves_is_refused(spark: Any, tmp_pat
     finally:
         if server.proc is not None and server.proc.poll() is None:
             server.kill()
-    code, err = job(spark, "snapshot", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out"))
+    code, err = job(spark, "snapshot", "--data-dir", f"file://localhost{tmp_path / 'data'}", "--out",
+                    f"file://localhost{tmp_path / 'out'}")
     assert code == 0, err
+    assert (tmp_path / "out").is_dir()
 
 
 def test_a_segment_that_cannot_be_read_is_one_line_not_a_traceback(spark: Any, tmp_path: Path) -> None:
@@ -156,6 +159,12 @@ def test_reshard_is_served_by_a_fresh_kcoord_with_the_new_partition_count(spark:
     code, err = job(spark, "reshard", "--data-dir", str(committed_log.data_dir), "--out", str(out),
                     "--partitions", "64", "--split-bytes", "4096")
     assert code == 0, err
+    # another host's file:// URI is not a local path: refused, not written relative to the working dir
+    code, err = job(spark, "reshard", "--data-dir", str(committed_log.data_dir), "--out",
+                    f"file://elsewhere{tmp_path / 'other'}", "--partitions", "3")
+    assert code == 2 and "so --out is a local path" in err, err
+    assert not (tmp_path / "other").exists() and not (REPO / "elsewhere").exists() \
+        and not Path("elsewhere").exists()
     groups_seen: set[str] = set()
     for p in range(64):
         for batch in PartitionLog(out / f"__consumer_offsets-{p}").recover():

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from coordinator import runtime
-from pipeline.layout import META_FILE, OFFSETS_TOPIC, LayoutError, files_for, find_segments
+from pipeline.layout import META_FILE, OFFSETS_TOPIC, LayoutError, files_for, find_segments, local_path, location
 from tests.pipeline.logs import commit, plain_batches, write_partition
 
 
@@ -62,3 +62,16 @@ def test_swap_names_agree_with_the_service_and_a_kafka_swap_is_refused(tmp_path:
     (tmp_path / "__consumer_offsets-0" / "00000000000000000000.log.swap").write_bytes(b"")
     with pytest.raises(LayoutError, match="interrupted compaction swap"):
         find_segments([str(tmp_path)])
+
+
+def test_file_localhost_is_local_and_other_hosts_are_not() -> None:
+    """RFC 8089: ``file://localhost/p`` names this machine's ``/p``, as ``file:///p`` does."""
+    assert location("file://localhost/data/x") == "file:///data/x"
+    assert location("FILE://LOCALHOST/data/x") == "file:///data/x"
+    assert location("file://localhost.example/data") == "file://localhost.example/data"
+    assert location("hdfs://localhost/data") == "hdfs://localhost/data"
+    assert location("/data") == "/data"
+    assert local_path(location("file://localhost/data/x")) == Path("/data/x")
+    assert local_path("file://elsewhere/data") is None
+    assert local_path("s3a://bucket/data") is None
+    assert local_path("relative/data") == Path("relative/data")
