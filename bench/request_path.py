@@ -17,7 +17,6 @@ throughput and latency against the peers.
 
 import argparse
 import asyncio
-import os
 import socket
 import struct
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 
 from kafka.protocol.consumer.group import OffsetCommitResponse, OffsetFetchResponse
 
+from bench.client import cpu_seconds
 from bench.scenarios import SCENARIOS, templates
 from bench.wire import COMMIT_VERSION, HIGHEST_FETCH_VERSION, commit_frame, fetch_frame
 from coordinator.cli import tune_interpreter
@@ -116,10 +116,9 @@ def _helper_cpu(runtime: Runtime) -> float:
     if helper is None or helper.pid is None:
         return 0.0
     try:
-        fields = Path(f"/proc/{helper.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return cpu_seconds(f"/proc/{helper.pid}/stat")
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _run(kind: str, frames: list[bytes], connections: int, inflight: int, requests: int,

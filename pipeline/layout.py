@@ -106,11 +106,20 @@ def is_uri(path: str) -> bool:
 
 
 def location(given: str) -> str:
-    """A ``--data-dir`` or ``--out`` as the jobs read it: ``file://localhost/p`` (RFC 8089's name for
-    this machine) becomes ``file:///p``, the one form the local checks, pyarrow and Hadoop all take as
-    local; anything else as given."""
-    if given[:17].lower() == "file://localhost/":
-        return "file:///" + given[17:]
+    """A ``--data-dir`` or ``--out`` as the jobs read it. A local file URI in any of RFC 8089's forms
+    (``file:/p``, ``file://localhost/p``, any case of the scheme or of ``localhost``) becomes
+    ``file:///p``, the one form the local checks, pyarrow and Hadoop all take as local; another
+    host's keeps its host, with the scheme in lower case; anything else as given."""
+    if given[:5].lower() != "file:":
+        return given
+    rest = given[5:]
+    if rest.startswith("//"):
+        host, _, path = rest[2:].partition("/")
+        if host.lower() in ("", "localhost"):
+            return "file:///" + path
+        return f"file://{host}/{path}"
+    if rest.startswith("/"):
+        return "file://" + rest
     return given
 
 

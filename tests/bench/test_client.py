@@ -2,50 +2,54 @@
 
 import subprocess
 import sys
-import time
 
-from bench.client import cpu_seconds, process_tree_cpu
+from bench.client import _children, children_by_parent, cpu_seconds, process_tree_cpu
 
-# A parent that starts a child spinning for ``BURN_S`` of CPU, prints the child's pid, waits for it
-# and then idles until stdin closes: the child's time reaches the parent's figures only as reaped.
+# A parent whose child spins for ``burn`` seconds of CPU and then waits, alive, until told to end;
+# the parent then reaps it and idles. The child's time reaches the parent's own figures only once
+# reaped (cutime/cstime).
+CHILD = ("import sys, time\nprint(flush=True)\nsys.stdin.readline()\nt = time.process_time()\n"
+         "while time.process_time() - t < %(burn)s: pass\nprint(flush=True)\nsys.stdin.readline()\n")
 PARENT = """
 import subprocess, sys
-child = subprocess.Popen([sys.executable, "-c", "import sys,time\\nt=time.process_time()\\nprint(flush=True)\\n"
-                          "sys.stdin.readline()\\nwhile time.process_time()-t<%(burn)s: pass"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+child = subprocess.Popen([sys.executable, "-c", %(child)r], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 child.stdout.readline()
 print(child.pid, flush=True)
-sys.stdin.readline()
-child.stdin.close()
-child.wait()
-print("reaped", flush=True)
-sys.stdin.readline()
+for line in sys.stdin:  # "burn": the child spins; "end": it ends and is reaped
+    if line.strip() == "burn":
+        child.stdin.write(b"go\\n"); child.stdin.flush()
+        child.stdout.readline()
+        print("burnt", flush=True)
+    else:
+        child.stdin.close()
+        child.wait()
+        print("reaped", flush=True)
 """
 BURN_S = 0.4
 
 
 def test_a_live_child_and_then_a_reaped_child_count_as_the_parents_cpu() -> None:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT % {"burn": BURN_S}], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT % {"child": CHILD % {"burn": BURN_S}}],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert parent.stdin is not None and parent.stdout is not None
     try:
         child_pid = int(parent.stdout.readline())
-        before_own, before_tree = cpu_seconds(f"/proc/{parent.pid}/stat"), process_tree_cpu(parent.pid)
-        parent.stdin.write("go\n")
+        own0, tree0 = cpu_seconds(f"/proc/{parent.pid}/stat", reaped=True), process_tree_cpu(parent.pid)
+        parent.stdin.write("burn\n")
         parent.stdin.flush()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # the child spins; seen through the parent while alive
-            spent = process_tree_cpu(parent.pid) - before_tree
-            if spent >= BURN_S / 2:
-                break
-            time.sleep(0.02)
-        assert process_tree_cpu(parent.pid) - before_tree >= BURN_S / 2
-        assert cpu_seconds(f"/proc/{parent.pid}/stat") - before_own < BURN_S / 4  # not the parent's own
+        assert parent.stdout.readline().strip() == "burnt"
+        assert _alive(child_pid)  # spun, and still running: only the walk over live children sees it
+        assert _children(parent.pid) == children_by_parent(parent.pid) == [child_pid]  # either way of finding it
+        live = process_tree_cpu(parent.pid) - tree0
+        assert BURN_S * 0.9 <= live <= BURN_S * 1.5, live  # counted once
+        assert cpu_seconds(f"/proc/{parent.pid}/stat", reaped=True) - own0 < BURN_S / 4
+        parent.stdin.write("end\n")
+        parent.stdin.flush()
         assert parent.stdout.readline().strip() == "reaped"
-        after = process_tree_cpu(parent.pid) - before_tree  # now through cutime/cstime
-        assert after >= BURN_S * 0.9
-        assert cpu_seconds(f"/proc/{parent.pid}/stat", reaped=True) - before_own >= BURN_S * 0.9
         assert not _alive(child_pid)
+        reaped = process_tree_cpu(parent.pid) - tree0  # now through the parent's cutime/cstime
+        assert BURN_S * 0.9 <= reaped <= BURN_S * 1.5, reaped
+        assert cpu_seconds(f"/proc/{parent.pid}/stat", reaped=True) - own0 >= BURN_S * 0.9
     finally:
         parent.stdin.close()
         parent.wait(30)

@@ -115,8 +115,9 @@ def test_a_data_directory_a_running_kcoord_serves_is_refused(spark: Any, tmp_pat
     read as another host's, without the check), naming the process, and hold the lock while they read."""
     server = KcoordProcess(tmp_path / "data").start()
     try:
-        for given in (str(tmp_path / "data"), f"file://{tmp_path / 'data'}", f"file://localhost{tmp_path / 'data'}",
-                      f"FILE://LocalHost{tmp_path / 'data'}"):
+        data = tmp_path / "data"
+        for given in (str(data), f"file://{data}", f"file://localhost{data}", f"FILE://LocalHost{data}",
+                      f"FILE://{data}", f"file:{data}"):
             code, err = job(spark, "snapshot", "--data-dir", given, "--out", str(tmp_path / "out"))
             assert code == 2 and not (tmp_path / "out").exists()
             assert f"{tmp_path / 'data'} is in use by a running kcoord (pid {server.proc.pid})" in err, err  # type: ignore[union-attr]

@@ -68,10 +68,15 @@ def test_file_localhost_is_local_and_other_hosts_are_not() -> None:
     """RFC 8089: ``file://localhost/p`` names this machine's ``/p``, as ``file:///p`` does."""
     assert location("file://localhost/data/x") == "file:///data/x"
     assert location("FILE://LOCALHOST/data/x") == "file:///data/x"
+    assert location("FILE:///data/x") == "file:///data/x"
+    assert location("file:/data/x") == "file:///data/x"  # the short form, as Hadoop prints local paths
+    assert location("file://localhost") == "file:///"
     assert location("file://localhost.example/data") == "file://localhost.example/data"
+    assert location("FILE://elsewhere/data") == "file://elsewhere/data"
     assert location("hdfs://localhost/data") == "hdfs://localhost/data"
     assert location("/data") == "/data"
-    assert local_path(location("file://localhost/data/x")) == Path("/data/x")
+    for given in ("file://localhost/data/x", "File:/data/x", "FILE:///data/x"):
+        assert local_path(location(given)) == Path("/data/x")
     assert local_path("file://elsewhere/data") is None
     assert local_path("s3a://bucket/data") is None
     assert local_path("relative/data") == Path("relative/data")
