@@ -264,10 +264,16 @@ async def prime(host: str, port: int, checker: Checker, commits: Sequence[int], 
         writer.close()
 
 
+def stat_fields(stat: str | Path) -> list[str]:
+    """The fields of a /proc/<pid>/stat (or task) file after the command name, from the state on: the
+    name, in parentheses, may itself hold spaces and parentheses."""
+    return Path(stat).read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(stat: str, *, reaped: bool = False) -> float:
     """utime + stime of a /proc/<pid>/stat or /proc/<pid>/task/<tid>/stat file; with ``reaped``, plus
     the cutime + cstime of the children the process has waited for."""
-    fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(stat)
     ticks = int(fields[11]) + int(fields[12])
     if reaped:
         ticks += int(fields[13]) + int(fields[14])
@@ -313,7 +319,7 @@ def children_by_parent(pid: int) -> list[int]:
 
 def _parent(proc: Path) -> int:
     try:
-        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        return int(stat_fields(proc / "stat")[1])
     except (FileNotFoundError, ProcessLookupError):
         return -1
 

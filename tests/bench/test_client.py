@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from bench.client import _children, children_by_parent, cpu_seconds, process_tree_cpu
+from bench.client import _children, children_by_parent, cpu_seconds, process_tree_cpu, stat_fields
 
 # A parent whose child spins for ``burn`` seconds of CPU and then waits, alive, until told to end;
 # the parent then reaps it and idles. The child's time reaches the parent's own figures only once
@@ -57,7 +57,6 @@ def test_a_live_child_and_then_a_reaped_child_count_as_the_parents_cpu() -> None
 
 def _alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return stat_fields(f"/proc/{pid}/stat")[0] != "Z"
     except FileNotFoundError:
         return False
