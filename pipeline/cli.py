@@ -214,7 +214,7 @@ def _hold_inputs(args: argparse.Namespace, err: TextIO) -> list[int]:
     holds: list[int] = []
     try:
         for given in getattr(args, "data_dir", None) or []:
-            local = local_path(given)
+            local = local_path(given, decoded=True)  # the directory pyarrow reads, not a name with %20 in it
             if local is None:
                 continue
             data_dir = data_dir_of(local)

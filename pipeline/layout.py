@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
+from urllib.parse import unquote
 
 from storage.log import RECOVERY_POINT
 
@@ -123,13 +124,14 @@ def location(given: str) -> str:
     return given
 
 
-def local_path(given: str) -> Path | None:
+def local_path(given: str, *, decoded: bool = False) -> Path | None:
     """The local path a plain path or a ``file:///`` URI names; None for any other URI (``file://host/...``
-    included)."""
+    included). ``decoded``: the URI's percent-escapes decoded, as pyarrow reads a ``--data-dir``
+    (``file:///a%20b`` is ``/a b`` there; Hadoop, which writes a Spark job's ``--out``, keeps ``%20``)."""
     local = given.removeprefix("file://")
     if is_uri(local) or (local != given and not local.startswith("/")):
         return None
-    return Path(local)
+    return Path(unquote(local) if decoded and local != given else local)
 
 
 @functools.lru_cache(maxsize=64)

@@ -112,12 +112,13 @@ def test_a_data_directory_a_running_kcoord_serves_is_refused(spark: Any, tmp_pat
     """A running kcoord rewrites and removes segments under a reader (a campaign's snapshot died in a
     Spark worker with ~275 lines of traceback while the cleaner ran; a reshard wrote a stale copy):
     the jobs refuse its directory, also named as a ``file://`` URI (``file://localhost/`` too: it was
-    read as another host's, without the check), naming the process, and hold the lock while they read."""
+    read as another host's, without the check; and percent-encoded, which pyarrow decodes: the check
+    looked for a directory named ``%64ata``), naming the process, and hold the lock while they read."""
     server = KcoordProcess(tmp_path / "data").start()
     try:
         data = tmp_path / "data"
         for given in (str(data), f"file://{data}", f"file://localhost{data}", f"FILE://LocalHost{data}",
-                      f"FILE://{data}", f"file:{data}"):
+                      f"FILE://{data}", f"file:{data}", f"file://{data.parent}/%64ata"):  # %64: pyarrow reads "d"
             code, err = job(spark, "snapshot", "--data-dir", given, "--out", str(tmp_path / "out"))
             assert code == 2 and not (tmp_path / "out").exists()
             assert f"{tmp_path / 'data'} is in use by a running kcoord (pid {server.proc.pid})" in err, err  # type: ignore[union-attr]

@@ -80,3 +80,16 @@ def test_file_localhost_is_local_and_other_hosts_are_not() -> None:
     assert local_path("file://elsewhere/data") is None
     assert local_path("s3a://bucket/data") is None
     assert local_path("relative/data") == Path("relative/data")
+
+
+def test_a_data_dir_uri_is_the_directory_pyarrow_reads() -> None:
+    """pyarrow decodes a file URI's percent-escapes (``file:///a%20b`` lists ``/a b``): the check for a
+    running kcoord must look at that directory, not at one named ``a%20b``. A plain path is a name."""
+    from pyarrow import fs
+
+    for given in ("file:///data/a%20b", "file:///data/%C3%A9t%C3%A9", "file:///data/x%25y"):
+        assert local_path(given, decoded=True) == Path(fs.FileSystem.from_uri(given)[1])
+    assert local_path("file:///data/a%20b", decoded=True) == Path("/data/a b")
+    assert local_path("file:///data/a%20b") == Path("/data/a%20b")  # as Hadoop takes an --out
+    assert local_path("/data/a%20b", decoded=True) == Path("/data/a%20b")
+    assert local_path("file://elsewhere/a%20b", decoded=True) is None
