@@ -155,6 +155,15 @@ def consume(bootstrap: str, topic: str) -> tuple[int, float]:
     return got, elapsed
 
 
+def _kcoord_cpu(kcoord: "subprocess.Popen[bytes]") -> float:
+    """kcoord's CPU seconds so far, its sync helper's included; a kcoord gone mid-run ends the bench
+    with its exit status rather than a traceback about /proc."""
+    try:
+        return process_tree_cpu(kcoord.pid)
+    except (FileNotFoundError, ProcessLookupError):
+        raise SystemExit(f"gateway_bench: kcoord (pid {kcoord.pid}) exited mid-run, status {kcoord.wait()}") from None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--upstream", choices=["mock", "tansu"], default="mock")
@@ -180,12 +189,12 @@ def main() -> int:
             for path, bootstrap in (("direct", upstream_bootstrap), ("kcoord", kcoord_bootstrap)):
                 topic = f"bench-{path}-{r}"
                 create_topic(args.upstream, bootstrap, topic)
-                cpu0 = process_tree_cpu(kcoord.pid)
+                cpu0 = _kcoord_cpu(kcoord)
                 results[path]["produce"].append((args.messages, produce(bootstrap, topic, args.messages, args.size)))
                 consumed = consume(bootstrap, topic)
                 results[path]["consume"].append(consumed)
                 if path == "kcoord":
-                    kcoord_cpu += process_tree_cpu(kcoord.pid) - cpu0
+                    kcoord_cpu += _kcoord_cpu(kcoord) - cpu0
                     relayed += (args.messages + consumed[0]) * args.size
                 print(f"round {r + 1} {path}: produced {args.messages} in {results[path]['produce'][-1][1]:.2f} s, "
                       f"consumed {consumed[0]} in {consumed[1]:.2f} s", file=sys.stderr, flush=True)
