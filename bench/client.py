@@ -222,7 +222,7 @@ class Pacer:
         if self.run.stopping:
             return
         now = time.perf_counter()
-        due = int((now - self.t0) * self.rate) - self.issued
+        due = int((now - self.t0) * self.rate) + 1 - self.issued  # requests 0..k with t0 + k / rate <= now
         conns = self.run.connections
         for k in range(self.issued, self.issued + due):
             conns[k % len(conns)].due.append(self.t0 + k / self.rate)

@@ -239,7 +239,7 @@ int main(int argc, char **argv) {
                 uint64_t ticks;
                 if (read(tfd, &ticks, sizeof ticks) < 0 && errno != EAGAIN) die("timerfd");
                 if (stopping) continue;
-                uint64_t due = (uint64_t)((now - t0) * rate);
+                uint64_t due = (uint64_t)((now - t0) * rate) + 1;  /* requests 0..k with t0 + k / rate <= now */
                 for (; issued < due; issued++) conns[issued % nconn].dealt++;
                 for (int j = 0; j < nconn; j++) if (conns[j].fd >= 0) pump(&conns[j], now);
                 continue;
