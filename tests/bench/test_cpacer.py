@@ -3,6 +3,7 @@ kcoord: it paces, times and hands every distinct answer to the harness's checker
 is counted, not timed as if it were right."""
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import pytest
@@ -23,6 +24,25 @@ def paced(server: KcoordProcess, load: Load, checker: Checker, rate: float = 200
         pytest.skip("no C compiler")
     return asyncio.run(cpacer.measure(program, "127.0.0.1", server.port, load, checker, connections=2, inflight=4,
                                       warmup=0.2, duration=0.5, server_cpu=lambda: None, rate=rate))
+
+
+def answering(delay_s: float) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """A connection handler that answers each frame with its correlation id and no body, after
+    ``delay_s`` (none: at once)."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                size = int.from_bytes(await reader.readexactly(4), "big")
+                frame = await reader.readexactly(size)
+                if delay_s:
+                    await asyncio.sleep(delay_s)
+                writer.write((4).to_bytes(4, "big") + frame[4:8])
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    return handle
 
 
 def test_paced_commits_and_fetches_are_timed_and_checked(kcoord: KcoordProcess) -> None:
@@ -55,19 +75,8 @@ def test_requests_held_back_by_the_in_flight_limit_are_counted() -> None:
     slots = [Slot("fetch", t) for t in TEMPLATES]
     load = Load(tuple(slots), tuple(range(len(slots))))
 
-    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                size = int.from_bytes(await reader.readexactly(4), "big")
-                frame = await reader.readexactly(size)
-                await asyncio.sleep(0.05)  # 4 in flight: 80 answers a second per connection
-                writer.write((4).to_bytes(4, "big") + frame[4:8])  # the correlation id, no body
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
     async def run() -> Sample:
-        server = await asyncio.start_server(slow, "127.0.0.1", 0)
+        server = await asyncio.start_server(answering(0.05), "127.0.0.1", 0)  # 4 in flight: 80 answers/s
         port = server.sockets[0].getsockname()[1]
         async with server:
             return await cpacer.measure(program, "127.0.0.1", port, load, Checker(slots, VERSIONS, Tolerance()),
@@ -91,17 +100,8 @@ def test_a_request_goes_out_when_it_is_due_not_one_interval_later(generator: str
     slots = [Slot("fetch", t) for t in TEMPLATES]
     load = Load(tuple(slots), tuple(range(len(slots))))
 
-    async def immediate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                size = int.from_bytes(await reader.readexactly(4), "big")
-                frame = await reader.readexactly(size)
-                writer.write((4).to_bytes(4, "big") + frame[4:8])  # the correlation id, no body
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
     async def run() -> Sample:
-        server = await asyncio.start_server(immediate, "127.0.0.1", 0)
+        server = await asyncio.start_server(answering(0.0), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         checker = Checker(slots, VERSIONS, Tolerance())
         async with server:
