@@ -8,6 +8,8 @@ protocol/compiled.py). Everything else is in pyproject.toml.
 The .py file is always installed too: without the extension, Python simply imports the source.
 """
 
+import hashlib
+import json
 import os
 import sys
 import sysconfig
@@ -37,6 +39,9 @@ COMPILED = [
     "coordinator/apis/k09_offset_fetch.py",
 ]
 GROUP = "kcoord_compiled"
+SOURCES_MANIFEST = f"{GROUP}.sources.json"  # beside the group's library; read by protocol/compiled.py
+PACKAGES = ("coordinator", "protocol", "storage")  # whose sources a compiled module may import
+_built_from: dict[str, str] = {}  # each package source's SHA-256 as mypyc read it
 
 
 def _say(message: str) -> None:
@@ -46,6 +51,7 @@ def _say(message: str) -> None:
 def _remove_compiled() -> None:
     """Drops compiled modules an earlier build left beside the sources (an editable install would still
     import them) and in ``build/`` (a wheel would ship them): a pure build must really be pure."""
+    Path(SOURCES_MANIFEST).unlink(missing_ok=True)
     for stem in [*(Path(source).with_suffix("") for source in COMPILED), Path(GROUP)]:
         for old in [*Path().glob(f"{stem}*.so"), *Path().glob(f"{stem}*.pyd"), *Path("build").glob(f"lib*/{stem}*")]:
             old.unlink()
@@ -69,11 +75,16 @@ class _OptionalBuildExt(build_ext):
             _remove_compiled()
             return
         # A shim whose C source did not change is not rebuilt and keeps its old time: stamp every output
-        # now, so "compiled module older than its source" (protocol/compiled.py) means really stale.
+        # now, so a source newer than the build (protocol/compiled.py) was really written after it.
         for ext in self.extensions:
             out = Path(self.get_ext_fullpath(ext.name))
             if out.exists():
                 out.touch()
+        # What the build was made from, so a source whose time is newer but whose content is the same (a
+        # checkout, a copy restored) is not called stale: a stale module turns the fast paths off.
+        if self.extensions and _built_from:
+            manifest = Path(self.get_ext_fullpath(GROUP)).with_name(SOURCES_MANIFEST)
+            manifest.write_text(json.dumps(_built_from, indent=0, sort_keys=True) + "\n", encoding="utf-8")
 
     def build_extension(self, ext: Any) -> None:
         if self.failed:
@@ -102,6 +113,8 @@ def _ext_modules() -> list[Any]:
         _say("mypy/mypyc not available: pure Python")
         _remove_compiled()
         return []
+    _built_from.update({path.as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+                        for package in PACKAGES for path in sorted(Path(package).rglob("*.py"))})
     try:
         # Only the named modules are compiled; the ones they import are type-checked, not built. Options are
         # given here so the build does not depend on the installed versions of our dependencies' stubs.

@@ -108,13 +108,15 @@ async def _when_loaded(runtime: Runtime) -> None:
 
 
 def warn_stale_builds() -> list[str]:
-    """A compiled module older than its source (an editable install edited since ``pip install -e .``):
+    """A compiled module built from other sources than those beside it (an editable install edited since
+    ``pip install -e .``):
     the loader and the registry then leave a stale codec unused, but every other compiled module still
     runs, as Python imports the compiled module before the source beside it. Says so loudly; returns
     the names."""
     found = [name for name in compiled.MODULES if compiled.stale(importlib.import_module(name))]
     for name in found:
-        log.warning("%s: the compiled module is older than its source; re-run pip install -e .", name)
+        log.warning("%s: the compiled module was built from an older version of its sources; re-run pip install -e .",
+                    name)
     return found
 
 

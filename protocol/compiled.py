@@ -5,7 +5,9 @@ code also has the layouts of what it imports built in (a NamedTuple's fields are
 the kcoord modules it imports directly count as its sources too."""
 
 import functools
+import hashlib
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -15,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 SLACK_S = 2.0  # file systems with coarse timestamps
+SOURCES_MANIFEST = "kcoord_compiled.sources.json"  # setup.py's: each source's SHA-256 when it was built
 PACKAGES = ("coordinator", "protocol", "storage")
 # What setup.py compiles (its COMPILED, as module names; a test keeps the two lists equal).
 MODULES = ("storage.batch", "storage.loadcodec", "coordinator.loader", "coordinator.state",
@@ -88,7 +91,7 @@ def sources(module: ModuleType) -> list[Path]:
     the loader and ``kcoord serve`` both ask at start-up)."""
     built = Path(str(module.__file__))
     source = built.with_name(built.name.split(".", 1)[0] + ".py")
-    root = source.parents[module.__name__.count(".")]
+    root = _root(module)
     found = [source]
     for name in _imported(source.read_text(encoding="utf-8")):
         if name.split(".")[0] in PACKAGES:
@@ -100,11 +103,36 @@ def sources(module: ModuleType) -> list[Path]:
 
 
 def stale(module: ModuleType) -> bool:
-    """True when ``module`` runs compiled and one of its ``sources`` is newer than the build."""
+    """True when ``module`` runs compiled and one of its ``sources`` changed since the build: newer than
+    the build and, where the build recorded what it read (setup.py's manifest), with other content. A
+    source whose content is what was built (a checkout or a copy put back) only has a newer time."""
     if not is_compiled(module):
         return False
     try:
         built = Path(str(module.__file__)).stat().st_mtime
-        return any(path.stat().st_mtime > built + SLACK_S for path in sources(module))
+        root = _root(module)
+        return any(path.stat().st_mtime > built + SLACK_S and not _as_built(root, path) for path in sources(module))
     except OSError:
         return False
+
+
+def _root(module: ModuleType) -> Path:
+    """The directory the module's top-level package is in."""
+    return Path(str(module.__file__)).parents[module.__name__.count(".")]
+
+
+def _as_built(root: Path, path: Path) -> bool:
+    if not path.is_relative_to(root):
+        return False
+    recorded = _manifest(root).get(path.relative_to(root).as_posix())
+    return recorded is not None and hashlib.sha256(path.read_bytes()).hexdigest() == recorded
+
+
+@functools.cache
+def _manifest(root: Path) -> dict[str, str]:
+    """The build's record of its sources (an empty one when it has none: an older build, or a broken file)."""
+    try:
+        found = json.loads((root / SOURCES_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}

@@ -47,7 +47,7 @@ def _reference_reader() -> "type[DefaultRecordBatch]":
 
 
 def codec_stale() -> bool:
-    """True when the compiled loadcodec is older than its source beside it (protocol/compiled.py)."""
+    """True when the compiled loadcodec was built from other sources than those beside it (protocol/compiled.py)."""
     return compiled.stale(loadcodec)
 
 

@@ -3,7 +3,9 @@ build (compiled code reads an imported NamedTuple's fields by position)."""
 
 import ast
 import enum
+import hashlib
 import importlib
+import json
 import os
 import re
 from pathlib import Path
@@ -56,6 +58,50 @@ def test_an_edit_to_the_source_or_an_imported_module_makes_it_stale(tmp_path: Pa
     assert not compiled.stale(module)
 
 
+def record_build(root: Path) -> None:
+    """The manifest setup.py writes beside the build: every package source's SHA-256 as it was built."""
+    recorded = {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+                for path in root.rglob("*.py")}
+    (root / compiled.SOURCES_MANIFEST).write_text(json.dumps(recorded))
+
+
+def test_a_source_put_back_as_it_was_built_is_not_stale(tmp_path: Path) -> None:
+    """A checkout or a copy restored gives a source a new time and the same content: the build still
+    runs that source, and calling it stale turned the fast paths off (a benchmark run's FAILED)."""
+    module = fake_build(tmp_path)
+    record_build(tmp_path)
+    for touched in ("storage/codec.py", "protocol/records.py"):
+        os.utime(tmp_path / touched, (BUILT + 60, BUILT + 60))
+    assert not compiled.stale(module)
+    (tmp_path / "protocol" / "records.py").write_text("Key = list\n")
+    os.utime(tmp_path / "protocol" / "records.py", (BUILT + 60, BUILT + 60))
+    assert compiled.stale(module)
+
+
+def test_a_source_the_build_did_not_record_is_judged_by_its_time(tmp_path: Path) -> None:
+    module = fake_build(tmp_path)
+    record_build(tmp_path)
+    (tmp_path / "protocol" / "late.py").write_text("")
+    with (tmp_path / "storage" / "codec.py").open("a") as f:
+        f.write("from protocol import late\n")
+    recorded = json.loads((tmp_path / compiled.SOURCES_MANIFEST).read_text())
+    recorded["storage/codec.py"] = hashlib.sha256((tmp_path / "storage" / "codec.py").read_bytes()).hexdigest()
+    (tmp_path / compiled.SOURCES_MANIFEST).write_text(json.dumps(recorded))
+    for path in ("storage/codec.py", "protocol/late.py"):
+        os.utime(tmp_path / path, (BUILT, BUILT))
+    assert not compiled.stale(module)
+    os.utime(tmp_path / "protocol" / "late.py", (BUILT + 60, BUILT + 60))
+    assert compiled.stale(module)
+
+
+@pytest.mark.parametrize("manifest", ["not json", "[1, 2]"])
+def test_an_unreadable_manifest_leaves_the_times_to_judge(tmp_path: Path, manifest: str) -> None:
+    module = fake_build(tmp_path)
+    (tmp_path / compiled.SOURCES_MANIFEST).write_text(manifest)
+    os.utime(tmp_path / "protocol" / "records.py", (BUILT + 60, BUILT + 60))
+    assert compiled.stale(module)
+
+
 def test_a_module_run_from_its_source_is_never_stale(tmp_path: Path) -> None:
     module = fake_build(tmp_path)
     module.__file__ = str(tmp_path / "storage" / "codec.py")
@@ -99,6 +145,18 @@ def test_every_listed_module_is_compiled_and_up_to_date(name: str) -> None:
 def test_serve_warns_of_nothing_on_a_fresh_install() -> None:
     skip_unless_the_machine_compiles()
     assert warn_stale_builds() == []
+
+
+def test_the_build_records_what_it_was_built_from() -> None:
+    """setup.py writes the manifest stale() reads, under the same name, with every compiled module's source."""
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    named = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "SOURCES_MANIFEST" for t in node.targets))
+    assert isinstance(named, ast.JoinedStr) and ast.unparse(named) == "f'{GROUP}.sources.json'"
+    assert compiled.SOURCES_MANIFEST == "kcoord_compiled.sources.json"
+    skip_unless_the_machine_compiles()
+    recorded = json.loads((ROOT / compiled.SOURCES_MANIFEST).read_text(encoding="utf-8"))
+    assert {f"{name.replace('.', '/')}.py" for name in compiled.MODULES} <= set(recorded)
 
 
 @pytest.mark.parametrize("name", compiled.MODULES)
