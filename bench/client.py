@@ -91,7 +91,8 @@ class Sample:
     unanswered: int = 0
     client_cpu_s: float = 0.0
     server_cpu_s: float | None = None
-    late: int = 0  # C-paced runs: measured requests sent more than two pacing ticks (0.2 ms) after they were due
+    late: int = 0  # paced runs: measured requests sent more than ``late_after_s`` after they were due
+    late_after_s: float = PACER_TICK * 2  # two pacing passes of the generator that ran (bench/pacer.c: 0.2 ms)
     held: int = 0  # of the measured requests, how many were due while D were already outstanding on their connection
     client: str = "asyncio"  # the load generator: this module's, or bench/cpacer.py's C program
 

@@ -157,11 +157,20 @@ def consume(bootstrap: str, topic: str) -> tuple[int, float]:
 
 def _kcoord_cpu(kcoord: "subprocess.Popen[bytes]") -> float:
     """kcoord's CPU seconds so far, its sync helper's included; a kcoord gone mid-run ends the bench
-    with its exit status rather than a traceback about /proc."""
+    with its exit status rather than a figure or a traceback about /proc. Asked first: the bench is its
+    parent, so until it is reaped an exited kcoord is a zombie whose /proc entry still reads."""
+    _end_if_gone(kcoord)
     try:
         return process_tree_cpu(kcoord.pid)
     except (FileNotFoundError, ProcessLookupError):
-        raise SystemExit(f"gateway_bench: kcoord (pid {kcoord.pid}) exited mid-run, status {kcoord.wait()}") from None
+        _end_if_gone(kcoord, kcoord.wait())
+        raise
+
+
+def _end_if_gone(kcoord: "subprocess.Popen[bytes]", status: int | None = None) -> None:
+    status = kcoord.poll() if status is None else status
+    if status is not None:
+        raise SystemExit(f"gateway_bench: kcoord (pid {kcoord.pid}) exited mid-run, status {status}")
 
 
 def main() -> int:
@@ -190,8 +199,13 @@ def main() -> int:
                 topic = f"bench-{path}-{r}"
                 create_topic(args.upstream, bootstrap, topic)
                 cpu0 = _kcoord_cpu(kcoord)
-                results[path]["produce"].append((args.messages, produce(bootstrap, topic, args.messages, args.size)))
-                consumed = consume(bootstrap, topic)
+                try:
+                    results[path]["produce"].append((args.messages, produce(bootstrap, topic, args.messages,
+                                                                            args.size)))
+                    consumed = consume(bootstrap, topic)
+                except RuntimeError:  # a client that gave up because kcoord is gone: say that instead
+                    _end_if_gone(kcoord)
+                    raise
                 results[path]["consume"].append(consumed)
                 if path == "kcoord":
                     kcoord_cpu += _kcoord_cpu(kcoord) - cpu0

@@ -48,6 +48,7 @@ def figures(m: Measurement) -> dict[str, Any]:
         "error_kinds": dict(s.errors),
         "unanswered": s.unanswered,
         "late": s.late if m.rate_target else None,
+        "late_after_ms": s.late_after_s * 1e3,
         "held": s.held if m.rate_target else None,
         "client": s.client,
         "records_per_fsync": m.records_per_fsync,
@@ -153,6 +154,14 @@ def restart_table(restarts: list[RestartResult]) -> list[str]:
     return lines
 
 
+def paced_note(r: dict[str, Any]) -> str:
+    """How a paced row was paced, and how many of its requests went out late or were held back."""
+    return (f"{r['scenario']} {r['server']}: paced at {r['rate_target']:,.0f} req/s by the {r['client']} (open loop, "
+            f"latency from when each request was due); of {r['requests']:,} measured requests, {r['late']:,} went "
+            f"out over two pacing ticks ({r['late_after_ms']:g} ms) after they were due and {r['held']:,} waited "
+            f"because {r['inflight']} were already outstanding on their connection")
+
+
 def render(rows: list[dict[str, Any]], ratio: dict[str, dict[str, float]], goals: list[Target],
            fsync: FsyncProbe | None, restarts: list[RestartResult], floor: FloorProbe | None = None,
            out: Callable[[str], None] = print, journal: FloorProbe | None = None) -> None:
@@ -161,10 +170,7 @@ def render(rows: list[dict[str, Any]], ratio: dict[str, dict[str, float]], goals
             out(line)
         for r in rows:
             if r["rate_target"]:
-                out(f"{r['scenario']} {r['server']}: paced at {r['rate_target']:,.0f} req/s by the {r['client']} (open "
-                    f"loop, latency from when each request was due); of {r['requests']:,} measured requests, "
-                    f"{r['late']:,} went out over two pacing ticks (0.2 ms) after they were due and {r['held']:,} "
-                    f"waited because {r['inflight']} were already outstanding on their connection")
+                out(paced_note(r))
         out("")
     if ratio:
         out("ratios (req/s; the same for partition-offsets/s):")

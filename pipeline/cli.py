@@ -22,7 +22,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
-from pipeline.layout import location
+from pipeline.layout import LayoutError, location
 
 JOBS = {"snapshot": "pipeline.snapshot", "history": "pipeline.history", "reshard": "pipeline.reshard"}
 DEFAULT_MASTER = "local[*]"
@@ -59,12 +59,21 @@ def add_pipeline_parser(sub: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _location(given: str) -> str:
+    """``location``, its refusal as argparse's usage error with the reason (a plain ValueError would
+    only say the value is invalid)."""
+    try:
+        return location(given)
+    except LayoutError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_jobs(parser: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", action="append", required=True, metavar="DIR", type=location,
+    common.add_argument("--data-dir", action="append", required=True, metavar="DIR", type=_location,
                         help="a kcoord data dir, a Kafka log dir or a __consumer_offsets-N dir (local, hdfs://, "
                              "s3a://; repeat for several)")
-    common.add_argument("--out", required=True, type=location, help="output path (it must not exist)")
+    common.add_argument("--out", required=True, type=_location, help="output path (it must not exist)")
     common.add_argument("--master", default=None, help=f"Spark master (default {DEFAULT_MASTER})")
     common.add_argument("--skip-corrupt", action="store_true",
                         help="write what can be read when batches are corrupt (they are still reported)")

@@ -110,10 +110,15 @@ def location(given: str) -> str:
     """A ``--data-dir`` or ``--out`` as the jobs read it. A local file URI in any of RFC 8089's forms
     (``file:/p``, ``file://localhost/p``, any case of the scheme or of ``localhost``) becomes
     ``file:///p``, the one form the local checks, pyarrow and Hadoop all take as local; another
-    host's keeps its host, with the scheme in lower case; anything else as given."""
+    host's keeps its host, with the scheme in lower case; anything else as given. A file URI with a
+    query or a fragment is refused (LayoutError): pyarrow drops them and reads the directory before
+    them, while the check for a running kcoord and Hadoop take them as part of the name."""
     if given[:5].lower() != "file:":
         return given
     rest = given[5:]
+    if "?" in rest or "#" in rest:
+        raise LayoutError(f"{given}: a file URI cannot have a query or a fragment ('?', '#'); write a '?' or '#' "
+                          "in a name as %3F or %23, or give the path itself")
     if rest.startswith("//"):
         host, _, path = rest[2:].partition("/")
         if host.lower() in ("", "localhost"):

@@ -3,14 +3,16 @@ kcoord: it paces, times and hands every distinct answer to the harness's checker
 is counted, not timed as if it were right."""
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import pytest
 
 from bench import cpacer
-from bench.client import Checker, Load, Sample, Slot, prime
+from bench.client import PACER_TICK, Checker, Load, Sample, Slot, prime
 from bench.client import measure as client_measure
+from bench.report import paced_note
 from bench.wire import Template, Tolerance, Versions
 from tests.kcoord_process import KcoordProcess
 
@@ -40,6 +42,8 @@ def answering(delay_s: float) -> Callable[[asyncio.StreamReader, asyncio.StreamW
                 writer.write((4).to_bytes(4, "big") + frame[4:8])
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+        except asyncio.CancelledError:  # the test's loop closing under a connection still open
             writer.close()
 
     return handle
@@ -114,3 +118,17 @@ def test_a_request_goes_out_when_it_is_due_not_one_interval_later(generator: str
     sample = asyncio.run(run())
     assert 15 <= len(sample.latencies) <= 25
     assert sorted(sample.latencies)[len(sample.latencies) // 2] < 0.025
+
+
+
+def test_late_is_reported_against_the_threshold_of_the_generator_that_ran() -> None:
+    """The C pacer calls a request late two 0.1 ms passes after it was due, the asyncio one two 1 ms
+    passes after: the report said 0.2 ms for both."""
+    tick = re.search(r"#define TICK_NS (\d+)L", cpacer.SOURCE.read_text())
+    assert tick is not None and cpacer.LATE_AFTER_S == pytest.approx(2 * int(tick.group(1)) / 1e9)
+    assert Sample().late_after_s == pytest.approx(2 * PACER_TICK)
+    row = {"scenario": "commit-1-half", "server": "kcoord", "rate_target": 1000.0, "requests": 10, "late": 1,
+           "held": 0, "inflight": 16}
+    for client, after_s, said in (("asyncio", Sample().late_after_s, "(2 ms)"), (cpacer.NAME, cpacer.LATE_AFTER_S,
+                                                                               "(0.2 ms)")):
+        assert said in paced_note({**row, "client": client, "late_after_ms": after_s * 1e3})

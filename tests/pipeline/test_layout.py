@@ -93,3 +93,32 @@ def test_a_data_dir_uri_is_the_directory_pyarrow_reads() -> None:
     assert local_path("file:///data/a%20b") == Path("/data/a%20b")  # as Hadoop takes an --out
     assert local_path("/data/a%20b", decoded=True) == Path("/data/a%20b")
     assert local_path("file://elsewhere/a%20b", decoded=True) is None
+
+
+@pytest.mark.parametrize("given", ["file:///data/x#frag", "file:///data/x?q", "file:///data/x?",
+                                   "file:/data/x#", "file:///data/x?/__consumer_offsets-0"])
+def test_a_file_uri_with_a_query_or_a_fragment_is_refused(given: str) -> None:
+    """pyarrow drops them (``file:///data/x#frag`` lists ``/data/x``) while the check for a running
+    kcoord and Hadoop keep them in the name: such a --data-dir read a locked directory unchecked."""
+    from pyarrow import fs
+
+    assert fs.FileSystem.from_uri(given)[1].startswith("/data/x")
+    for form in (given, given.replace("file:///", "file://localhost/")):
+        with pytest.raises(LayoutError, match="cannot have a query or a fragment"):
+            location(form)
+    assert location("file:///data/x%3Fq%23f") == "file:///data/x%3Fq%23f"  # escaped, they are names
+    assert location("/data/x?q#f") == "/data/x?q#f"  # a plain path is a name
+
+
+def test_the_refusal_is_a_usage_error_that_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from pipeline.cli import add_jobs
+
+    parser = argparse.ArgumentParser(prog="kcoord pipeline")
+    add_jobs(parser)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["snapshot", "--data-dir", "file:///data/x#frag", "--out", "/tmp/out"])
+    assert exited.value.code == 2
+    assert "cannot have a query or a fragment" in capsys.readouterr().err
+
