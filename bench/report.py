@@ -20,6 +20,34 @@ def percentile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
+BURST_GAP_S = 0.005  # slow requests closer than this in time belong to one burst
+BURST_MIN = 50  # requests: a burst this long is a queue, not a slow sync or a stray wake-up
+
+
+def slow_bursts(latencies: list[float], rate: float) -> dict[str, float] | None:
+    """How a paced run's slowest 1% (over its p99) is spread in time: latencies in the order their
+    answers came, request i taken to be ~i/rate into the window. Slow requests within BURST_GAP_S of
+    each other make one burst. Most of them in bursts of BURST_MIN or more means queues that formed
+    (the server fell behind for that long), not single slow syncs."""
+    if len(latencies) < 100 or rate <= 0:
+        return None
+    threshold = sorted(latencies)[int(0.99 * len(latencies))]
+    slow = [i for i, lat in enumerate(latencies) if lat > threshold]
+    if not slow:
+        return None
+    bursts: list[tuple[int, int, int]] = []  # first index, last index, slow requests in it
+    for i in slow:
+        if bursts and (i - bursts[-1][1]) / rate <= BURST_GAP_S:
+            first, _, count = bursts[-1]
+            bursts[-1] = (first, i, count + 1)
+        else:
+            bursts.append((i, i, 1))
+    long_ones = [b for b in bursts if b[2] >= BURST_MIN]
+    return {"threshold_ms": threshold * 1e3, "slow": len(slow), "bursts": len(bursts),
+            "in_long_bursts": sum(b[2] for b in long_ones) / len(slow), "long_bursts": len(long_ones),
+            "longest_ms": max((b[1] - b[0]) / rate for b in bursts) * 1e3}
+
+
 def figures(m: Measurement) -> dict[str, Any]:
     """The derived figures of one measurement, as they appear in the table and in the JSON."""
     s = m.sample
@@ -48,6 +76,7 @@ def figures(m: Measurement) -> dict[str, Any]:
         "error_kinds": dict(s.errors),
         "unanswered": s.unanswered,
         "late": s.late if m.rate_target else None,
+        "slow_bursts": slow_bursts(s.latencies, rate) if m.rate_target else None,
         "late_after_ms": s.late_after_s * 1e3,
         "held": s.held if m.rate_target else None,
         "client": s.client,
@@ -159,7 +188,16 @@ def paced_note(r: dict[str, Any]) -> str:
     return (f"{r['scenario']} {r['server']}: paced at {r['rate_target']:,.0f} req/s by the {r['client']} (open loop, "
             f"latency from when each request was due); of {r['requests']:,} measured requests, {r['late']:,} went "
             f"out over two pacing ticks ({r['late_after_ms']:g} ms) after they were due and {r['held']:,} waited "
-            f"because {r['inflight']} were already outstanding on their connection")
+            f"because {r['inflight']} were already outstanding on their connection{_bursts_note(r)}")
+
+
+def _bursts_note(r: dict[str, Any]) -> str:
+    b = r.get("slow_bursts")
+    if not b:
+        return ""
+    return (f"; of the {b['slow']:,} over its p99 ({b['threshold_ms']:.2f} ms), {b['in_long_bursts']:.0%} came in "
+            f"{b['long_bursts']} burst{'' if b['long_bursts'] == 1 else 's'} of {BURST_MIN} or more (slow requests under {BURST_GAP_S * 1e3:g} ms apart; "
+            f"the longest burst {b['longest_ms']:.0f} ms): queues, where that share is high, not single slow syncs")
 
 
 def render(rows: list[dict[str, Any]], ratio: dict[str, dict[str, float]], goals: list[Target],
