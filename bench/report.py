@@ -195,9 +195,10 @@ def _bursts_note(r: dict[str, Any]) -> str:
     b = r.get("slow_bursts")
     if not b:
         return ""
+    bursts = f"{b['long_bursts']} burst{'' if b['long_bursts'] == 1 else 's'}"
     return (f"; of the {b['slow']:,} over its p99 ({b['threshold_ms']:.2f} ms), {b['in_long_bursts']:.0%} came in "
-            f"{b['long_bursts']} burst{'' if b['long_bursts'] == 1 else 's'} of {BURST_MIN} or more (slow requests under {BURST_GAP_S * 1e3:g} ms apart; "
-            f"the longest burst {b['longest_ms']:.0f} ms): queues, where that share is high, not single slow syncs")
+            f"{bursts} of {BURST_MIN} or more (slow requests under {BURST_GAP_S * 1e3:g} ms apart; the longest "
+            f"burst {b['longest_ms']:.0f} ms): queues, where that share is high, not single slow syncs")
 
 
 def render(rows: list[dict[str, Any]], ratio: dict[str, dict[str, float]], goals: list[Target],

@@ -24,6 +24,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from coordinator.config import bounded_int, reachable_host_port
+
 NEEDS_GROUP = ("describe", "offsets", "delete", "reset-offsets", "delete-offsets")
 
 
@@ -31,11 +33,29 @@ class GroupsError(Exception):
     """An operation refused or failed; the message says why."""
 
 
+def _bootstrap(value: str) -> str:
+    """``HOST:PORT[,HOST:PORT...]`` checked here, so a typo is a usage error, not the admin client's traceback."""
+    try:
+        for part in value.split(","):
+            reachable_host_port(part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from None
+    return value
+
+
+def _timeout_ms(value: str) -> int:
+    try:
+        return bounded_int(1)(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_groups_parser(sub: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = sub.add_parser("groups", help="list, describe and administer consumer groups")
-    parser.add_argument("--bootstrap", default="127.0.0.1:9092", help="a coordinator or broker (default %(default)s)")
+    parser.add_argument("--bootstrap", default="127.0.0.1:9092", type=_bootstrap,
+                        help="a coordinator or broker (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--timeout-ms", type=int, default=30_000,
+    parser.add_argument("--timeout-ms", type=_timeout_ms, default=30_000,
                         help="how long to wait to reach it, and for each request (default %(default)s)")
     actions = parser.add_subparsers(dest="action", required=True)
     actions.add_parser("list", help="every group with its state and protocol type")

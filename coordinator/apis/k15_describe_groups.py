@@ -20,8 +20,9 @@ Response = SPEC.response.cls
 Group = Response.DescribedGroup
 Member = Group.DescribedGroupMember
 NOT_REQUESTED = -(2**31)
-# No authorizer: every operation on a group is allowed (READ 3, DELETE 6, DESCRIBE 8 as AclOperation bits).
-GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
+# No authorizer: Kafka reports every operation a group supports (AclEntry.supportedOperations(GROUP): READ 3,
+# DELETE 6, DESCRIBE 8, DESCRIBE_CONFIGS 10, ALTER_CONFIGS 11, as AclOperation bits: 3400).
+GROUP_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8) | (1 << 10) | (1 << 11)
 
 
 def _errored(group_id: str, error: ErrorCode) -> Any:

@@ -2,8 +2,9 @@
 
 v0: every group with its protocol type. v1: throttle time. v2: same. v3: first flexible version.
 v4: group states in the response and a states filter (KIP-518). v5: group types and a types filter
-(KIP-848; kcoord's groups are all "classic"). While any partition is still loading the answer carries
-COORDINATOR_LOAD_IN_PROGRESS, with the groups of the partitions already loaded.
+(KIP-848; kcoord's groups are all "classic"). While any partition is still loading the answer is
+COORDINATOR_LOAD_IN_PROGRESS and no group, as Kafka's group coordinator answers (its read of every
+shard fails on a loading one; the old coordinator listed the groups already loaded with the error).
 """
 
 from typing import Any
@@ -41,7 +42,7 @@ def list_all_groups(runtime: Runtime, req: Request, body: Any) -> Any:
             found = shard.read(req, fail, list_groups, wanted)
         except ShardUnavailable as exc:
             if exc.error is ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
-                response.error_code = exc.error
+                return error_response(body, req.version, exc.error)
             continue  # a failed partition hosts no group right now, as a partition Kafka does not lead
         response.groups.extend(Listed(group_id=g, protocol_type=p, group_state=s, group_type=t) for g, p, s, t in found)
     return response

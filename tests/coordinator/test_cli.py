@@ -193,3 +193,22 @@ def test_gateway_options() -> None:
         parse(["--upstream", ","])
     with pytest.raises(ConfigError, match=re.escape("--upstream-timeout-ms='5'")):
         parse(["--upstream-timeout-ms", "5"])
+
+
+@pytest.mark.parametrize(("argv", "why"), [
+    (["--bootstrap", "nohost:x", "list"], "port 'x' is not a number"),
+    (["--bootstrap", "127.0.0.1:9092,oops", "list"], "expected HOST:PORT"),
+    (["--bootstrap", "127.0.0.1:0", "list"], "port 0"),
+    (["--timeout-ms", "-5", "list"], "-5 is outside"),
+    (["--timeout-ms", "soon", "list"], "'soon' is not an integer"),
+])
+def test_groups_usage_errors_exit_2_saying_why(argv: list[str], why: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bad --bootstrap was the admin client's ValueError traceback (exit 1), and a negative --timeout-ms
+    was taken and reported as "cannot reach" (an admin-API campaign's finds)."""
+    from coordinator.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["groups", *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err, err

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka.protocol.admin import ListGroupsRequest
 
 from protocol.errors import ErrorCode
 from protocol.partitioning import partition_for
@@ -117,6 +118,11 @@ def test_big_partition_loads_while_others_serve(tmp_path: Path) -> None:
         assert small_commit.topics[0].partitions[0].error_code == 0
         still_loading = client.call(fetch_request(big, {"topic-0": [0]}), 7)
         assert still_loading.error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        # ListGroups while a partition loads: the error and no group, as Kafka's coordinator answers (it
+        # listed the small partition's group with the error, as the old coordinator did).
+        listed = client.call(ListGroupsRequest(states_filter=[]), 4)
+        answer = (listed.error_code, sorted(g.group_id for g in listed.groups))
+        assert answer in ((ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []), (ErrorCode.NONE, sorted([small, big])))
         # v1 has no group error field: every requested partition carries it.
         v1 = client.call(fetch_request(big, {"topic-0": [0, 1]}), 1)
         assert [p.error_code for p in v1.topics[0].partitions] in ([14, 14], [0, 0])

@@ -73,6 +73,17 @@ def test_list_filters_by_state_case_insensitively_and_by_type() -> None:
     assert len(list_groups(shard.data, list_filter(set(), {"Classic"}))) == 2
 
 
+def test_list_filters_trim_and_parse_as_kafka_does() -> None:
+    """States are trimmed as Java's String.trim (every char up to U+0020, not Python's whitespace); types
+    only lower-cased, as GroupType.parse: " classic" names no type, so nothing passes it."""
+    shard = GroupShard()
+    consumer_group(shard, "t")
+    assert list_groups(shard.data, list_filter({"\x01stable\x1f"}, set())) == [("g", "consumer", "Stable", "classic")]
+    assert list_groups(shard.data, list_filter({"\u00a0stable"}, set())) == []  # not trimmed by Java either
+    assert list_groups(shard.data, list_filter(set(), {" classic"})) == []
+    assert list_groups(shard.data, list_filter(set(), {"CLASSIC"})) == [("g", "consumer", "Stable", "classic")]
+
+
 # -- delete groups ---------------------------------------------------------------------------------------
 
 def test_delete_groups_per_state() -> None:
@@ -103,6 +114,18 @@ def test_offset_delete_refuses_subscribed_topics_and_deletes_the_others() -> Non
                                         ("u", [(0, E.NONE), (5, E.NONE)])])
     assert result.records == [OffsetCommitRecord(OffsetKey("g", "u", 0), None)]  # partition 5 had none
     assert simple.offsets == {}
+
+
+def test_offset_delete_refuses_a_partition_that_cannot_exist_before_asking_the_group() -> None:
+    """Kafka's request handler answers UNKNOWN_TOPIC_OR_PARTITION for such a partition before the
+    coordinator sees it, in a subscribed topic too (it answered GROUP_SUBSCRIBED_TO_TOPIC)."""
+    shard = GroupShard()
+    consumer_group(shard, "t")
+    result = delete_offsets(shard.data, "g", [("t", [-1, 0]), ("x" * 250, [0]), ("u", [-1])])
+    assert result.response == (E.NONE, [("t", [(-1, E.UNKNOWN_TOPIC_OR_PARTITION), (0, E.GROUP_SUBSCRIBED_TO_TOPIC)]),
+                                        ("x" * 250, [(0, E.UNKNOWN_TOPIC_OR_PARTITION)]),
+                                        ("u", [(-1, E.UNKNOWN_TOPIC_OR_PARTITION)])])
+    assert result.records == []
 
 
 def test_offset_delete_goes_by_the_subscriptions_of_the_generation_not_a_pending_rejoin() -> None:
