@@ -40,7 +40,7 @@ COMPILED = [
 ]
 GROUP = "kcoord_compiled"
 SOURCES_MANIFEST = f"{GROUP}.sources.json"  # beside the group's library; read by protocol/compiled.py
-PACKAGES = ("coordinator", "protocol", "storage")  # whose sources a compiled module may import
+PACKAGES = ("coordinator", "protocol", "storage")  # protocol/compiled.py's PACKAGES (a test keeps them equal)
 _built_from: dict[str, str] = {}  # each package source's SHA-256 as mypyc read it
 
 

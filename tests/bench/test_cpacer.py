@@ -120,7 +120,6 @@ def test_a_request_goes_out_when_it_is_due_not_one_interval_later(generator: str
     assert sorted(sample.latencies)[len(sample.latencies) // 2] < 0.025
 
 
-
 def test_late_is_reported_against_the_threshold_of_the_generator_that_ran() -> None:
     """The C pacer calls a request late two 0.1 ms passes after it was due, the asyncio one two 1 ms
     passes after: the report said 0.2 ms for both."""

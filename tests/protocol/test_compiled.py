@@ -153,6 +153,9 @@ def test_the_build_records_what_it_was_built_from() -> None:
     named = next(node.value for node in tree.body if isinstance(node, ast.Assign)
                  and any(isinstance(t, ast.Name) and t.id == "SOURCES_MANIFEST" for t in node.targets))
     assert isinstance(named, ast.JoinedStr) and ast.unparse(named) == "f'{GROUP}.sources.json'"
+    packages = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "PACKAGES" for t in node.targets))
+    assert ast.literal_eval(packages) == compiled.PACKAGES  # the sources recorded are those stale() reads
     assert compiled.SOURCES_MANIFEST == "kcoord_compiled.sources.json"
     skip_unless_the_machine_compiles()
     recorded = json.loads((ROOT / compiled.SOURCES_MANIFEST).read_text(encoding="utf-8"))
