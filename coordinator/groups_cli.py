@@ -175,7 +175,16 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -
 
 
 def _describe(admin: Any, group: str) -> dict[str, Any]:
-    described: dict[str, Any] = admin.describe_groups([group])[group]
+    try:
+        described: dict[str, Any] = admin.describe_groups([group])[group]
+    except ValueError:
+        # kafka-python reads every member's metadata as a consumer subscription, and another protocol's
+        # (Kafka Connect's) fails with "Buffer underrun": say what the group is, as Kafka's tool does.
+        kinds = {g["group_id"]: g.get("protocol_type") for g in admin.list_groups()}
+        if kinds.get(group) not in (None, "", "consumer"):
+            raise GroupsError(f"{group} is not a consumer group (its protocol type is {kinds[group]!r}): only "
+                              f"consumer groups are described") from None
+        raise
     if described.get("error"):
         raise GroupsError(f"{group}: {described['error']}")
     return described

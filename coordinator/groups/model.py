@@ -255,10 +255,10 @@ _SUBSCRIPTION = MessageCodec(load_message("ConsumerProtocolSubscription"))
 
 def decode_subscription(metadata: bytes) -> list[str] | None:
     """The topics of a consumer-protocol subscription (int16 version + struct); None if it does not parse.
-    Only the v0 prefix (topics, user data) is read, whatever the version says, as Kafka's
-    computeSubscribedTopics does: every version starts with it, and a client's own layout after it
-    (KafkaJS sends version 1 without owned partitions) must not make the topics unknown."""
-    if len(metadata) < 2 or int.from_bytes(metadata[:2], "big", signed=True) < 0:
+    Only the v0 prefix (topics, user data) is read, whatever the version says (a negative one too), as
+    Kafka's computeSubscribedTopics does: every version starts with it, and a client's own layout after
+    it (KafkaJS sends version 1 without owned partitions) must not make the topics unknown."""
+    if len(metadata) < 2:
         return None
     try:
         sub, _ = _SUBSCRIPTION.decode(metadata, 0, 2)

@@ -175,6 +175,36 @@ def test_describe_shows_an_assignment_that_is_not_a_consumers(server: KcoordProc
     member.close()
 
 
+def test_describe_of_a_group_of_another_protocol_type_says_what_it_is(server: KcoordProcess) -> None:
+    """A Kafka Connect group (its members' metadata is Connect's, not a consumer subscription): kafka-python's
+    "Buffer underrun" was all `describe` said (an admin-API campaign's find). Kafka's own tool refuses such
+    a group too, saying it is not a consumer group; `list` still shows it."""
+    from kafka.protocol.consumer.group import JoinGroupRequest, SyncGroupRequest
+
+    worker = RawClient(server.port)
+    url = b"http://worker-1:8083"
+    connect_metadata = b"\x00\x00" + len(url).to_bytes(2, "big") + url + (7).to_bytes(8, "big")
+    protocol = JoinGroupRequest.JoinGroupRequestProtocol(name="sessioned", metadata=connect_metadata)
+    join = JoinGroupRequest(group_id="connect-cluster", session_timeout_ms=30000, rebalance_timeout_ms=5000,
+                            member_id="", group_instance_id=None, protocol_type="connect", protocols=[protocol],
+                            reason=None)
+    joined = worker.call(join, 3)
+    assert joined.error_code == 0
+    assignment = b"\x00\x01\x00\x00" + len(b"w1").to_bytes(2, "big") + b"w1"  # Connect's: version, error, leader...
+    sync = SyncGroupRequest(group_id="connect-cluster", generation_id=joined.generation_id, member_id=joined.member_id,
+                            group_instance_id=None, protocol_type=None, protocol_name=None,
+                            assignments=[SyncGroupRequest.SyncGroupRequestAssignment(
+                                member_id=joined.member_id, assignment=assignment)])
+    assert worker.call(sync, 2).error_code == 0  # Stable: DescribeGroups now carries the members' metadata
+    described = groups(server, "describe", "connect-cluster")
+    assert described.returncode == 1 and "Traceback" not in described.stderr
+    assert "connect-cluster is not a consumer group (its protocol type is 'connect')" in described.stderr, \
+        described.stderr
+    listed = {"group": "connect-cluster", "protocol_type": "connect", "state": "Stable", "type": "classic"}
+    assert listed in parsed(groups(server, "list"))
+    worker.close()
+
+
 def test_output_into_a_closed_pipe_stops_quietly(server: KcoordProcess) -> None:
     """``kcoord groups offsets G | head`` (a client sweep saw a BrokenPipeError traceback), with more
     output than a pipe holds."""

@@ -167,6 +167,18 @@ def test_a_subscription_is_read_by_its_v0_prefix_whatever_its_version() -> None:
     assert result.response == (E.NONE, [("t", [(0, E.GROUP_SUBSCRIBED_TO_TOPIC)]), ("u", [(0, E.NONE)])])
 
 
+def test_a_subscription_with_a_negative_version_is_read_by_its_v0_prefix_too() -> None:
+    """Kafka's computeSubscribedTopics reads the version and then parses v0 whatever it is, so a negative
+    one still names its topics (kcoord counted such a group as subscribed to every topic)."""
+    shard = GroupShard()
+    odd = b"\xff\xfe" + subscription("t")[2:]
+    stable_group(shard, Client(shard, client_id="odd", protocols=[("range", odd)]))
+    for topic in ("t", "u"):
+        shard.data.offsets.setdefault("g", {})[(topic, 0)] = simple_offset(0)
+    result = delete_offsets(shard.data, "g", [("t", [0]), ("u", [0])])
+    assert result.response == (E.NONE, [("t", [(0, E.GROUP_SUBSCRIBED_TO_TOPIC)]), ("u", [(0, E.NONE)])])
+
+
 def simple_offset(p: int) -> OffsetAndMetadata:
     return OffsetAndMetadata(p, -1, "", T0)
 
