@@ -3,6 +3,8 @@
 
 import struct
 
+import pytest
+
 from coordinator.groups.admin import delete_groups, delete_offsets, describe_group, list_filter, list_groups
 from coordinator.groups.model import GroupState
 from coordinator.groups.retention import expire_offsets
@@ -154,25 +156,15 @@ def test_a_consumer_group_whose_subscriptions_do_not_parse_counts_as_subscribed_
     assert result.response == (E.NONE, [("t", [(0, E.GROUP_SUBSCRIBED_TO_TOPIC)])])
 
 
-def test_a_subscription_is_read_by_its_v0_prefix_whatever_its_version() -> None:
+@pytest.mark.parametrize("version", [b"\x00\x01", b"\xff\xfe"], ids=["kafkajs-v1", "negative"])
+def test_a_subscription_is_read_by_its_v0_prefix_whatever_its_version(version: bytes) -> None:
     """KafkaJS's round-robin assigner sends version 1 with topics and user data but no owned partitions;
     Kafka reads every subscription's v0 prefix, so its topics are known (a review of the change above:
-    they read as unknown, and so as subscribed to every topic)."""
+    they read as unknown, and so as subscribed to every topic). Kafka's computeSubscribedTopics does so
+    for a negative version too (kcoord counted such a group as subscribed to every topic)."""
     shard = GroupShard()
-    kafkajs = b"\x00\x01" + subscription("t")[2:]
-    stable_group(shard, Client(shard, client_id="kafkajs", protocols=[("RoundRobinAssigner", kafkajs)]))
-    for topic in ("t", "u"):
-        shard.data.offsets.setdefault("g", {})[(topic, 0)] = simple_offset(0)
-    result = delete_offsets(shard.data, "g", [("t", [0]), ("u", [0])])
-    assert result.response == (E.NONE, [("t", [(0, E.GROUP_SUBSCRIBED_TO_TOPIC)]), ("u", [(0, E.NONE)])])
-
-
-def test_a_subscription_with_a_negative_version_is_read_by_its_v0_prefix_too() -> None:
-    """Kafka's computeSubscribedTopics reads the version and then parses v0 whatever it is, so a negative
-    one still names its topics (kcoord counted such a group as subscribed to every topic)."""
-    shard = GroupShard()
-    odd = b"\xff\xfe" + subscription("t")[2:]
-    stable_group(shard, Client(shard, client_id="odd", protocols=[("range", odd)]))
+    metadata = version + subscription("t")[2:]
+    stable_group(shard, Client(shard, client_id="odd", protocols=[("RoundRobinAssigner", metadata)]))
     for topic in ("t", "u"):
         shard.data.offsets.setdefault("g", {})[(topic, 0)] = simple_offset(0)
     result = delete_offsets(shard.data, "g", [("t", [0]), ("u", [0])])
