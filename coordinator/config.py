@@ -93,7 +93,10 @@ def parse_host_port(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not host:
         raise ValueError(f"expected HOST:PORT, got {value!r}")
-    host = host.strip("[]")
+    if host.startswith("[") and host.endswith("]") and len(host) > 2:
+        host = host[1:-1]
+    if "[" in host or "]" in host:
+        raise ValueError(f"expected HOST:PORT or [IPv6]:PORT, got {value!r}")
     try:
         number = int(port)
     except ValueError:

@@ -112,7 +112,11 @@ def location(given: str) -> str:
     ``file:///p``, the one form the local checks, pyarrow and Hadoop all take as local; another
     host's keeps its host, with the scheme in lower case; anything else as given. A file URI with a
     query or a fragment is refused (LayoutError): pyarrow drops them and reads the directory before
-    them, while the check for a running kcoord and Hadoop take them as part of the name."""
+    them, while the check for a running kcoord and Hadoop take them as part of the name. pyarrow's own
+    alias for the local file system, ``local:``, is read as ``file:`` (it skipped that check: a review's
+    find; Hadoop does not know it)."""
+    if given[:6].lower() == "local:":
+        given = "file:" + given[6:]
     if given[:5].lower() != "file:":
         return given
     rest = given[5:]

@@ -89,8 +89,7 @@ def _aliases(listed: str) -> list[str]:
 def sources(module: ModuleType) -> list[Path]:
     """The source beside ``module`` and those of the kcoord modules it imports directly (read once:
     the loader and ``kcoord serve`` both ask at start-up)."""
-    built = Path(str(module.__file__))
-    source = built.with_name(built.name.split(".", 1)[0] + ".py")
+    source = _own_source(module)
     root = _root(module)
     found = [source]
     for name in _imported(source.read_text(encoding="utf-8")):
@@ -103,29 +102,53 @@ def sources(module: ModuleType) -> list[Path]:
 
 
 def stale(module: ModuleType) -> bool:
-    """True when ``module`` runs compiled and one of its ``sources`` changed since the build: newer than
-    the build and, where the build recorded what it read (setup.py's manifest), with other content. A
-    source whose content is what was built (a checkout or a copy put back) only has a newer time."""
+    """True when ``module`` runs compiled and one of its ``sources`` changed since the build. Where the
+    build recorded what it read (setup.py's manifest) the content decides, whatever the file's time: a
+    checkout or a copy put back is not stale, and an edit saved while the build ran, or a copy that
+    kept older times, is; so is the module's own source gone since. A source the build did not record
+    (an older build, a module added since) is stale when it is newer than the build."""
     if not is_compiled(module):
         return False
+    root = _root(module)
+    recorded = _manifest(root)
     try:
         built = Path(str(module.__file__)).stat().st_mtime
-        root = _root(module)
-        return any(path.stat().st_mtime > built + SLACK_S and not _as_built(root, path) for path in sources(module))
-    except OSError:
-        return False
+        found = sources(module)
+    except OSError:  # its own source is gone: stale if the build had one, else a build shipped without sources
+        return _relative(root, _own_source(module)) in recorded
+    for path in found:
+        known = recorded.get(_relative(root, path))
+        try:
+            if (_digest(path) != known) if known is not None else path.stat().st_mtime > built + SLACK_S:
+                return True
+        except OSError:  # removed or unreadable since ``sources`` found it: not what was built
+            return True
+    return False
+
+
+def _own_source(module: ModuleType) -> Path:
+    built = Path(str(module.__file__))
+    return built.with_name(built.name.split(".", 1)[0] + ".py")
+
+
+def _relative(root: Path, path: Path) -> str:
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
+def _digest(path: Path) -> str:
+    """A source's SHA-256, read once per version of the file (the compiled modules share many sources)."""
+    stat = path.stat()
+    return _hashed(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache
+def _hashed(path: Path, mtime_ns: int, size: int) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _root(module: ModuleType) -> Path:
     """The directory the module's top-level package is in."""
     return Path(str(module.__file__)).parents[module.__name__.count(".")]
-
-
-def _as_built(root: Path, path: Path) -> bool:
-    if not path.is_relative_to(root):
-        return False
-    recorded = _manifest(root).get(path.relative_to(root).as_posix())
-    return recorded is not None and hashlib.sha256(path.read_bytes()).hexdigest() == recorded
 
 
 @functools.cache

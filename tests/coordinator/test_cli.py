@@ -189,6 +189,8 @@ def test_gateway_options() -> None:
     assert cfg.upstream == (("a", 9092), ("b", 9093))
     assert (cfg.broker_port_base, cfg.broker_host, cfg.upstream_timeout_ms) == (19000, "kc.example", 5000)
     assert parse([], {"KCOORD_UPSTREAM": "[::1]:9092"}).upstream == (("::1", 9092),)
+    with pytest.raises(ConfigError, match=re.escape("--upstream='[::1:9092'")):
+        parse(["--upstream", "[::1:9092"])
     with pytest.raises(ConfigError, match=re.escape("--upstream=','")):
         parse(["--upstream", ","])
     with pytest.raises(ConfigError, match=re.escape("--upstream-timeout-ms='5'")):
@@ -199,6 +201,9 @@ def test_gateway_options() -> None:
     (["--bootstrap", "nohost:x", "list"], "port 'x' is not a number"),
     (["--bootstrap", "127.0.0.1:9092,oops", "list"], "expected HOST:PORT"),
     (["--bootstrap", "127.0.0.1:0", "list"], "port 0"),
+    (["--bootstrap", "[::1:29150", "list"], "expected HOST:PORT or [IPv6]:PORT"),  # unbalanced: a review's find
+    (["--bootstrap", "[::1]x:29150", "list"], "expected HOST:PORT or [IPv6]:PORT"),
+    (["--bootstrap", "[]:29150", "list"], "expected HOST:PORT or [IPv6]:PORT"),
     (["--timeout-ms", "-5", "list"], "-5 is outside"),
     (["--timeout-ms", "soon", "list"], "'soon' is not an integer"),
 ])

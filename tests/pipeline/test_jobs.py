@@ -118,7 +118,8 @@ def test_a_data_directory_a_running_kcoord_serves_is_refused(spark: Any, tmp_pat
     try:
         data = tmp_path / "data"
         for given in (str(data), f"file://{data}", f"file://localhost{data}", f"FILE://LocalHost{data}",
-                      f"FILE://{data}", f"file:{data}", f"file://{data.parent}/%64ata"):  # %64: pyarrow reads "d"
+                      f"FILE://{data}", f"file:{data}", f"file://{data.parent}/%64ata",  # %64: pyarrow reads "d"
+                      f"local://{data}"):  # pyarrow's alias for file: (read unchecked: a review's find)
             code, err = job(spark, "snapshot", "--data-dir", given, "--out", str(tmp_path / "out"))
             assert code == 2 and not (tmp_path / "out").exists()
             assert f"{tmp_path / 'data'} is in use by a running kcoord (pid {server.proc.pid})" in err, err  # type: ignore[union-attr]

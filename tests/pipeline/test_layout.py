@@ -75,6 +75,7 @@ def test_file_localhost_is_local_and_other_hosts_are_not() -> None:
     assert location("FILE://elsewhere/data") == "file://elsewhere/data"
     assert location("hdfs://localhost/data") == "hdfs://localhost/data"
     assert location("/data") == "/data"
+    assert location("local:///data/x") == location("local:/data/x") == "file:///data/x"  # pyarrow's alias
     for given in ("file://localhost/data/x", "File:/data/x", "FILE:///data/x"):
         assert local_path(location(given)) == Path("/data/x")
     assert local_path("file://elsewhere/data") is None
@@ -103,7 +104,7 @@ def test_a_file_uri_with_a_query_or_a_fragment_is_refused(given: str) -> None:
     from pyarrow import fs
 
     assert fs.FileSystem.from_uri(given)[1].startswith("/data/x")
-    for form in (given, given.replace("file:///", "file://localhost/")):
+    for form in (given, given.replace("file:///", "file://localhost/"), given.replace("file:", "local:")):
         with pytest.raises(LayoutError, match="cannot have a query or a fragment"):
             location(form)
     assert location("file:///data/x%3Fq%23f") == "file:///data/x%3Fq%23f"  # escaped, they are names

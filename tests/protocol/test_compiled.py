@@ -78,6 +78,35 @@ def test_a_source_put_back_as_it_was_built_is_not_stale(tmp_path: Path) -> None:
     assert compiled.stale(module)
 
 
+def test_a_recorded_source_with_other_content_is_stale_whatever_its_time(tmp_path: Path) -> None:
+    """An edit saved while the build ran (setup.py then stamps the build later than it) or a copy that kept
+    its older times (cp -p, rsync -a, tar): not what was built, though not newer (a review's find: it
+    ran without a warning)."""
+    module = fake_build(tmp_path)
+    record_build(tmp_path)
+    for edited in ("storage/codec.py", "protocol/records.py"):
+        before = (tmp_path / edited).read_bytes()
+        (tmp_path / edited).write_bytes(before + b"X_EDIT = 1\n")
+        os.utime(tmp_path / edited, (BUILT - 100, BUILT - 100))
+        assert compiled.stale(module), edited
+        (tmp_path / edited).write_bytes(before)
+        os.utime(tmp_path / edited, (BUILT - 100, BUILT - 100))
+        assert not compiled.stale(module), edited
+
+
+def test_a_module_whose_source_is_gone_is_stale_when_the_build_had_it(tmp_path: Path) -> None:
+    """Its compiled code runs with nothing beside it to say what it should be (a review's find: judged
+    fresh). A build that recorded no sources (an older one, or shipped without them) is left alone."""
+    module = fake_build(tmp_path)
+    (tmp_path / "storage" / "codec.py").rename(tmp_path / "codec.py.moved")
+    assert not compiled.stale(module)
+    (tmp_path / "codec.py.moved").rename(tmp_path / "storage" / "codec.py")
+    record_build(tmp_path)
+    compiled._manifest.cache_clear()  # read once per process, as a server reads it
+    (tmp_path / "storage" / "codec.py").rename(tmp_path / "codec.py.moved")
+    assert compiled.stale(module)
+
+
 def test_a_source_the_build_did_not_record_is_judged_by_its_time(tmp_path: Path) -> None:
     module = fake_build(tmp_path)
     record_build(tmp_path)
