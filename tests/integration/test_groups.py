@@ -1,6 +1,7 @@
 """Consumer groups with stock clients, each member in a process of its own (tests/integration/group_member.py):
 kafka-python and aiokafka members sharing one group, leaving cleanly and dying, a static member
-restarting, a stale generation's commit, and kcoord itself restarting under the group."""
+restarting, a stale generation's commit, and kcoord itself restarting under the group (also between a
+rebalance's joins and its leader's SyncGroup, with scripted members)."""
 
 import json
 import queue
@@ -310,3 +311,84 @@ def test_nothing_behind_a_parked_join_starts_before_it_is_answered(server: Kcoor
     assert got == correlation_leave and answer.error_code == 0
     for client in (a, b, admin):
         client.close()
+
+
+@pytest.mark.parametrize("how", ["sigterm", "kill-9"])
+def test_a_stop_while_the_group_completes_a_rebalance(server: KcoordProcess, how: str) -> None:
+    """kcoord stops after a rebalance's joins are answered and before the leader's SyncGroup (a scripted
+    leader that never syncs: real clients sync too fast to be caught there; a churn campaign's gap).
+    As in Kafka, the new generation is recorded only with the leader's assignment, so the group comes
+    back as its log has it: the previous generation, Stable, with its assignment. The new generation's
+    SyncGroups are refused (its members rejoin), nothing committed is lost, and the group rebalances
+    again to a generation past the one it loaded."""
+    from kafka.protocol.consumer.group import HeartbeatRequest, JoinGroupRequest, SyncGroupRequest
+
+    from tests.rawclient import fetch_request
+
+    group = "stopped-mid-rebalance"
+
+    def join(member_id: str) -> Any:
+        return JoinGroupRequest(group_id=group, session_timeout_ms=30_000, rebalance_timeout_ms=10_000,
+                                member_id=member_id, group_instance_id=None, protocol_type="consumer",
+                                protocols=[JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"m")],
+                                reason=None)
+
+    def sync(member_id: str, generation: int, assignments: dict[str, bytes]) -> Any:
+        return SyncGroupRequest(group_id=group, generation_id=generation, member_id=member_id,
+                                group_instance_id=None, protocol_type="consumer", protocol_name="range",
+                                assignments=[SyncGroupRequest.SyncGroupRequestAssignment(member_id=m, assignment=a)
+                                             for m, a in assignments.items()])
+
+    def both_join(a: RawClient, b: RawClient, member_a: str, member_b: str) -> Any:
+        correlation = b.send(join(member_b), 5)
+        joined = a.call(join(member_a), 5)
+        got, other = b.receive(11, 5)
+        assert joined.error_code == 0 and got == correlation and other.error_code == 0
+        assert other.generation_id == joined.generation_id
+        return joined
+
+    a = RawClient(server.port)
+    member_a = a.call(join(""), 5).member_id  # KIP-394: the id first
+    first = a.call(join(member_a), 5)
+    assert (first.error_code, first.leader) == (0, member_a)
+    assert a.call(sync(member_a, first.generation_id, {member_a: b"gen-1"}), 3).assignment == b"gen-1"
+    committed = a.call(commit_request(group, {("t", 0): 41}, generation=first.generation_id, member=member_a), 8)
+    assert committed.topics[0].partitions[0].error_code == 0
+
+    b = RawClient(server.port)
+    member_b = b.call(join(""), 5).member_id
+    second = both_join(a, b, member_a, member_b)  # the rebalance's joins answered: CompletingRebalance
+    assert second.generation_id == first.generation_id + 1
+    assert describe(server, group)["group_state"] == "CompletingRebalance"
+    a.close()
+    b.close()
+    if how == "sigterm":
+        assert server.stop() == 0
+    else:
+        server.kill()
+    server.start()
+
+    loaded = describe(server, group)
+    assert loaded["group_state"] == "Stable"
+    assert [m["member_id"] for m in loaded["members"]] == [member_a]
+    a, b = RawClient(server.port), RawClient(server.port)
+    assert a.call(sync(member_a, second.generation_id, {member_a: b"x", member_b: b"y"}), 3).error_code == 22
+    assert b.call(sync(member_b, second.generation_id, {}), 3).error_code == 25  # UNKNOWN_MEMBER_ID
+    assert a.call(HeartbeatRequest(group_id=group, generation_id=first.generation_id, member_id=member_a,
+                                   group_instance_id=None), 3).error_code == 0  # still the loaded generation's
+    fetched = a.call(fetch_request(group, {"t": [0]}), 5).topics[0].partitions[0].committed_offset
+    assert fetched == 41
+
+    member_b = b.call(join(""), 5).member_id
+    third = both_join(a, b, member_a, member_b)
+    assert third.generation_id == first.generation_id + 1  # the stopped one was never recorded, as in Kafka
+    leader = a if third.leader == member_a else b
+    follower, follower_id = (b, member_b) if leader is a else (a, member_a)
+    correlation = follower.send(sync(follower_id, third.generation_id, {}), 3)
+    assert leader.call(sync(third.leader, third.generation_id, {member_a: b"A", member_b: b"B"}), 3).error_code == 0
+    got, synced = follower.receive(14, 3)
+    assert got == correlation and synced.assignment == (b"B" if follower is b else b"A")
+    assert describe(server, group)["group_state"] == "Stable"
+    assert "Traceback" not in server.log()
+    a.close()
+    b.close()
