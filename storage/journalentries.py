@@ -1,6 +1,7 @@
 """The journal's entries on disk (storage.journal has the design): their format, reading a segment
 back, what follows a segment's last valid entry (``report_tail``), and resolving one partition's
-entries to the run of consecutive batches recovery writes into its log (storage.log ``recover``)."""
+entries to the run of consecutive batches recovery writes into its log (storage.log ``recover``), and
+whether what a log holds past that run only continues it (``continues_run``)."""
 
 import logging
 import struct
@@ -10,6 +11,7 @@ from typing import Final
 
 import crc32c
 
+from storage.batch import BatchError, decode_batch, read_head
 from storage.segments import fsync_path, write_aside
 
 log = logging.getLogger("storage.journal")  # the journal's log lines, wherever they are made
@@ -172,3 +174,21 @@ def resolve(batches: list[bytes]) -> list[bytes]:
         run.append(batch)
         ends.append((base, last))
     return run
+
+
+def continues_run(data: bytes, position: int, first_offset: int, exact: bool) -> bool:
+    """Whether ``data`` from ``position`` on is whole, valid batches of consecutive offsets from
+    ``first_offset`` (``exact``: right after the run, in its segment) or from past it (a later segment):
+    appends that continued a log past what the journal holds, not damage, a gap or an older version of
+    offsets the journal's run writes again."""
+    expected = first_offset if exact else None
+    while position < len(data):
+        try:
+            base, size = read_head(data, position)
+            if (base < first_offset if expected is None else base != expected) or position + size > len(data):
+                return False
+            last = decode_batch(data[position : position + size]).last_offset
+        except (BatchError, struct.error):
+            return False
+        expected, position = last + 1, position + size
+    return True

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from storage.batch import Batch, decode_batch, read_head
-from storage.journalentries import JournalError, batch_offsets, resolve
+from storage.journalentries import JournalError, batch_offsets, continues_run, resolve
 from storage.recoverypoint import RECOVERY_POINT as RECOVERY_POINT
 from storage.recoverypoint import claim_lock, read_claim, run_reaches, short_of
 from storage.segments import (
@@ -261,14 +261,22 @@ class PartitionLog:
             pieces = [(seg.path, position, f.read(), 0)]
         for later in self.segments[index + 1 :]:
             pieces.append((later.path, 0, later.path.read_bytes(), starts.get(later.base_offset, -1)))
+        run_end = batch_offsets(run[-1])[1] + 1
         for path, start, data, expected_at in pieces:
             same = common_prefix(data, expected[expected_at:]) if expected_at >= 0 else 0
             if same < len(data):
                 aside = aside_path(path, start + same)
                 write_aside(aside, data[same:])
-                log.warning("%s: %d bytes from byte %d on are not what the journal holds (batches never "
-                            "acknowledged, or an older version of offsets written again), which replaces them; "
-                            "kept in %s", path, len(data) - same, start + same, aside.name)
+                whole_run = same == len(expected) - expected_at if expected_at >= 0 else True
+                if whole_run and continues_run(data, same, run_end, exact=expected_at >= 0):
+                    # What a kill -9 usually leaves: appended after the partition's last journal write
+                    log.info("%s: %d bytes from byte %d on are batches appended after the journal's last for this "
+                             "partition (never journaled, so never acknowledged); kept in %s", path,
+                             len(data) - same, start + same, aside.name)
+                else:
+                    log.warning("%s: %d bytes from byte %d on are not what the journal holds (batches never "
+                                "acknowledged, or an older version of offsets written again), which replaces them; "
+                                "kept in %s", path, len(data) - same, start + same, aside.name)
         with open(seg.path, "r+b") as f:
             f.truncate(position)
         for later in self.segments[index + 1 :]:

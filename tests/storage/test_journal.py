@@ -2,6 +2,7 @@
 the journal holds every acknowledged batch the log may have lost, and recovery writes exactly those
 back, whatever state the log's own file was left in."""
 
+import logging
 import os
 from pathlib import Path
 
@@ -217,16 +218,59 @@ def test_acknowledged_batches_survive_the_loss_of_everything_the_log_had_not_syn
     assert [r.offset for b in PartitionLog(log_file(tmp_path).parent).recover() for r in b.records] == list(range(8))
 
 
-def test_a_log_ahead_of_the_journal_keeps_only_what_the_journal_holds(tmp_path: Path) -> None:
+def test_a_log_ahead_of_the_journal_keeps_only_what_the_journal_holds(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """What a kill -9 usually leaves: batches appended after the partition's last journal write. They are
+    kept aside as said at INFO, not WARNING (a kill -9 campaign: every restart warned of them)."""
     journal, plog = opened(tmp_path)
     acknowledged(journal, plog, [batch(0), batch(1)])
-    plog.append(batch(2), 2)  # appended, the process died before the journal write
+    plog.append(batch(2, count=3), 4)  # appended, the process died before the journal write
+    plog.append(batch(5), 5)
+    plog.close()
+    journal.close(remove=False)
+    with caplog.at_level(logging.INFO, logger="storage.log"):
+        journal, plog, offsets = recovered(tmp_path)
+    assert offsets == [0, 1]
+    kept_aside = [p for p in log_file(tmp_path).parent.iterdir() if p.name.endswith(".tr")]
+    assert len(kept_aside) == 1 and kept_aside[0].read_bytes() == batch(2, count=3) + batch(5)
+    said = [r for r in caplog.records if "kept in" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.INFO], said
+    assert "appended after the journal's last for this partition" in said[0].getMessage()
+    journal.close(remove=False)
+
+
+def test_a_log_whose_partition_the_journal_holds_nothing_of_keeps_its_valid_tail(tmp_path: Path) -> None:
+    """Nothing of the partition journaled since the last checkpoint: its log is read as Kafka reads one,
+    valid batches kept (never acknowledged, so serving them is allowed; README, Limits)."""
+    journal, plog = opened(tmp_path)
+    plog.append(batch(0), 0)  # appended, the process died before the journal write
     plog.close()
     journal.close(remove=False)
     journal, plog, offsets = recovered(tmp_path)
+    assert offsets == [0] and not list(log_file(tmp_path).parent.glob("*.tr"))
+    journal.close(remove=False)
+
+
+@pytest.mark.parametrize("tail", ["an older version", "a torn batch", "a gap"])
+def test_what_the_journal_replaces_otherwise_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                          tail: str) -> None:
+    """Bytes past the journal's run that are not whole batches continuing it (an older version of offsets it
+    writes again, damage, a gap in the offsets) still say WARNING."""
+    journal, plog = opened(tmp_path)
+    acknowledged(journal, plog, [batch(0), batch(1)])
+    plog.close()
+    journal.close(remove=False)
+    extra = {"an older version": batch(1, tag=b"o"), "a torn batch": batch(2)[:-5], "a gap": batch(4)}[tail]
+    if tail == "an older version":  # the log holds an older offset 1 where the journal has the newer one
+        log_file(tmp_path).write_bytes(batch(0) + extra)
+    else:
+        with log_file(tmp_path).open("ab") as f:
+            f.write(extra)
+    with caplog.at_level(logging.INFO, logger="storage.log"):
+        journal, plog, offsets = recovered(tmp_path)
     assert offsets == [0, 1]
-    kept_aside = [p for p in log_file(tmp_path).parent.iterdir() if p.name.endswith(".tr")]
-    assert len(kept_aside) == 1 and kept_aside[0].read_bytes() == batch(2)
+    said = [r for r in caplog.records if "kept in" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING], said
     journal.close(remove=False)
 
 
