@@ -175,19 +175,26 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -
 
 
 def _describe(admin: Any, group: str) -> dict[str, Any]:
+    """The group as DescribeGroups gives it; a group of another protocol type than a consumer's (Kafka
+    Connect's) is refused in any state, as Kafka's tool refuses it (describe, reset-offsets)."""
     try:
         described: dict[str, Any] = admin.describe_groups([group])[group]
     except ValueError:
         # kafka-python reads every member's metadata as a consumer subscription, and another protocol's
-        # (Kafka Connect's) fails with "Buffer underrun": say what the group is, as Kafka's tool does.
+        # fails with "Buffer underrun" (only a Stable group's answer carries it): the type from ListGroups.
         kinds = {g["group_id"]: g.get("protocol_type") for g in admin.list_groups()}
-        if kinds.get(group) not in (None, "", "consumer"):
-            raise GroupsError(f"{group} is not a consumer group (its protocol type is {kinds[group]!r}): only "
-                              f"consumer groups are described") from None
+        _consumer_group(group, kinds.get(group))
         raise
     if described.get("error"):
         raise GroupsError(f"{group}: {described['error']}")
+    _consumer_group(group, described.get("protocol_type"))
     return described
+
+
+def _consumer_group(group: str, protocol_type: str | None) -> None:
+    if protocol_type not in (None, "", "consumer"):
+        raise GroupsError(f"{group} is not a consumer group (its protocol type is {protocol_type!r}): only "
+                          f"consumer groups are described or reset")
 
 
 def _list(admin: Any, args: argparse.Namespace) -> Result:

@@ -1,7 +1,7 @@
 """The journal's entries on disk (storage.journal has the design): their format, reading a segment
 back, what follows a segment's last valid entry (``report_tail``), and resolving one partition's
 entries to the run of consecutive batches recovery writes into its log (storage.log ``recover``), and
-whether what a log holds past that run only continues it (``continues_run``)."""
+whether what a log holds past that run only continues it (``continued_to``)."""
 
 import logging
 import struct
@@ -176,19 +176,18 @@ def resolve(batches: list[bytes]) -> list[bytes]:
     return run
 
 
-def continues_run(data: bytes, position: int, first_offset: int, exact: bool) -> bool:
-    """Whether ``data`` from ``position`` on is whole, valid batches of consecutive offsets from
-    ``first_offset`` (``exact``: right after the run, in its segment) or from past it (a later segment):
-    appends that continued a log past what the journal holds, not damage, a gap or an older version of
-    offsets the journal's run writes again."""
-    expected = first_offset if exact else None
+def continued_to(data: bytes, position: int, first_offset: int) -> int | None:
+    """The offset after ``data``'s batches from ``position`` on when they are whole, valid and consecutive
+    from ``first_offset`` (appends that continued a log past what the journal holds), else None (damage, a
+    gap, an older version of offsets the journal's run writes again)."""
+    expected = first_offset
     while position < len(data):
         try:
             base, size = read_head(data, position)
-            if (base < first_offset if expected is None else base != expected) or position + size > len(data):
-                return False
-            last = decode_batch(data[position : position + size]).last_offset
+            if base != expected or position + size > len(data):
+                return None
+            expected = decode_batch(data[position : position + size]).last_offset + 1
         except (BatchError, struct.error):
-            return False
-        expected, position = last + 1, position + size
-    return True
+            return None
+        position += size
+    return expected

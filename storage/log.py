@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from storage.batch import Batch, decode_batch, read_head
-from storage.journalentries import JournalError, batch_offsets, continues_run, resolve
+from storage.journalentries import JournalError, batch_offsets, continued_to, resolve
 from storage.recoverypoint import RECOVERY_POINT as RECOVERY_POINT
 from storage.recoverypoint import claim_lock, read_claim, run_reaches, short_of
 from storage.segments import (
@@ -261,14 +261,15 @@ class PartitionLog:
             pieces = [(seg.path, position, f.read(), 0)]
         for later in self.segments[index + 1 :]:
             pieces.append((later.path, 0, later.path.read_bytes(), starts.get(later.base_offset, -1)))
-        run_end = batch_offsets(run[-1])[1] + 1
+        follows: int | None = batch_offsets(run[-1])[1] + 1  # where appends past the run would go on
         for path, start, data, expected_at in pieces:
             same = common_prefix(data, expected[expected_at:]) if expected_at >= 0 else 0
             if same < len(data):
                 aside = aside_path(path, start + same)
                 write_aside(aside, data[same:])
-                whole_run = same == len(expected) - expected_at if expected_at >= 0 else True
-                if whole_run and continues_run(data, same, run_end, exact=expected_at >= 0):
+                past_run = expected_at < 0 or same == len(expected) - expected_at
+                follows = continued_to(data, same, follows) if past_run and follows is not None else None
+                if follows is not None:
                     # What a kill -9 usually leaves: appended after the partition's last journal write
                     log.info("%s: %d bytes from byte %d on are batches appended after the journal's last for this "
                              "partition (never journaled, so never acknowledged); kept in %s", path,

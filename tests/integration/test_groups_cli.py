@@ -179,7 +179,7 @@ def test_describe_of_a_group_of_another_protocol_type_says_what_it_is(server: Kc
     """A Kafka Connect group (its members' metadata is Connect's, not a consumer subscription): kafka-python's
     "Buffer underrun" was all `describe` said (an admin-API campaign's find). Kafka's own tool refuses such
     a group too, saying it is not a consumer group; `list` still shows it."""
-    from kafka.protocol.consumer.group import JoinGroupRequest, SyncGroupRequest
+    from kafka.protocol.consumer.group import JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest
 
     worker = RawClient(server.port)
     url = b"http://worker-1:8083"
@@ -190,6 +190,9 @@ def test_describe_of_a_group_of_another_protocol_type_says_what_it_is(server: Kc
                             reason=None)
     joined = worker.call(join, 3)
     assert joined.error_code == 0
+    refused = "connect-cluster is not a consumer group (its protocol type is 'connect')"
+    described = groups(server, "describe", "connect-cluster")  # CompletingRebalance: no metadata to trip on
+    assert described.returncode == 1 and refused in described.stderr, described.stderr  # a review's find
     assignment = b"\x00\x01\x00\x00" + len(b"w1").to_bytes(2, "big") + b"w1"  # Connect's: version, error, leader...
     sync = SyncGroupRequest(group_id="connect-cluster", generation_id=joined.generation_id, member_id=joined.member_id,
                             group_instance_id=None, protocol_type=None, protocol_name=None,
@@ -198,10 +201,16 @@ def test_describe_of_a_group_of_another_protocol_type_says_what_it_is(server: Kc
     assert worker.call(sync, 2).error_code == 0  # Stable: DescribeGroups now carries the members' metadata
     described = groups(server, "describe", "connect-cluster")
     assert described.returncode == 1 and "Traceback" not in described.stderr
-    assert "connect-cluster is not a consumer group (its protocol type is 'connect')" in described.stderr, \
-        described.stderr
+    assert refused in described.stderr, described.stderr
     listed = {"group": "connect-cluster", "protocol_type": "connect", "state": "Stable", "type": "classic"}
     assert listed in parsed(groups(server, "list"))
+    leave = LeaveGroupRequest(group_id="connect-cluster", members=[
+        LeaveGroupRequest.MemberIdentity(member_id=joined.member_id, group_instance_id=None, reason=None)])
+    assert worker.call(leave, 3).error_code == 0  # Empty: a reset would have gone ahead
+    for action in (["describe", "connect-cluster"], ["reset-offsets", "connect-cluster", "--topic", "t",
+                                                     "--to-offset", "0"]):
+        result = groups(server, *action)
+        assert result.returncode == 1 and refused in result.stderr, result.stderr
     worker.close()
 
 

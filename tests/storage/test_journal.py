@@ -251,6 +251,29 @@ def test_a_log_whose_partition_the_journal_holds_nothing_of_keeps_its_valid_tail
     journal.close(remove=False)
 
 
+@pytest.mark.parametrize("later", ["continuing", "after a gap"])
+def test_appends_past_the_journal_into_a_later_segment(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                       later: str) -> None:
+    """Unjournaled appends that rolled the log to a new segment continue the run there too (INFO); a later
+    segment whose batches do not follow on (a gap, or not the offset its name says) warns (a review's
+    find: it was said at INFO)."""
+    journal, plog = opened(tmp_path, segment_bytes=3 * len(batch(0)))
+    acknowledged(journal, plog, [batch(0), batch(1)])
+    plog.append(batch(2), 2)  # unjournaled; fills segment 0
+    if later == "continuing":
+        plog.append(batch(3), 3)  # rolls to segment 3
+    plog.close()
+    journal.close(remove=False)
+    if later == "after a gap":
+        (log_file(tmp_path).parent / "00000000000000000003.log").write_bytes(batch(500) + batch(501))
+    with caplog.at_level(logging.INFO, logger="storage.log"):
+        journal, plog, offsets = recovered(tmp_path, segment_bytes=3 * len(batch(0)))
+    assert offsets == [0, 1]
+    said = [r.levelno for r in caplog.records if "kept in" in r.getMessage()]
+    assert said == ([logging.INFO, logging.INFO] if later == "continuing" else [logging.INFO, logging.WARNING])
+    journal.close(remove=False)
+
+
 @pytest.mark.parametrize("tail", ["an older version", "a torn batch", "a gap"])
 def test_what_the_journal_replaces_otherwise_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                           tail: str) -> None:
