@@ -11,7 +11,7 @@ from typing import Final
 
 import crc32c
 
-from storage.batch import BatchError, decode_batch, read_head
+from storage.batch import Batch, decode_run
 from storage.segments import fsync_path, write_aside
 
 log = logging.getLogger("storage.journal")  # the journal's log lines, wherever they are made
@@ -180,14 +180,12 @@ def continued_to(data: bytes, position: int, first_offset: int) -> int | None:
     """The offset after ``data``'s batches from ``position`` on when they are whole, valid and consecutive
     from ``first_offset`` (appends that continued a log past what the journal holds), else None (damage, a
     gap, an older version of offsets the journal's run writes again)."""
+    batches: list[Batch] = []
+    if position + decode_run(data, position, len(data), False, batches, limit=len(data)) != len(data):
+        return None
     expected = first_offset
-    while position < len(data):
-        try:
-            base, size = read_head(data, position)
-            if base != expected or position + size > len(data):
-                return None
-            expected = decode_batch(data[position : position + size]).last_offset + 1
-        except (BatchError, struct.error):
+    for batch in batches:
+        if batch.base_offset != expected:
             return None
-        position += size
+        expected = batch.last_offset + 1
     return expected
