@@ -27,11 +27,14 @@ def client_host(peer: str) -> str:
 
 
 def error_response(body: Any, version: int, error: ErrorCode) -> JoinResult:
-    return JoinResult(error, body.member_id or "")
+    """A join the shard could not take (loading, not this coordinator, a failed write) answers with no
+    member id, as Kafka's answer to a failed coordinator operation does."""
+    return JoinResult(error, "")
 
 
 def render(result: JoinResult, version: int) -> Any:
-    protocol = result.protocol if result.protocol is not None or version >= 7 else ""
+    # From v7 the name is nullable, and Kafka's response sends an empty one as null; before, null as "".
+    protocol = (result.protocol or None) if version >= 7 else (result.protocol or "")
     return Response(throttle_time_ms=0, error_code=result.error, generation_id=result.generation,
                     protocol_type=result.protocol_type, protocol_name=protocol, leader=result.leader,
                     skip_assignment=result.skip_assignment, member_id=result.member_id,

@@ -29,11 +29,12 @@ def render(result: SyncResult, version: int) -> Any:
 
 @handles(SPEC, error_response=error_response, render=render)
 def sync_group(runtime: Runtime, req: Request, body: Any) -> Any:
-    if not body.group_id:
-        return SyncResult(ErrorCode.INVALID_GROUP_ID)
     v = req.version
+    # Kafka checks the v5 fields as it reads the request (KafkaApis), before the coordinator sees the group id.
     if v >= 5 and (body.protocol_type is None or body.protocol_name is None):
         return SyncResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+    if not body.group_id:
+        return SyncResult(ErrorCode.INVALID_GROUP_ID)
     assignments = {a.member_id: bytes(a.assignment) for a in body.assignments}
     return runtime.groups_for(body.group_id).membership.sync(
         req, body.group_id, body.generation_id, body.member_id, body.group_instance_id if v >= 3 else None,

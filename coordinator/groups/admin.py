@@ -35,15 +35,17 @@ class GroupDescription:
 
 
 def describe_group(data: ShardData, group_id: str) -> GroupDescription:
-    """An unknown group is described as Dead with no members (not an error, as in Kafka). The protocol,
-    members' metadata and assignments are shown only while the group is Stable."""
+    """An unknown group is described as Dead with no members (not an error, as in Kafka). The protocol and
+    the members' metadata are shown only while the group is Stable; each member's assignment in any state
+    (its last one, until a rebalance's sync replaces or clears it), as Kafka's group coordinator does
+    (GroupMetadataManager.describeGroups: ClassicGroupMember.describeNoMetadata keeps it)."""
     group = data.groups.get(group_id)
     if group is None:
         return GroupDescription(group_id, ErrorCode.NONE, GroupState.DEAD.value, "", "")
     stable = group.is_in(GroupState.STABLE)
     members = [
         MemberDescription(m.member_id, m.group_instance_id, m.client_id, m.client_host,
-                          m.metadata(group.protocol) if stable else b"", m.assignment if stable else b"")
+                          m.metadata(group.protocol) if stable else b"", m.assignment)
         for m in group.members.values()
     ]
     return GroupDescription(group_id, ErrorCode.NONE, group.state.value, group.protocol_type or "",

@@ -14,7 +14,7 @@ from coordinator.state import ShardData
 from protocol.commit import PartitionCommit
 from protocol.errors import ErrorCode
 from protocol.records import GroupMetadataRecord, LiveRecord, OffsetAndMetadata, OffsetCommitRecord, OffsetKey
-from tests.coordinator.groups.harness import T0, Client, GroupShard, stable_group
+from tests.coordinator.groups.harness import T0, Client, GroupShard, stable_group, until_released
 from tests.coordinator.test_offsets import request
 
 E = ErrorCode
@@ -44,7 +44,9 @@ def consumer_group(shard: GroupShard, *topics: str) -> list[Client]:
 
 # -- describe and list ---------------------------------------------------------------------------------
 
-def test_describe_shows_members_protocol_and_assignments_only_when_stable() -> None:
+def test_describe_shows_protocol_and_metadata_when_stable_and_the_last_assignments_in_any_state() -> None:
+    """As Kafka's GroupMetadataManager.describeGroups: a rebalance hides the protocol and the members'
+    metadata, but each member's last assignment stays shown until a sync replaces or clears it."""
     shard = GroupShard()
     clients = consumer_group(shard, "orders")
     d = describe_group(shard.data, "g")
@@ -52,10 +54,18 @@ def test_describe_shows_members_protocol_and_assignments_only_when_stable() -> N
     assert {m.client_id: (m.client_host, m.assignment) for m in d.members} == {
         "c0": ("/127.0.0.1", b"assigned-c0"), "c1": ("/127.0.0.1", b"assigned-c1")}
     assert all(m.metadata == subscription("orders") for m in d.members)
-    clients[0].join()  # PreparingRebalance: members listed, no protocol, metadata or assignment
+    last = {"c0": b"assigned-c0", "c1": b"assigned-c1"}
+    replies = [clients[0].join()]  # PreparingRebalance: no protocol or metadata; the last assignments
     d = describe_group(shard.data, "g")
     assert (d.state, d.protocol) == ("PreparingRebalance", "")
-    assert len(d.members) == 2 and all(m.metadata == m.assignment == b"" for m in d.members)
+    assert all(m.metadata == b"" for m in d.members) and {m.client_id: m.assignment for m in d.members} == last
+    replies.append(clients[1].join())
+    until_released(shard, *replies)  # CompletingRebalance: the same until the leader's sync
+    d = describe_group(shard.data, "g")
+    assert d.state == "CompletingRebalance" and {m.client_id: m.assignment for m in d.members} == last
+    clients[1].leave()  # a member leaving now clears every assignment, as Kafka's reset does
+    d = describe_group(shard.data, "g")
+    assert d.state == "PreparingRebalance" and [m.assignment for m in d.members] == [b""]
 
 
 def test_describe_an_unknown_group_is_dead_without_error() -> None:
