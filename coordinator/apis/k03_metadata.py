@@ -5,7 +5,11 @@ a null topic list means all topics, an empty one none. v2: cluster id. v3: throt
 replicas. v7: leader epoch. v8: authorized operations. v9: first flexible version. v10: topic ids.
 v11: drops cluster authorized operations. v12: topic name nullable (lookup by id).
 kcoord is a one-node cluster hosting only ``__consumer_offsets``; any other topic is answered
-UNKNOWN_TOPIC_OR_PARTITION, never invented.
+UNKNOWN_TOPIC_OR_PARTITION, never invented. Topic ids as Kafka's KafkaApis.handleTopicMetadataRequest
+takes them: from v12 a request naming any id is answered by id (UNKNOWN_TOPIC_ID for an id not known,
+with a null name; the names it carries are then not looked at), and v10-v11 refuse ids
+(INVALID_REQUEST). Authorized operations, when asked for, are every operation Kafka supports on the
+resource, as a broker without an authorizer answers.
 """
 
 import uuid
@@ -23,6 +27,11 @@ MetadataResponse = SPEC.response.cls
 CLUSTER_ID = "kcoord"
 OFFSETS_TOPIC_ID = uuid.uuid5(uuid.NAMESPACE_URL, "kcoord:" + OFFSETS_TOPIC)
 _NO_ID = uuid.UUID(int=0)
+# Bits of the AclOperation codes Kafka supports on a topic (READ 3, WRITE 4, CREATE 5, DELETE 6, ALTER 7,
+# DESCRIBE 8, DESCRIBE_CONFIGS 10, ALTER_CONFIGS 11) and on the cluster (CREATE 5, ALTER 7, DESCRIBE 8,
+# CLUSTER_ACTION 9, DESCRIBE_CONFIGS 10, ALTER_CONFIGS 11, IDEMPOTENT_WRITE 12): AclEntry.supportedOperations.
+TOPIC_OPERATIONS = sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))
+CLUSTER_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
 Topic = MetadataResponse.MetadataResponseTopic
 Partition = Topic.MetadataResponsePartition
 
@@ -75,14 +84,33 @@ def _answer(runtime: Runtime, version: int, body: Any) -> Any:
     node = runtime.config.node_id
     requested = body.topics
     everything = requested is None or (version == 0 and not requested)
+    ids = [] if everything or version < 10 else _topic_ids(requested)
     if everything:
         topics = [_offsets_topic(runtime)]
+    elif ids and version < 12:
+        return error_response(body, version, ErrorCode.INVALID_REQUEST)
+    elif ids:
+        topics = [_offsets_topic(runtime) if i == OFFSETS_TOPIC_ID
+                  else Topic(error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None, topic_id=i, is_internal=False,
+                             partitions=[])
+                  for i in ids]
     else:
         topics = [
             _offsets_topic(runtime) if t.name == OFFSETS_TOPIC
             else _unknown(t.name, getattr(t, "topic_id", None), version)
             for t in _distinct(requested)
         ]
+    if version >= 8 and body.include_topic_authorized_operations:
+        for topic in topics:
+            if topic.error_code != ErrorCode.UNKNOWN_TOPIC_ID:  # Kafka sets none on those
+                topic.topic_authorized_operations = TOPIC_OPERATIONS
+    cluster_operations = CLUSTER_OPERATIONS if 8 <= version <= 10 and body.include_cluster_authorized_operations \
+        else -(1 << 31)
     broker = MetadataResponse.MetadataResponseBroker(node_id=node, host=host, port=port, rack=None)
     return MetadataResponse(throttle_time_ms=0, brokers=[broker], cluster_id=CLUSTER_ID, controller_id=node,
-                            topics=topics)
+                            topics=topics, cluster_authorized_operations=cluster_operations)
+
+
+def _topic_ids(requested: Any) -> list[Any]:
+    """The distinct non-zero topic ids a v10+ request names, in request order."""
+    return list(dict.fromkeys(t.topic_id for t in requested if t.topic_id is not None and t.topic_id != _NO_ID))

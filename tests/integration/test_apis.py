@@ -1,14 +1,18 @@
 """Exact per-version behaviour of every served API, over a real socket (reference 2-6 and 19.5)."""
 
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
-from kafka.protocol.consumer.group import OffsetFetchRequest
+from kafka.protocol.consumer.group import JoinGroupRequest, OffsetFetchRequest, SyncGroupRequest
 from kafka.protocol.metadata import ApiVersionsRequest, FindCoordinatorRequest, MetadataRequest
 
 from coordinator.apis import load_all
 from protocol.errors import ErrorCode
 from protocol.registry import supported_versions
+from storage.segments import list_segments
 from tests.kcoord_process import KcoordProcess
 from tests.rawclient import RawClient, commit_request, fetch_request
 
@@ -149,10 +153,104 @@ def test_metadata_answers_each_topic_once_however_often_it_is_named(client: RawC
     assert [t.name for t in resp.topics] == ["__consumer_offsets", "nope"]
 
 
-def test_metadata_topic_looked_up_by_id_before_v12_is_unknown_not_a_closed_connection(client: RawClient) -> None:
-    """Fault campaign L1: a null name in Metadata v10/v11 could not be encoded back."""
-    import uuid
+def test_metadata_topic_looked_up_by_id_before_v12_is_invalid_not_a_closed_connection(client: RawClient) -> None:
+    """Fault campaign L1: a null name in Metadata v10/v11 could not be encoded back. Kafka refuses ids
+    before v12 (KafkaApis.handleTopicMetadataRequest): INVALID_REQUEST for the whole request."""
+    topics = [MetadataRequest.MetadataRequestTopic(name=None, topic_id=uuid.uuid4()),
+              MetadataRequest.MetadataRequestTopic(name="__consumer_offsets", topic_id=None)]
+    for version in (10, 11):
+        resp = client.call(MetadataRequest(topics=topics, allow_auto_topic_creation=False), version)
+        assert [(t.name, t.error_code, t.partitions) for t in resp.topics] == [
+            ("", ErrorCode.INVALID_REQUEST, []), ("__consumer_offsets", ErrorCode.INVALID_REQUEST, [])]
 
-    topic = MetadataRequest.MetadataRequestTopic(name=None, topic_id=uuid.uuid4())
-    resp = client.call(MetadataRequest(topics=[topic], allow_auto_topic_creation=False), 10)
-    assert [(t.name, t.error_code) for t in resp.topics] == [("", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)]
+
+def test_metadata_v12_looks_topics_up_by_id(client: RawClient) -> None:
+    """From v12 a request naming ids is answered by id, as Kafka: the offsets topic by the id kcoord
+    advertises, any other id UNKNOWN_TOPIC_ID with a null name; names beside them are not looked at."""
+    everything = client.call(MetadataRequest(topics=None, allow_auto_topic_creation=False), 12)
+    offsets_id = everything.topics[0].topic_id
+    assert offsets_id not in (None, uuid.UUID(int=0))
+    stranger = uuid.uuid4()
+    topics = [MetadataRequest.MetadataRequestTopic(name=None, topic_id=stranger),
+              MetadataRequest.MetadataRequestTopic(name="nope", topic_id=None),
+              MetadataRequest.MetadataRequestTopic(name=None, topic_id=offsets_id),
+              MetadataRequest.MetadataRequestTopic(name=None, topic_id=stranger)]
+    resp = client.call(MetadataRequest(topics=topics, allow_auto_topic_creation=False), 12)
+    assert [(t.name, t.topic_id, t.error_code, len(t.partitions)) for t in resp.topics] == [
+        (None, stranger, ErrorCode.UNKNOWN_TOPIC_ID, 0), ("__consumer_offsets", offsets_id, 0, 50)]
+
+
+NOT_INCLUDED = None  # -2147483648, the schema default: kafka-python reads it as None
+
+
+@pytest.mark.parametrize("version", [7, 8, 10, 11, 12])
+def test_metadata_authorized_operations_are_every_supported_one_when_asked(client: RawClient, version: int) -> None:
+    """A broker without an authorizer answers every operation Kafka supports on the resource
+    (AclEntry.supportedOperations); the cluster's only v8-v10, and nothing before v8."""
+    topic = {3, 4, 5, 6, 7, 8, 10, 11}  # READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS
+    cluster = {5, 7, 8, 9, 10, 11, 12}  # CREATE, ALTER, DESCRIBE, CLUSTER_ACTION, the two CONFIGS, IDEMPOTENT_WRITE
+    topics = [MetadataRequest.MetadataRequestTopic(name=n) for n in ("__consumer_offsets", "nope")]
+    asked = client.call(MetadataRequest(topics=topics, allow_auto_topic_creation=False,
+                                        include_cluster_authorized_operations=True,
+                                        include_topic_authorized_operations=True), version)
+    assert [t.authorized_operations for t in asked.topics] == [topic if version >= 8 else NOT_INCLUDED] * 2
+    if version <= 10:
+        assert asked.authorized_operations == (cluster if version >= 8 else NOT_INCLUDED)
+    plain = client.call(MetadataRequest(topics=topics, allow_auto_topic_creation=False), version)
+    assert [t.authorized_operations for t in plain.topics] == [NOT_INCLUDED] * 2
+    if version <= 10:
+        assert plain.authorized_operations == NOT_INCLUDED
+
+
+def _join(group: str, member: str, protocol: str, version: int) -> Any:
+    return JoinGroupRequest(group_id=group, session_timeout_ms=10_000, rebalance_timeout_ms=10_000, member_id=member,
+                            group_instance_id=None, protocol_type="consumer", reason=None,
+                            protocols=[JoinGroupRequest.JoinGroupRequestProtocol(name=protocol, metadata=b"m")])
+
+
+@pytest.mark.parametrize("version", [6, 7])
+def test_join_group_sends_an_empty_chosen_protocol_as_null_from_v7(server: KcoordProcess, version: int) -> None:
+    """Kafka's JoinGroupResponse turns a protocol name of "" into null from v7, where the field is nullable."""
+    client = RawClient(server.port)
+    group = f"unnamed-protocol-v{version}"
+    first = client.call(_join(group, "", "", version), version)
+    assert first.error_code == ErrorCode.MEMBER_ID_REQUIRED
+    joined = client.call(_join(group, first.member_id, "", version), version)  # after the initial delay
+    assert (joined.error_code, joined.leader) == (0, first.member_id)
+    assert joined.protocol_name == ("" if version < 7 else None)
+    client.close()
+
+
+@pytest.mark.parametrize(("version", "protocol_type", "error"), [
+    (5, None, ErrorCode.INCONSISTENT_GROUP_PROTOCOL), (5, "consumer", ErrorCode.INVALID_GROUP_ID),
+    (4, None, ErrorCode.INVALID_GROUP_ID)])
+def test_sync_group_v5_checks_its_protocol_fields_before_the_group_id(client: RawClient, version: int,
+                                                                       protocol_type: str | None,
+                                                                       error: ErrorCode) -> None:
+    """As Kafka, where KafkaApis refuses a v5 SyncGroup missing its protocol type or name before the
+    coordinator looks at the group id."""
+    request = SyncGroupRequest(group_id="", generation_id=1, member_id="m", group_instance_id=None,
+                               protocol_type=protocol_type, protocol_name="range", assignments=[])
+    assert client.call(request, version).error_code == error
+
+
+def test_join_group_refused_by_a_failed_partition_carries_no_member_id(tmp_path: Path) -> None:
+    """Kafka answers a coordinator operation that failed (loading, not the coordinator) with an empty
+    member id, not the one the request carried."""
+    server = KcoordProcess(tmp_path / "data", "--offsets-partitions", "1").start()
+    client = RawClient(server.port)
+    for offset in range(3):  # three batches, so damage to the first one is not a torn tail
+        client.call(commit_request("broken", {("t", 0): offset}), 8)
+    client.close()
+    server.stop()
+    segment = list_segments(tmp_path / "data" / "__consumer_offsets-0")[0].path
+    data = bytearray(segment.read_bytes())
+    data[70] ^= 0xFF  # inside the first batch's records: its CRC no longer matches, the partition fails
+    segment.write_bytes(bytes(data))
+    server.start()
+    client = RawClient(server.port)
+    for version in (1, 5, 9):
+        answer = client.call(_join("broken", "member-1", "range", version), version)
+        assert (answer.error_code, answer.member_id) == (ErrorCode.NOT_COORDINATOR, "")
+    client.close()
+    server.stop()
