@@ -48,6 +48,8 @@ class CleanStats:
     records_kept: int
     records_dropped: int
     clean_end_offset: int
+    # the latest delete horizon among the tombstones the cleaned segments keep; None: they keep none
+    tombstone_horizon_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -109,6 +111,7 @@ def clean(
         return CleanStats(0, 0, 0, 0, 0, 0, start)
     keys = _build_key_map(snap, count, durable, stop)
     kept = dropped = bytes_after = outputs = 0
+    latest_horizon: int | None = None
     i = 0
     while i < count:
         base = snap[i].base_offset
@@ -120,7 +123,9 @@ def clean(
                     for batch, raw in _batches_with_bytes(snap[j]):
                         if stop():
                             raise CleanAborted()
-                        data, gone = _clean_batch(batch, raw, keys, now_ms, delete_retention_ms)
+                        data, gone, horizon = _clean_batch(batch, raw, keys, now_ms, delete_retention_ms)
+                        if horizon is not None and (latest_horizon is None or horizon > latest_horizon):
+                            latest_horizon = horizon
                         kept += len(batch.records) - gone
                         dropped += gone
                         changed = changed or data is not raw
@@ -146,7 +151,7 @@ def clean(
                 raise
         i = j
     before = sum(s.size for s in snap[:count])
-    return CleanStats(count, outputs, before, bytes_after, kept, dropped, snap[count].base_offset)
+    return CleanStats(count, outputs, before, bytes_after, kept, dropped, snap[count].base_offset, latest_horizon)
 
 
 def _fits(log: PartitionLog, snap: list[Segment], base: int, j: int, written: int) -> bool:
@@ -195,22 +200,25 @@ def _batches_with_bytes(seg: Segment) -> Iterator[tuple[Batch, bytes]]:
 
 def _clean_batch(
     batch: Batch, raw: bytes, keys: _KeyMap, now_ms: int, delete_retention_ms: int
-) -> tuple[bytes | None, int]:
-    """``(bytes to write, or None to drop the batch; records dropped)``; returns ``raw`` itself when the
-    batch stays as it is."""
+) -> tuple[bytes | None, int, int | None]:
+    """``(bytes to write, or None to drop the batch; records dropped; the delete horizon of the
+    tombstones it keeps, or None)``; returns ``raw`` itself when the batch stays as it is. Tombstones
+    in transactional batches are not counted: their batches are copied as they are whatever the time."""
     if batch.is_transactional or batch.control_type is not None:
-        return raw, 0
+        return raw, 0, None
     horizon = batch.base_timestamp if batch.attributes & DELETE_HORIZON_FLAG else None
     keep = [r for r in batch.records if _retain(r, keys, now_ms, horizon)]
     dropped = len(batch.records) - len(keep)
     if not keep:
-        return None, dropped
+        return None, dropped, None
     has_tombstone = any(r.value is None for r in keep)
-    if dropped == 0 and (horizon is not None or not has_tombstone):
-        return raw, 0
     if has_tombstone and horizon is None:
         horizon = now_ms + delete_retention_ms
-    return rebuild_batch(raw, {r.offset for r in keep}, horizon if has_tombstone else None), dropped
+        return rebuild_batch(raw, {r.offset for r in keep}, horizon), dropped, horizon
+    kept_horizon = horizon if has_tombstone else None
+    if dropped == 0:
+        return raw, 0, kept_horizon
+    return rebuild_batch(raw, {r.offset for r in keep}, kept_horizon), dropped, kept_horizon
 
 
 def _retain(r: LogRecord, keys: _KeyMap, now_ms: int, horizon: int | None) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from coordinator.shardstate import ShardState
+from protocol.records import OffsetCommitRecord, OffsetKey
 from tests.coordinator.harness import OK, Faults, append, commit, config, started, stop, wait_state
 from tests.coordinator.test_journal_mode import journal_config
 from tests.coordinator.test_journal_mode import started as started_journal
@@ -87,4 +88,25 @@ async def test_a_partition_read_only_for_want_of_room_is_compacted_soon(tmp_path
         assert asyncio.get_running_loop().time() < deadline, [s.path.name for s in shard.log.segments]
         await asyncio.sleep(0.05)
     assert shard.state is ShardState.READ_ONLY
+    await stop(runtime)
+
+
+async def test_an_idle_log_is_not_rewritten_again_until_a_tombstone_passes_its_horizon(tmp_path: Path) -> None:
+    """A campaign's find: with a short delete retention every backoff rewrote an idle log to no effect.
+    A pass for the delete horizon now waits for new writes or for a kept tombstone's horizon."""
+    runtime = await started(config(tmp_path, segment_bytes=2048))
+    shard, compactor = runtime.shards[0], runtime.compactors[0]
+    await _superseded(shard, 40)
+    assert (await compactor.compact(0)) is not None
+    assert await compactor.compact(0) is None  # nothing written since, no tombstone kept
+    assert await append(shard, [commit("g", 9, 1)]) == OK
+    assert await append(shard, [OffsetCommitRecord(OffsetKey("g", "t", 9), None)]) == OK  # the newest for its key
+    await _superseded(shard, 20)  # the tombstone's segment closes
+    stamped = await compactor.compact(0)  # new writes: a pass, which stamps the kept tombstones' horizon
+    assert stamped is not None and stamped.tombstone_horizon_ms is not None
+    await asyncio.sleep(0.01)  # past that horizon (now + 0)
+    dropped = await compactor.compact(0)
+    assert dropped is not None and dropped.records_dropped >= 1 and dropped.tombstone_horizon_ms is None
+    assert await compactor.compact(0) is None
+    assert shard.data.committed("g", "t", 9) is None and shard.data.committed("g", "t", 0) is not None
     await stop(runtime)
