@@ -248,9 +248,11 @@ def test_join_group_refused_by_a_failed_partition_carries_no_member_id(tmp_path:
     data[70] ^= 0xFF  # inside the first batch's records: its CRC no longer matches, the partition fails
     segment.write_bytes(bytes(data))
     server.start()
-    client = RawClient(server.port)
-    for version in (1, 5, 9):
-        answer = client.call(_join("broken", "member-1", "range", version), version)
-        assert (answer.error_code, answer.member_id) == (ErrorCode.NOT_COORDINATOR, "")
-    client.close()
-    server.stop()
+    try:
+        client = RawClient(server.port)
+        for version in (1, 5, 9):
+            answer = client.call(_join("broken", "member-1", "range", version), version)
+            assert (answer.error_code, answer.member_id) == (ErrorCode.NOT_COORDINATOR, "")
+        client.close()
+    finally:
+        server.stop()
