@@ -48,7 +48,9 @@ class CleanStats:
     records_kept: int
     records_dropped: int
     clean_end_offset: int
-    # the latest delete horizon among the tombstones the cleaned segments keep; None: they keep none
+    # the latest delete horizon among the tombstones the cleaned segments keep until it passes; None:
+    # they keep none that a later pass could drop (those kept for good, by the transactional rule or
+    # for want of a key, are not counted)
     tombstone_horizon_ms: int | None = None
 
 
@@ -201,9 +203,10 @@ def _batches_with_bytes(seg: Segment) -> Iterator[tuple[Batch, bytes]]:
 def _clean_batch(
     batch: Batch, raw: bytes, keys: _KeyMap, now_ms: int, delete_retention_ms: int
 ) -> tuple[bytes | None, int, int | None]:
-    """``(bytes to write, or None to drop the batch; records dropped; the delete horizon of the
-    tombstones it keeps, or None)``; returns ``raw`` itself when the batch stays as it is. Tombstones
-    in transactional batches are not counted: their batches are copied as they are whatever the time."""
+    """``(bytes to write, or None to drop the batch; records dropped; the delete horizon its kept
+    tombstones wait for, or None)``; returns ``raw`` itself when the batch stays as it is. A horizon
+    already passed is not returned: tombstones still kept then are kept for good (``_retain``), as are
+    transactional batches, copied as they are whatever the time."""
     if batch.is_transactional or batch.control_type is not None:
         return raw, 0, None
     horizon = batch.base_timestamp if batch.attributes & DELETE_HORIZON_FLAG else None
@@ -216,9 +219,10 @@ def _clean_batch(
         horizon = now_ms + delete_retention_ms
         return rebuild_batch(raw, {r.offset for r in keep}, horizon), dropped, horizon
     kept_horizon = horizon if has_tombstone else None
+    waits_for = kept_horizon if kept_horizon is not None and now_ms < kept_horizon else None
     if dropped == 0:
-        return raw, 0, kept_horizon
-    return rebuild_batch(raw, {r.offset for r in keep}, kept_horizon), dropped, kept_horizon
+        return raw, 0, waits_for
+    return rebuild_batch(raw, {r.offset for r in keep}, kept_horizon), dropped, waits_for
 
 
 def _retain(r: LogRecord, keys: _KeyMap, now_ms: int, horizon: int | None) -> bool:
