@@ -7,9 +7,9 @@ v11: drops cluster authorized operations. v12: topic name nullable (lookup by id
 kcoord is a one-node cluster hosting only ``__consumer_offsets``; any other topic is answered
 UNKNOWN_TOPIC_OR_PARTITION, never invented. Topic ids as Kafka's KafkaApis.handleTopicMetadataRequest
 takes them: from v12 a request naming any id is answered by id (UNKNOWN_TOPIC_ID for an id not known,
-with a null name; the names it carries are then not looked at), and v10-v11 refuse ids
-(INVALID_REQUEST). Authorized operations, when asked for, are every operation Kafka supports on the
-resource, as a broker without an authorizer answers.
+with a null name; the names it carries are then not looked at), and before v12 a request naming an id
+or a null name is refused (INVALID_REQUEST). Authorized operations, when asked for, are every operation
+Kafka supports on the resource, as a broker without an authorizer answers.
 """
 
 import uuid
@@ -87,7 +87,7 @@ def _answer(runtime: Runtime, version: int, body: Any) -> Any:
     ids = [] if everything or version < 10 else _topic_ids(requested)
     if everything:
         topics = [_offsets_topic(runtime)]
-    elif ids and version < 12:
+    elif version < 12 and (ids or any(t.name is None for t in requested)):  # ids, or a lookup by id
         return error_response(body, version, ErrorCode.INVALID_REQUEST)
     elif ids:
         topics = [_offsets_topic(runtime) if i == OFFSETS_TOPIC_ID

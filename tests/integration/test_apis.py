@@ -156,12 +156,13 @@ def test_metadata_answers_each_topic_once_however_often_it_is_named(client: RawC
 def test_metadata_topic_looked_up_by_id_before_v12_is_invalid_not_a_closed_connection(client: RawClient) -> None:
     """Fault campaign L1: a null name in Metadata v10/v11 could not be encoded back. Kafka refuses ids
     before v12 (KafkaApis.handleTopicMetadataRequest): INVALID_REQUEST for the whole request."""
-    topics = [MetadataRequest.MetadataRequestTopic(name=None, topic_id=uuid.uuid4()),
-              MetadataRequest.MetadataRequestTopic(name="__consumer_offsets", topic_id=None)]
-    for version in (10, 11):
-        resp = client.call(MetadataRequest(topics=topics, allow_auto_topic_creation=False), version)
-        assert [(t.name, t.error_code, t.partitions) for t in resp.topics] == [
-            ("", ErrorCode.INVALID_REQUEST, []), ("__consumer_offsets", ErrorCode.INVALID_REQUEST, [])]
+    for looked_up in (uuid.uuid4(), None):  # an id, or only a null name: refused either way
+        topics = [MetadataRequest.MetadataRequestTopic(name=None, topic_id=looked_up),
+                  MetadataRequest.MetadataRequestTopic(name="__consumer_offsets", topic_id=None)]
+        for version in (10, 11):
+            resp = client.call(MetadataRequest(topics=topics, allow_auto_topic_creation=False), version)
+            assert [(t.name, t.error_code, t.partitions) for t in resp.topics] == [
+                ("", ErrorCode.INVALID_REQUEST, []), ("__consumer_offsets", ErrorCode.INVALID_REQUEST, [])]
 
 
 def test_metadata_v12_looks_topics_up_by_id(client: RawClient) -> None:
