@@ -72,14 +72,24 @@ static void die(const char *what) {
 
 /* ---- helper: a child process syncing the descriptor each message carries ---- */
 
+/* Room for one descriptor's control message, aligned as a cmsghdr must be. */
+union control {
+    char bytes[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+};
+
 static void helper_main(int sock) {
     for (;;) {
-        char op, control[CMSG_SPACE(sizeof(int))];
+        char op;
+        union control control;
         struct iovec io = {&op, 1};
-        struct msghdr msg = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+        struct msghdr msg = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = control.bytes,
+                             .msg_controllen = sizeof control.bytes};
         if (recvmsg(sock, &msg, 0) <= 0) _exit(0);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        if (c == NULL || c->cmsg_type != SCM_RIGHTS) _exit(1);
         int fd;
-        memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof fd);
+        memcpy(&fd, CMSG_DATA(c), sizeof fd);
         double started = now();
         struct __attribute__((packed)) { int32_t error; double seconds; } reply = {fdatasync(fd) ? errno : 0, 0};
         reply.seconds = now() - started;
@@ -89,10 +99,12 @@ static void helper_main(int sock) {
 }
 
 static void helper_post(int sock, int fd) {
-    char op = 3, control[CMSG_SPACE(sizeof(int))];
-    memset(control, 0, sizeof control);
+    char op = 3;
+    union control control;
+    memset(&control, 0, sizeof control);
     struct iovec io = {&op, 1};
-    struct msghdr msg = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    struct msghdr msg = {.msg_iov = &io, .msg_iovlen = 1, .msg_control = control.bytes,
+                         .msg_controllen = sizeof control.bytes};
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
@@ -210,10 +222,12 @@ int main(int argc, char **argv) {
     if (!inline_sync && epoll_ctl(ep, EPOLL_CTL_ADD, ev.data.fd, &ev)) die("epoll_ctl");
 
     double *latency = malloc(cycles * sizeof(double));
+    if (latency == NULL) die("malloc");
     double cpu_before = cpu(), started = now();
     for (int i = 0; i < cycles; i++) {
         double cycle_start = now();
-        if (pwrite(fd, record, sizeof record, (off_t)i * WRITE_BYTES % FILE_BYTES) != WRITE_BYTES) die("pwrite");
+        off_t at = (off_t)(i % (FILE_BYTES / WRITE_BYTES)) * WRITE_BYTES;  /* always inside the file: in place */
+        if (pwrite(fd, record, sizeof record, at) != WRITE_BYTES) die("pwrite");
         if (inline_sync) {
             if (fdatasync(fd)) die("fdatasync");
             if (busy_us > 0) spin(busy_us);
@@ -224,7 +238,13 @@ int main(int argc, char **argv) {
             if (epoll_wait(ep, &ready, 1, -1) != 1) die("epoll_wait");
             if (by_helper) {
                 char reply[64];
-                if (recv(sock, reply, sizeof reply, 0) != 12 || *(int32_t *)reply) die("the helper's answer");
+                int32_t error;
+                if (recv(sock, reply, sizeof reply, 0) != 12) die("the helper's answer");
+                memcpy(&error, reply, sizeof error);
+                if (error) {
+                    errno = error;
+                    die("the helper's fdatasync");
+                }
             } else {
                 uint64_t signalled;
                 if (read(efd, &signalled, sizeof signalled) != sizeof signalled) die("eventfd");
@@ -243,5 +263,6 @@ int main(int argc, char **argv) {
     printf("%-6s busy %4.0f us: %7.0f cycles/s, p50 %7.1f us, p99 %7.1f us, CPU %6.1f us per cycle (%6.1f besides the busy time)\n",
            mode, busy_us, cycles / elapsed, latency[cycles / 2] * 1e6, latency[(long)cycles * 99 / 100] * 1e6,
            per_cycle_us, per_cycle_us - busy_us);
+    free(latency);
     return 0;
 }

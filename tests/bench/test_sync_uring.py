@@ -36,6 +36,14 @@ def test_each_way_writes_syncs_and_reports(program: Path, tmp_path: Path, mode: 
     assert len(data) == 1 << 20 and data[:written] == b"x" * written and data[written:].count(0) == len(data) - written
 
 
+def test_writes_stay_in_place_past_a_lap_of_the_file(program: Path, tmp_path: Path) -> None:
+    """A review's find: offsets taken modulo 1 MiB, not a multiple of 200 B, grew the file after 5,242 cycles."""
+    target = tmp_path / "cycles.dat"
+    done = subprocess.run([str(program), "inline", "5300", str(target)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert target.stat().st_size == 1 << 20
+
+
 def test_refuses_an_unknown_mode(program: Path, tmp_path: Path) -> None:
     done = subprocess.run([str(program), "sideways", "5", str(tmp_path / "f")], capture_output=True, text=True)
     assert done.returncode == 2 and "MODE is inline, helper or uring" in done.stderr
