@@ -65,8 +65,9 @@ def add_groups_parser(sub: Any) -> argparse.ArgumentParser:
         actions.add_parser(name, help=what).add_argument("group")
     reset = actions.add_parser("reset-offsets", help="set committed offsets (the group must have no members)")
     reset.add_argument("group")
-    reset.add_argument("--topic", required=True)
-    reset.add_argument("--partitions", type=_partitions, help="comma-separated (default: those with an offset)")
+    reset.add_argument("--topic", required=True, action=_Once)
+    reset.add_argument("--partitions", type=_partitions, action=_Once,
+                       help="comma-separated (default: those with an offset)")
     target = reset.add_mutually_exclusive_group(required=True)
     target.add_argument("--to-offset", type=_offset, help="this offset")
     target.add_argument("--shift-by", type=_shift, help="the committed offset plus N (N may be negative)")
@@ -77,16 +78,37 @@ def add_groups_parser(sub: Any) -> argparse.ArgumentParser:
     reset.add_argument("--dry-run", action="store_true", help="print the new offsets, change nothing")
     delete = actions.add_parser("delete-offsets", help="delete a topic's committed offsets")
     delete.add_argument("group")
-    delete.add_argument("--topic", required=True)
-    delete.add_argument("--partitions", type=_partitions, help="comma-separated (default: those with an offset)")
+    delete.add_argument("--topic", required=True, action=_Once)
+    delete.add_argument("--partitions", type=_partitions, action=_Once,
+                        help="comma-separated (default: those with an offset)")
     return parser
 
 
+class _Once(argparse.Action):
+    """An option given at most once: argparse keeps only the last of several, so ``--topic a --topic b``
+    acted on b alone (an audit's find). One topic per run."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} given twice: one per run")
+        setattr(namespace, self.dest, values)
+
+
+MAX_PARTITION = 2**31 - 1  # partitions are int32 on the wire
+
+
 def _partitions(value: str) -> list[int]:
+    """A non-empty list of partitions, each 0 to 2^31-1: an empty one would read as "not given" (every
+    partition with an offset), and one out of range failed only on the wire (an audit's finds)."""
     try:
-        return sorted({int(p) for p in value.split(",") if p.strip()})
+        partitions = sorted({int(p) for p in value.split(",") if p.strip()})
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of partitions") from None
+        partitions = []
+    if not partitions or not all(0 <= p <= MAX_PARTITION for p in partitions):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a comma-separated list of partitions (integers from 0 to {MAX_PARTITION})")
+    return partitions
 
 
 MAX_OFFSET = 2**63 - 1  # offsets are int64 on the wire
@@ -126,6 +148,15 @@ def _epoch_ms(value: str) -> int:
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Runs the action; Ctrl-C ends it with one line, not a traceback."""
+    try:
+        return _run(args, out)
+    except KeyboardInterrupt:
+        print(f"kcoord groups {args.action}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
@@ -207,6 +238,8 @@ def _list(admin: Any, args: argparse.Namespace) -> Result:
 
 def _describe_action(admin: Any, args: argparse.Namespace) -> Result:
     d = _describe(admin, args.group)
+    if d["group_state"] == "Dead" and not d["members"]:  # how a coordinator describes a group it does not know
+        print(f"kcoord groups describe: consumer group {args.group!r} does not exist", file=sys.stderr)
     members = []
     for m in d["members"]:
         assignment = m.get("member_assignment") or {}

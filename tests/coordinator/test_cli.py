@@ -206,6 +206,13 @@ def test_gateway_options() -> None:
     (["--bootstrap", "[]:29150", "list"], "expected HOST:PORT or [IPv6]:PORT"),
     (["--timeout-ms", "-5", "list"], "-5 is outside"),
     (["--timeout-ms", "soon", "list"], "'soon' is not an integer"),
+    # an audit's finds: out of range failed on the wire with a traceback, negative only there, an empty list
+    # read as "every partition with an offset", and a second --topic or --partitions silently won
+    (["reset-offsets", "g", "--topic", "t", "--partitions", "2147483648", "--to-offset", "3"], "from 0 to 2147483647"),
+    (["delete-offsets", "g", "--topic", "t", "--partitions", "0,-1"], "from 0 to 2147483647"),
+    (["delete-offsets", "g", "--topic", "t", "--partitions", " , "], "is not a comma-separated list"),
+    (["reset-offsets", "g", "--topic", "a", "--topic", "b", "--to-offset", "0"], "--topic given twice"),
+    (["delete-offsets", "g", "--topic", "a", "--partitions", "0", "--partitions", "1"], "--partitions given twice"),
 ])
 def test_groups_usage_errors_exit_2_saying_why(argv: list[str], why: str, capsys: pytest.CaptureFixture[str]) -> None:
     """A bad --bootstrap was the admin client's ValueError traceback (exit 1), and a negative --timeout-ms

@@ -232,3 +232,29 @@ def test_output_into_a_closed_pipe_stops_quietly(server: KcoordProcess) -> None:
         result = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=REPO, capture_output=True, text=True,
                                 timeout=60, env=env)
         assert result.returncode == 0 and "BrokenPipe" not in result.stderr, (result.returncode, result.stderr)
+
+
+def test_describe_of_a_group_that_does_not_exist_says_so(server: KcoordProcess) -> None:
+    """As Kafka's tool says it (an audit's find: a Dead row and nothing more)."""
+    result = groups(server, "describe", "nobody-here", json_out=False)
+    assert result.returncode == 0 and "Dead" in result.stdout
+    assert result.stderr.strip() == "kcoord groups describe: consumer group 'nobody-here' does not exist"
+
+
+def test_ctrl_c_ends_it_with_one_line() -> None:
+    """An audit's find: SIGINT while waiting for a silent coordinator printed a KeyboardInterrupt traceback."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        cmd = [sys.executable, "-m", "coordinator.cli", "groups", "--bootstrap", f"127.0.0.1:{silent.getsockname()[1]}",
+               "--timeout-ms", "20000", "list"]
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(2.0)  # started, and waiting for an answer
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert err.strip() == "kcoord groups list: interrupted"
