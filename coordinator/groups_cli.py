@@ -222,6 +222,15 @@ def _describe(admin: Any, group: str) -> dict[str, Any]:
     return described
 
 
+def _unknown(admin: Any, group: str) -> bool:
+    """Whether the coordinator does not know ``group``: Dead, without members, is how it describes one."""
+    try:
+        described = admin.describe_groups([group])[group]
+    except Exception:  # only for a note on stderr: an answer the admin client cannot read says nothing
+        return False
+    return bool(described.get("group_state") == "Dead" and not described.get("members"))
+
+
 def _consumer_group(group: str, protocol_type: str | None) -> None:
     if protocol_type not in (None, "", "consumer"):
         raise GroupsError(f"{group} is not a consumer group (its protocol type is {protocol_type!r}): only "
@@ -238,7 +247,7 @@ def _list(admin: Any, args: argparse.Namespace) -> Result:
 
 def _describe_action(admin: Any, args: argparse.Namespace) -> Result:
     d = _describe(admin, args.group)
-    if d["group_state"] == "Dead" and not d["members"]:  # how a coordinator describes a group it does not know
+    if d["group_state"] == "Dead" and not d["members"]:  # as ``_unknown``: a group the coordinator does not know
         print(f"kcoord groups describe: consumer group {args.group!r} does not exist", file=sys.stderr)
     members = []
     for m in d["members"]:
@@ -252,11 +261,16 @@ def _describe_action(admin: Any, args: argparse.Namespace) -> Result:
                         "client_id": m["client_id"], "host": m["client_host"], "partitions": partitions})
     data = {"group": args.group, "state": d["group_state"], "protocol_type": d["protocol_type"],
             "protocol": d["protocol_data"], "members": members}
-    rows = [[args.group, d["group_state"], d["protocol_data"] or "-", m["member_id"], m["client_id"], m["host"],
+    # static members' instance ids in a column of their own when there are any, as Kafka's tool shows them
+    static = any(m["group_instance_id"] for m in members)
+    rows = [[args.group, d["group_state"], d["protocol_data"] or "-", m["member_id"],
+             *([m["group_instance_id"] or "-"] if static else []), m["client_id"], m["host"],
              ",".join(m["partitions"]) or "-"] for m in members]
     if not rows:
         rows = [[args.group, d["group_state"], d["protocol_data"] or "-", "-", "-", "-", "-"]]
-    return Result(data, ["GROUP", "STATE", "PROTOCOL", "MEMBER", "CLIENT", "HOST", "PARTITIONS"], rows)
+    columns = ["GROUP", "STATE", "PROTOCOL", "MEMBER", *(["GROUP-INSTANCE-ID"] if static else []), "CLIENT", "HOST",
+               "PARTITIONS"]
+    return Result(data, columns, rows)
 
 
 def _offsets(admin: Any, group: str) -> dict[tuple[str, int], Any]:
@@ -266,6 +280,8 @@ def _offsets(admin: Any, group: str) -> dict[tuple[str, int], Any]:
 
 def _offsets_action(admin: Any, args: argparse.Namespace) -> Result:
     offsets = _offsets(admin, args.group)
+    if not offsets and _unknown(admin, args.group):
+        print(f"kcoord groups offsets: consumer group {args.group!r} does not exist", file=sys.stderr)
     ends = _log_ends(admin, args, offsets)
     data = []
     for (t, p), om in offsets.items():

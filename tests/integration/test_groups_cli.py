@@ -239,6 +239,12 @@ def test_describe_of_a_group_that_does_not_exist_says_so(server: KcoordProcess) 
     result = groups(server, "describe", "nobody-here", json_out=False)
     assert result.returncode == 0 and "Dead" in result.stdout
     assert result.stderr.strip() == "kcoord groups describe: consumer group 'nobody-here' does not exist"
+    result = groups(server, "offsets", "nobody-here", json_out=False)
+    assert result.returncode == 0 and result.stdout.split() == ["GROUP", "TOPIC", "PARTITION", "OFFSET",
+                                                                "LOG-END-OFFSET", "LAG", "METADATA"]
+    assert result.stderr.strip() == "kcoord groups offsets: consumer group 'nobody-here' does not exist"
+    simple_offsets(server, "only-offsets", {("t", 0): 1})  # a group known by its offsets alone: no note
+    assert groups(server, "offsets", "only-offsets", json_out=False).stderr == ""
 
 
 def test_ctrl_c_ends_it_with_one_line() -> None:
@@ -258,3 +264,23 @@ def test_ctrl_c_ends_it_with_one_line() -> None:
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert err.strip() == "kcoord groups list: interrupted"
+
+
+def test_describe_shows_static_members_instance_ids(server: KcoordProcess) -> None:
+    """As Kafka's tool, a GROUP-INSTANCE-ID column when a member has one (an audit's find: only --json had it)."""
+    from kafka.protocol.consumer.group import JoinGroupRequest, SyncGroupRequest
+
+    member = RawClient(server.port)
+    protocol = JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"")
+    join = JoinGroupRequest(group_id="statics", session_timeout_ms=30000, rebalance_timeout_ms=5000, member_id="",
+                            group_instance_id="instance-7", protocol_type="consumer", protocols=[protocol], reason=None)
+    joined = member.call(join, 5)
+    assert joined.error_code == 0
+    sync = SyncGroupRequest(group_id="statics", generation_id=joined.generation_id, member_id=joined.member_id,
+                            group_instance_id="instance-7", protocol_type=None, protocol_name=None, assignments=[])
+    assert member.call(sync, 3).error_code == 0
+    header, row = groups(server, "describe", "statics", json_out=False).stdout.splitlines()
+    assert header.split() == ["GROUP", "STATE", "PROTOCOL", "MEMBER", "GROUP-INSTANCE-ID", "CLIENT", "HOST",
+                              "PARTITIONS"]
+    assert row.split()[3:5] == [joined.member_id, "instance-7"]
+    member.close()
