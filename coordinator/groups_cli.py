@@ -20,7 +20,10 @@ import argparse
 import datetime
 import functools
 import json
+import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
@@ -148,12 +151,23 @@ def _epoch_ms(value: str) -> int:
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    """Runs the action; Ctrl-C ends it with one line, not a traceback."""
+    """Runs the action; Ctrl-C ends it at once with one line, exit 130. Not by catching
+    KeyboardInterrupt: kafka-python's event loop catches what its tasks raise, and a Ctrl-C landing in
+    one was swallowed, the command waiting out its timeout (a CI run's find). So the handler exits
+    itself: nothing is left to undo (an action's one request was sent or it was not)."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers: the main thread's only
+        return _run(args, out)
+    previous = signal.signal(signal.SIGINT, functools.partial(_interrupted, args.action))
     try:
         return _run(args, out)
-    except KeyboardInterrupt:
-        print(f"kcoord groups {args.action}: interrupted", file=sys.stderr)
-        return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted(action: str, signum: int, frame: Any) -> None:
+    sys.stderr.write(f"kcoord groups {action}: interrupted\n")
+    sys.stderr.flush()
+    os._exit(130)
 
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:

@@ -251,17 +251,18 @@ def test_ctrl_c_ends_it_with_one_line() -> None:
     """An audit's find: SIGINT while waiting for a silent coordinator printed a KeyboardInterrupt traceback."""
     import signal
     import socket
-    import time
 
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
+        silent.settimeout(60)
         cmd = [sys.executable, "-m", "coordinator.cli", "groups", "--bootstrap", f"127.0.0.1:{silent.getsockname()[1]}",
-               "--timeout-ms", "20000", "list"]
+               "--timeout-ms", "30000", "list"]
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(2.0)  # started, and waiting for an answer
+        conn, _ = silent.accept()  # the admin client connected: waiting for an answer that never comes
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
+        conn.close()
     assert proc.returncode == 130, err
     assert err.strip() == "kcoord groups list: interrupted"
 
