@@ -236,13 +236,15 @@ def _describe(admin: Any, group: str) -> dict[str, Any]:
     return described
 
 
-def _unknown(admin: Any, group: str) -> bool:
-    """Whether the coordinator does not know ``group``: Dead, without members, is how it describes one."""
-    try:
-        described = admin.describe_groups([group])[group]
-    except Exception:  # only for a note on stderr: an answer the admin client cannot read says nothing
-        return False
+def _unknown(described: dict[str, Any]) -> bool:
+    """Whether a DescribeGroups answer is for a group the coordinator does not know: Dead, without
+    members, is how it describes one."""
     return bool(described.get("group_state") == "Dead" and not described.get("members"))
+
+
+def _say_if_unknown(action: str, group: str, described: dict[str, Any]) -> None:
+    if _unknown(described):
+        print(f"kcoord groups {action}: consumer group {group!r} does not exist", file=sys.stderr)
 
 
 def _consumer_group(group: str, protocol_type: str | None) -> None:
@@ -261,8 +263,7 @@ def _list(admin: Any, args: argparse.Namespace) -> Result:
 
 def _describe_action(admin: Any, args: argparse.Namespace) -> Result:
     d = _describe(admin, args.group)
-    if d["group_state"] == "Dead" and not d["members"]:  # as ``_unknown``: a group the coordinator does not know
-        print(f"kcoord groups describe: consumer group {args.group!r} does not exist", file=sys.stderr)
+    _say_if_unknown("describe", args.group, d)
     members = []
     for m in d["members"]:
         assignment = m.get("member_assignment") or {}
@@ -294,8 +295,12 @@ def _offsets(admin: Any, group: str) -> dict[tuple[str, int], Any]:
 
 def _offsets_action(admin: Any, args: argparse.Namespace) -> Result:
     offsets = _offsets(admin, args.group)
-    if not offsets and _unknown(admin, args.group):
-        print(f"kcoord groups offsets: consumer group {args.group!r} does not exist", file=sys.stderr)
+    if not offsets:
+        try:
+            described = admin.describe_groups([args.group])[args.group]
+        except Exception:  # only for a note on stderr: an answer the admin client cannot read says nothing
+            described = {}
+        _say_if_unknown("offsets", args.group, described)
     ends = _log_ends(admin, args, offsets)
     data = []
     for (t, p), om in offsets.items():
