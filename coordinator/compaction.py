@@ -14,7 +14,15 @@ from coordinator.logfmt import Repeated, describe_error
 from coordinator.metrics import Metrics
 from coordinator.shard import REPEAT_LOG_S, Shard
 from coordinator.shardstate import ShardState
-from storage.cleaner import CleanAborted, CleanStats, clean, cleanable_count, dirty_ratio
+from storage.cleaner import (
+    CleanAborted,
+    CleanStats,
+    clean,
+    cleanable_count,
+    dirty_ratio,
+    record_clean_end,
+    recorded_clean_end,
+)
 from storage.log import PartitionLog
 
 log = logging.getLogger(__name__)
@@ -37,7 +45,7 @@ class Compactor:
         self.shard = shard
         self._cleaner = cleaner
         self._metrics = metrics
-        self._clean_end = 0
+        self._clean_end: int | None = None  # read from the log directory at the first look
         self._last_clean_ms = shard.clock.now_ms()
         # What the last clean saw: the log's durable end, and the latest delete horizon of the tombstones
         # it kept (None: none kept, or no clean yet in this process when ``_cleaned_to`` is None too).
@@ -90,11 +98,15 @@ class Compactor:
         plog = self.shard.log
         if not self.shard.compactable or _journal_holds(plog) or not cleanable_count(plog):
             return None
+        if self._clean_end is None:
+            self._clean_end = recorded_clean_end(plog)
         dirty = dirty_ratio(plog, self._clean_end) >= MIN_CLEANABLE_DIRTY_RATIO
         if not dirty and (now - self._last_clean_ms < delete_retention_ms or self._nothing_new(plog, now)):
             return None
         cleaned_to = plog.synced_offset
         stats = clean(plog, now, delete_retention_ms, self._swap_on_writer(plog), lambda: self._stopping)
+        if stats.clean_end_offset != self._clean_end:
+            record_clean_end(plog, stats.clean_end_offset)
         self._clean_end = stats.clean_end_offset
         self._last_clean_ms = now
         self._cleaned_to, self._tombstone_horizon_ms = cleaned_to, stats.tombstone_horizon_ms

@@ -22,6 +22,8 @@ On-disk layout (Kafka's own, reference section 8.4):
 * ``<base>-<end>.swap``: a compacted replacement for every segment with base offset in [base, end),
   written and fsynced by the cleaner before the originals are removed. Opening the log finishes an
   interrupted swap; a ``.cleaned`` file is an unfinished cleaner output and is deleted.
+* ``cleaner-offset``: where the last compaction ended (storage.cleaner), only to tell when the log is
+  dirty enough to compact again.
 
 Durability contract: ``append`` only buffers into the OS; ``sync`` fsyncs the data (and the directory
 when a segment was created) and advances ``durable_offset``. Callers acknowledge nothing above it.
