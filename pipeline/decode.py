@@ -5,9 +5,13 @@ Batches are read with ``storage.batch.decode_batch`` (aiokafka's C reader) and r
 ``Damage`` at its byte position; the walk goes on at the next position where a whole batch checks out
 (magic, length, CRC), so ``--skip-corrupt`` loses only the damaged bytes: stopping at a length that made
 no sense dropped every later batch of the segment uncounted, and groups went back to older offsets (a
-fault campaign's find). The damage says how many bytes were skipped. A damaged tail that kcoord's own recovery would
-cut aside (torn, in the partition's last segment, past the recovery point) is reported as a torn tail:
-never acknowledged, so not corruption. A record whose key or value does not parse is a Damage too.
+fault campaign's find). The damage says how many bytes were skipped. Damage that kcoord's own recovery would
+cut aside is reported as a torn tail (never acknowledged, so not corruption) and ends the split: as
+storage.log's ``recover``, that is any damage past the recovery point, whatever its shape and in whichever
+segment, and a batch whose offsets fall below where the log had got to (a batch repeated or out of
+order). kcoord cuts the partition there and sets its later segments aside, so ``reader.LogRead`` has
+what the splits after such a cut read dropped (``SplitRead`` says what each split found). A record whose
+key or value does not parse is a Damage too.
 
 Rows are tuples in ``COLUMNS`` order (see ``RECORD_SCHEMA``); ``to_batch`` turns them into an Arrow batch
 of the requested columns.
@@ -101,9 +105,26 @@ class Damage(NamedTuple):
     torn_tail: bool
 
 
+class SplitRead(NamedTuple):
+    """What reading one split found, for the checks across splits (``reader.LogRead``): where its first
+    batch is and its base offset, the offset after its last batch, and where kcoord's recovery would cut
+    the partition inside it (-1 for none of these)."""
+
+    path: str
+    log_partition: int
+    base_offset: int  # the segment's
+    start: int
+    first_position: int
+    first_offset: int
+    next_offset: int
+    cut_position: int
+
+
 def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
     """``(byte position, batch)`` for every batch starting in the split, and a Damage for each one that
-    cannot be read."""
+    cannot be read or whose offsets go back (below the previous batch's end, or the segment's base
+    offset for its first batch). A damage kcoord's recovery cuts aside (past the recovery point) ends the
+    walk; one below it is corruption, and the walk goes on after it."""
     seg = split.segment
     buf, buf_start = files.read(seg.path, split.start, split.size), split.start
 
@@ -114,8 +135,9 @@ def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
             buf = keep + files.read(seg.path, pos + len(keep), pos + need - (pos + len(keep)))
             buf_start = pos
 
-    def damage(pos: int, reason: str, torn: bool) -> Damage:
-        return Damage(seg.path, seg.log_partition, pos, reason, torn and seg.last and pos >= seg.durable_below)
+    def damage(pos: int, reason: str) -> Damage:
+        # storage.log's recover: any damage past the recovery point is cut aside, whatever its shape
+        return Damage(seg.path, seg.log_partition, pos, reason, pos >= seg.durable_below)
 
     def resync(after: int, next_offset: int) -> int | None:
         """The first position past ``after`` and before the split's end where a whole batch checks out
@@ -152,30 +174,38 @@ def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
             cand += 1
         return None
 
-    pos, next_offset = split.start, 0
+    # where the log has got to (storage.log's recover); a split starting inside a segment does not know,
+    # and reader.LogRead checks its first batch against the split before it
+    pos, next_offset = split.start, (seg.base_offset if split.start == 0 else -1)
     while pos < split.end:
         if seg.size - pos < LOG_OVERHEAD:
-            yield damage(pos, f"{seg.size - pos} bytes too short for a batch header", True)
+            yield damage(pos, f"{seg.size - pos} bytes too short for a batch header")
             return
         ensure(pos, LOG_OVERHEAD)
         _, batch_size = read_head(buf, pos - buf_start)
         if batch_size < BATCH_HEADER_BYTES:
-            found = damage(pos, f"batch length {batch_size - LOG_OVERHEAD} is invalid",
-                           _only_zeros(files, seg.path, pos, seg.size))
+            found = damage(pos, f"batch length {batch_size - LOG_OVERHEAD} is invalid")
         elif pos + batch_size > seg.size:
-            found = damage(pos, f"batch of {batch_size} bytes runs past the end of the file", True)
+            found = damage(pos, f"batch of {batch_size} bytes runs past the end of the file")
         else:
             ensure(pos, batch_size)
             rel = pos - buf_start
             try:
                 batch = decode_batch(buf[rel : rel + batch_size])
             except BatchError as exc:
-                found = damage(pos, str(exc), pos + batch_size == seg.size)
+                found = damage(pos, str(exc))
             else:
-                yield pos, batch
-                pos += batch_size
-                next_offset = batch.last_offset + 1
-                continue
+                if batch.base_offset < next_offset:  # repeated or out of order: as storage.log's recover
+                    found = damage(pos, f"batch offset {batch.base_offset} below expected {next_offset}")
+                    if not found.torn_tail:  # readable, but not a batch of this log: skip just it
+                        yield found
+                        pos += batch_size
+                        continue
+                else:
+                    yield pos, batch
+                    pos += batch_size
+                    next_offset = batch.last_offset + 1
+                    continue
         if found.torn_tail:  # kcoord cuts it aside from here on: nothing after it counts
             yield found
             return
@@ -188,29 +218,27 @@ def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
         pos = after
 
 
-def _only_zeros(files: Files, path: str, pos: int, size: int) -> bool:
-    """A preallocated or zero-filled tail: what a crash leaves, not corruption."""
-    while pos < size:
-        chunk = files.read(path, pos, min(1 << 20, size - pos))
-        if not chunk or chunk.count(0) != len(chunk):
-            return False
-        pos += len(chunk)
-    return True
-
-
 def rows(split: Split, files: Files, on_damage: Callable[[Damage], None],
-         on_removed: Callable[[int], None] | None = None) -> Iterator[Row]:
+         on_removed: Callable[[int], None] | None = None,
+         on_read: Callable[[SplitRead], None] | None = None) -> Iterator[Row]:
     """One row per record of the split, in log order. ``on_removed`` hears how many offsets between the
     split's first and last record hold no record: what compaction took out (kcoord and Kafka write
-    consecutive offsets; a damage's skipped bytes are not counted)."""
+    consecutive offsets; a damage's skipped bytes are not counted). ``on_read`` hears the split's
+    ``SplitRead`` once it is read to its end."""
     partition = split.segment.log_partition
     removed, expected = 0, -1
+    first_position = first_offset = next_offset = cut_position = -1
     for item in walk(split, files):
         if isinstance(item, Damage):
             on_damage(item)
             expected = -1
+            if item.torn_tail:
+                cut_position = item.position
             continue
         pos, batch = item
+        if first_position < 0:
+            first_position, first_offset = pos, batch.base_offset
+        next_offset = batch.last_offset + 1
         records = batch.records
         if records:
             first, last = records[0].offset, records[-1].offset
@@ -231,6 +259,10 @@ def rows(split: Split, files: Files, on_damage: Callable[[Damage], None],
             yield record_row(partition, rec.offset, rec.timestamp, producer, txn, rec.key, rec.value, record)
     if on_removed is not None:
         on_removed(removed)
+    if on_read is not None:
+        seg = split.segment
+        on_read(SplitRead(seg.path, partition, seg.base_offset, split.start, first_position, first_offset, next_offset,
+                          cut_position))
 
 
 def record_row(partition: int, log_offset: int, timestamp: int, producer: int, txn: bool, key: bytes | None,

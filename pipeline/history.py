@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from pipeline.chart import bucket_ms, render
 from pipeline.output import StagedOutput, say, settle, skipped
-from pipeline.reader import read_offsets_log, report_damages
+from pipeline.reader import cut_note, read_offsets_log, report_damages
 from pipeline.semantics import KEY, LOG_ORDER, TRANSACTION_COLUMNS, counted
 
 READ_COLUMNS = tuple(dict.fromkeys((*KEY, "offset", "commit_timestamp", "tombstone", *TRANSACTION_COLUMNS)))
@@ -90,6 +90,13 @@ def run(spark: SparkSession, args: argparse.Namespace, err: TextIO) -> int:
     out = StagedOutput(spark, args.out)
     history = steps(counted(read.df)).persist(StorageLevel.MEMORY_AND_DISK)
     try:
+        history.count()  # the whole log read, so that it is read again up to kcoord's cuts before anything is written
+        while (again := read.cut_read()) is not None:
+            history.unpersist()
+            say(cut_note(again), err)
+            read = again
+            history = steps(counted(read.df)).persist(StorageLevel.MEMORY_AND_DISK)
+            history.count()
         span = history.filter(~F.col("tombstone")).agg(F.min("commit_timestamp"), F.max("commit_timestamp")).first()
         oldest, newest = (int(span[0]), int(span[1])) if span is not None and span[0] is not None else (0, 0)
         out.write(rates(history), "rates", args.format)

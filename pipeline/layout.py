@@ -159,9 +159,9 @@ def _arrow_files(root: str) -> Files:
 
 @dataclass(frozen=True, slots=True)
 class SegmentFile:
-    """One segment and what decides how its damage is judged: a damaged tail of a partition's last
-    segment at or past ``durable_below`` (kcoord's recovery point; 0 without one, as in Kafka's
-    directories) is a torn write that was never acknowledged; damage anywhere else is corruption."""
+    """One segment and what decides how its damage is judged: damage at or past ``durable_below``
+    (kcoord's recovery point; 0 without one, as in Kafka's directories) is cut aside by kcoord's recovery
+    with everything after it, a torn write that was never acknowledged; damage below it is corruption."""
 
     path: str
     log_partition: int

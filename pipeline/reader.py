@@ -5,11 +5,20 @@ one Spark task each (``splits.batch_boundaries``), then every range is decoded b
 ``mapInArrow`` (one task per packed group of ranges), which hands Arrow batches straight to the JVM.
 Damaged batches and unreadable records go to an accumulator: ``LogRead.damages()`` lists them, each once
 (a stage that is recomputed reports the same damage again).
+
+kcoord's recovery cuts a partition at the first damage past its recovery point and sets aside everything
+after it, later segments included (storage.log ``recover``). A split stops at such a damage itself, but
+the splits after it are read by other tasks, which cannot know. So each split also says what it read
+(``decode.SplitRead``), and once a job has computed its output ``LogRead.cut_read()`` checks them in log
+order: a batch whose offsets go back across splits is damage as well, and if anything past a cut was
+read the job discards its staged output and reads again only up to the cuts (``plan``'s ``cuts``). That
+costs a second read only for a log kcoord would cut; reading every log twice to find its cuts first
+would cost it always.
 """
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 import pyarrow as pa
 from pyspark.accumulators import Accumulator, AccumulatorParam
@@ -21,13 +30,14 @@ from pipeline.layout import SegmentFile, describe, files_for, find_segments
 from pipeline.splits import Split, batch_boundaries, pack, ranges, split_bytes_for
 
 ROWS_PER_BATCH = 32_768
+Cut = tuple[int, int]  # (segment base offset, byte position): where kcoord's recovery cuts a partition
 
 
-class _ListParam(AccumulatorParam[list[decode.Damage]]):
-    def zero(self, value: list[decode.Damage]) -> list[decode.Damage]:
+class _ListParam(AccumulatorParam[list[Any]]):
+    def zero(self, value: list[Any]) -> list[Any]:
         return []
 
-    def addInPlace(self, value1: list[decode.Damage], value2: list[decode.Damage]) -> list[decode.Damage]:
+    def addInPlace(self, value1: list[Any], value2: list[Any]) -> list[Any]:
         value1.extend(value2)
         return value1
 
@@ -44,10 +54,52 @@ class LogRead:
     _damages: Accumulator[list[decode.Damage]]
     _records: Accumulator[int]
     _removed: Accumulator[int]
+    _reads: Accumulator[list[decode.SplitRead]]
+    _again: Callable[[dict[int, Cut], list[decode.Damage]], "LogRead"]
+    cuts: dict[int, Cut]  # the partitions this read stops short of their end, and where
+    _found: list[decode.Damage]  # found by ``cut_read`` across splits, or by the read before this one
 
     def damages(self) -> list[decode.Damage]:
         """Every damage found so far (the DataFrame must have been computed), by file and position."""
-        return sorted(set(self._damages.value), key=lambda d: (d.log_partition, d.path, d.position))
+        return sorted(set(self._damages.value) | set(self._found), key=lambda d: (d.log_partition, d.path, d.position))
+
+    def cut_read(self) -> "LogRead | None":
+        """Once the DataFrame has been computed: None if it holds nothing kcoord's recovery would cut away,
+        else a new read (lazy) of the same log that stops at every cut. Checks the splits in log order, as
+        storage.log's ``recover`` reads the log: a split's first batch below where the split before it got
+        to is damage too (a split inside a segment cannot tell), corruption below the recovery point, a
+        cut past it."""
+        segments = {s.path: s for s in self.segments}
+        reads = sorted(set(self._reads.value), key=lambda r: (r.log_partition, r.base_offset, r.start))
+        cuts: dict[int, Cut] = {}
+        past_cut = False
+        partition, expected, cut = -1, -1, None
+        for r in reads:
+            if r.log_partition != partition:
+                partition, expected, cut = r.log_partition, -1, None
+            if cut is not None:
+                past_cut = past_cut or r.first_position >= 0
+                continue
+            if r.start == 0:
+                expected = max(expected, r.base_offset)
+            if 0 <= r.first_offset < expected:
+                found = decode.Damage(r.path, partition, r.first_position,
+                                      f"batch offset {r.first_offset} below expected {expected}",
+                                      r.first_position >= segments[r.path].durable_below)
+                self._found.append(found)
+                if found.torn_tail:
+                    cut = cuts[partition] = (r.base_offset, r.first_position)
+                    past_cut = True  # the split read from there
+                    continue
+            if r.cut_position >= 0:
+                cut = cuts[partition] = (r.base_offset, r.cut_position)
+            if r.next_offset >= 0:
+                expected = max(expected, r.next_offset)
+        if not past_cut:
+            return None
+        before = [d for d in self.damages() if d.log_partition not in cuts
+                  or (segments[d.path].base_offset, d.position) <= cuts[d.log_partition]]
+        return self._again({**self.cuts, **cuts}, before)
 
     @property
     def records_read(self) -> int:
@@ -66,18 +118,22 @@ class LogRead:
 
 
 def read_offsets_log(spark: SparkSession, paths: list[str], columns: tuple[str, ...] = decode.COLUMNS,
-                     split_bytes: int | None = None, latest_only: bool = False) -> LogRead:
+                     split_bytes: int | None = None, latest_only: bool = False, cuts: dict[int, Cut] | None = None,
+                     found: list[decode.Damage] | None = None) -> LogRead:
     """The records of the offsets log under ``paths`` with ``columns`` (see ``decode.RECORD_SCHEMA``).
-    ``latest_only``: the snapshot's map-side combine (``decode.latest_per_key``)."""
+    ``latest_only``: the snapshot's map-side combine (``decode.latest_per_key``). ``cuts``: partitions to
+    read only up to a cut (``LogRead.cut_read``), ``found`` the damages the read before found."""
     sc = spark.sparkContext
+    cuts = cuts or {}
     segments = [s for s in find_segments(paths) if s.size > 0]
     parallelism = sc.defaultParallelism
     size = split_bytes or split_bytes_for(sum(s.size for s in segments), parallelism)
-    splits = plan(spark, segments, size)
+    splits = plan(spark, segments, size, cuts)
     tasks = pack(splits, size, parallelism)
     damages: Accumulator[list[decode.Damage]] = sc.accumulator([], _ListParam())
     records: Accumulator[int] = sc.accumulator(0)
     removed: Accumulator[int] = sc.accumulator(0)
+    reads: Accumulator[list[decode.SplitRead]] = sc.accumulator([], _ListParam())
     schema = from_arrow_schema(decode.schema_of(columns))
     if not tasks:
         df = spark.createDataFrame([], schema)
@@ -85,32 +141,49 @@ def read_offsets_log(spark: SparkSession, paths: list[str], columns: tuple[str, 
         # one row per task, one task per Spark partition (range() splits evenly): the splits travel in
         # the function's closure, so no Python step runs before the decoding itself
         task_ids = spark.range(0, len(tasks), 1, len(tasks))
-        df = task_ids.mapInArrow(_decoder(tasks, columns, latest_only, damages, records, removed), schema)
-    return LogRead(df, segments, splits, len(tasks), size, damages, records, removed)
+        df = task_ids.mapInArrow(_decoder(tasks, columns, latest_only, damages, records, removed, reads), schema)
+
+    def again(new_cuts: dict[int, Cut], before: list[decode.Damage]) -> LogRead:
+        return read_offsets_log(spark, paths, columns, split_bytes, latest_only, new_cuts, before)
+
+    return LogRead(df, segments, splits, len(tasks), size, damages, records, removed, reads, again, cuts,
+                   list(found or []))
 
 
-def plan(spark: SparkSession, segments: list[SegmentFile], split_bytes: int) -> list[Split]:
-    """Ranges of every segment; the large ones are walked for batch boundaries on the executors."""
+def plan(spark: SparkSession, segments: list[SegmentFile], split_bytes: int,
+         cuts: dict[int, Cut] | None = None) -> list[Split]:
+    """Ranges of every segment; the large ones are walked for batch boundaries on the executors. A
+    partition in ``cuts`` ends where it is cut: ranges from there on are left out, the one it falls in
+    ends there."""
+    cuts = cuts or {}
+    segments = [s for s in segments if s.log_partition not in cuts or s.base_offset <= cuts[s.log_partition][0]]
     big = [s for s in segments if s.size > split_bytes]
-    cuts: dict[str, list[int]] = {}
+    boundaries: dict[str, list[int]] = {}
     if big:
         def walk(segment: SegmentFile) -> tuple[str, list[int]]:
             files = files_for(segment.path)
             return segment.path, batch_boundaries(lambda start, n: files.read(segment.path, start, n),
                                                   segment.size, split_bytes)
 
-        cuts = dict(spark.sparkContext.parallelize(big, len(big)).map(walk).collect())
+        boundaries = dict(spark.sparkContext.parallelize(big, len(big)).map(walk).collect())
     out: list[Split] = []
     for seg in segments:
-        out.extend(ranges(seg, cuts.get(seg.path, [0])))
+        cut = cuts.get(seg.log_partition)
+        for split in ranges(seg, boundaries.get(seg.path, [0])):
+            if cut is None or cut[0] != seg.base_offset:
+                out.append(split)
+            elif split.start < cut[1]:
+                out.append(Split(seg, split.start, min(split.end, cut[1])))
     return out
 
 
 def _decoder(tasks: list[list[Split]], columns: tuple[str, ...], latest_only: bool,
              damages: Accumulator[list[decode.Damage]], records: Accumulator[int],
-             removed: Accumulator[int]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+             removed: Accumulator[int], reads: Accumulator[list[decode.SplitRead]],
+             ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found: list[decode.Damage] = []
+        read: list[decode.SplitRead] = []
         count = 0
 
         def task_rows() -> Iterator[decode.Row]:
@@ -118,7 +191,8 @@ def _decoder(tasks: list[list[Split]], columns: tuple[str, ...], latest_only: bo
             for batch in batches:
                 for task in batch.column(0).to_pylist():
                     for split in tasks[task]:
-                        for r in decode.rows(split, files_for(split.segment.path), found.append, removed.add):
+                        for r in decode.rows(split, files_for(split.segment.path), found.append, removed.add,
+                                             read.append):
                             count += 1
                             yield r
 
@@ -132,9 +206,18 @@ def _decoder(tasks: list[list[Split]], columns: tuple[str, ...], latest_only: bo
         if chunk:
             yield decode.to_batch(chunk, columns)
         damages.add(found)
+        reads.add(read)
         records.add(count)
 
     return run
+
+
+def cut_note(read: LogRead) -> str:
+    """The progress line for a read again up to the cuts of the read before it."""
+    where = ", ".join(f"partition {p} at byte {pos} of its segment {base}"
+                      for p, (base, pos) in sorted(read.cuts.items()))
+    return (f"kcoord's recovery cuts {where} (damage past the recovery point) and sets aside what follows: "
+            "reading again up to there")
 
 
 def report_damages(read: LogRead, err: TextIO) -> int:
@@ -142,7 +225,8 @@ def report_damages(read: LogRead, err: TextIO) -> int:
     tails, which kcoord's recovery cuts aside, are listed but not counted)."""
     corrupt = 0
     for d in read.damages():
-        kind = "torn tail (never acknowledged, ignored)" if d.torn_tail else "CORRUPT"
+        kind = "torn tail (cut there by kcoord's recovery, never acknowledged, ignored)" if d.torn_tail \
+            else "CORRUPT"
         corrupt += not d.torn_tail
         print(f"kcoord pipeline: {kind}: {d.path} at byte {d.position}: {d.reason}", file=err)
     return corrupt

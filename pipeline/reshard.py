@@ -32,7 +32,7 @@ from pipeline import decode
 from pipeline.decode import GROUP_METADATA, OFFSET_COMMIT, UNKNOWN
 from pipeline.layout import META_FILE, OFFSETS_TOPIC, local_path
 from pipeline.output import OutputError, say, settle, skipped
-from pipeline.reader import read_offsets_log, report_damages
+from pipeline.reader import cut_note, read_offsets_log, report_damages
 from pipeline.semantics import TRANSACTION_COLUMNS, with_counts
 from protocol.partitioning import partition_for
 from storage.batchwriter import build_batch
@@ -204,6 +204,12 @@ def run(spark: SparkSession, args: argparse.Namespace, err: TextIO) -> int:
         read = read_offsets_log(spark, args.data_dir, READ_COLUMNS, args.split_bytes)
         say(f"reshard to {args.partitions} partitions of {read.summary()}", err)
         summaries = reshard(read.df, args.partitions, staging.directory, args.segment_bytes)
+        while (again := read.cut_read()) is not None:
+            staging.discard()
+            staging = LocalStaging(out.absolute(), args.partitions)
+            say(cut_note(again), err)
+            read = again
+            summaries = reshard(read.df, args.partitions, staging.directory, args.segment_bytes)
         corrupt = report_damages(read, err)
         if not settle(staging, corrupt, args.skip_corrupt, err):
             return 1

@@ -10,7 +10,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipeline.output import StagedOutput, say, settle, skipped
-from pipeline.reader import LogRead, read_offsets_log, report_damages
+from pipeline.reader import LogRead, cut_note, read_offsets_log, report_damages
 from pipeline.semantics import KEY, LOG_ORDER, TRANSACTION_COLUMNS, counted, latest_offsets
 
 COLUMNS = (*KEY, "offset", "leader_epoch", "metadata", "commit_timestamp", "expire_timestamp", *LOG_ORDER)
@@ -25,13 +25,20 @@ def snapshot(read: LogRead) -> DataFrame:
 def run(spark: SparkSession, args: argparse.Namespace, err: TextIO) -> int:
     read = read_offsets_log(spark, args.data_dir, READ_COLUMNS, args.split_bytes, latest_only=True)
     say(f"snapshot of {read.summary()}", err)
-    out = StagedOutput(spark, args.out)
-    result = snapshot(read).withColumn("commit_time", F.timestamp_millis("commit_timestamp"))
-    try:
-        out.write(result, "", args.format)
-    except BaseException:  # Ctrl-C or a failed job: no staging directory left behind
+    while True:
+        out = StagedOutput(spark, args.out)
+        result = snapshot(read).withColumn("commit_time", F.timestamp_millis("commit_timestamp"))
+        try:
+            out.write(result, "", args.format)
+            again = read.cut_read()
+        except BaseException:  # Ctrl-C or a failed job: no staging directory left behind
+            out.discard()
+            raise
+        if again is None:
+            break
         out.discard()
-        raise
+        say(cut_note(again), err)
+        read = again
     corrupt = report_damages(read, err)
     if not settle(out, corrupt, args.skip_corrupt, err):
         return 1

@@ -1,6 +1,7 @@
 """Decoding without Spark: every record kind becomes a row of the schema, damage is found where it is
 and judged as kcoord's recovery would, and the snapshot's map-side combine keeps the last commit."""
 
+import shutil
 import struct
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,44 @@ def test_damage_below_the_recovery_point_is_corruption_even_at_the_end(tmp_path:
     damage(path, positions[-1])
     _, damages = read_all(tmp_path)
     assert [(d.position, d.torn_tail) for d in damages] == [(positions[-1], False)]
+
+
+def test_damage_past_the_recovery_point_is_cut_whatever_its_shape(tmp_path: Path) -> None:
+    """kcoord's recovery cuts a partition at any damage past its recovery point, with every batch after
+    it (storage.log ``recover``). Only a torn-looking last batch of the last segment was taken for that
+    here: a damaged batch with whole ones after it, or a zeroed block a power cut left inside the file,
+    was corruption (the job wrote nothing), and with --skip-corrupt the batches after it, which kcoord
+    sets aside, were read."""
+    path, positions = batches_of_three(tmp_path, checkpoint=False)
+    damage(path, positions[2])
+    got, damages = read_all(tmp_path)
+    assert [(d.position, d.torn_tail) for d in damages] == [(positions[2], True)]
+    assert [col(r, "log_offset") for r in got] == list(range(6))
+    with open(path, "r+b") as f:
+        f.seek(positions[1])
+        f.write(bytes(positions[2] - positions[1]))
+    got, damages = read_all(tmp_path)
+    assert [(d.position, d.torn_tail) for d in damages] == [(positions[1], True)]
+    assert [col(r, "log_offset") for r in got] == [0, 1, 2]
+
+
+def test_a_batch_whose_offsets_go_back_is_damage_as_kcoord_reads_it(tmp_path: Path) -> None:
+    """A batch repeated (or out of order) is damage to kcoord's recovery: cut with what follows past the
+    recovery point, corruption below it. It was read as any other batch, so the pipeline served
+    offsets kcoord never does."""
+    entries = [[commit("g", "t", p, i) for p in range(3)] for i in range(5)]
+    batches = plain_batches(entries)
+    directory = tmp_path / "__consumer_offsets-0"
+    positions = write_partition(directory, [*batches[:3], batches[1], *batches[3:]], checkpoint=False)
+    got, damages = read_all(tmp_path)
+    assert [(d.position, d.torn_tail, d.reason) for d in damages] == [(positions[3], True,
+                                                                       "batch offset 3 below expected 9")]
+    assert [col(r, "log_offset") for r in got] == list(range(9))
+    shutil.rmtree(directory)
+    positions = write_partition(directory, [*batches[:3], batches[1], *batches[3:]])  # all below the recovery point
+    got, damages = read_all(tmp_path)
+    assert [(d.position, d.torn_tail) for d in damages] == [(positions[3], False)]
+    assert [col(r, "log_offset") for r in got] == list(range(15))  # the repeated batch skipped
 
 
 def test_a_record_that_does_not_parse_is_reported_with_its_offset(tmp_path: Path) -> None:

@@ -421,3 +421,44 @@ def test_a_snapshot_that_fails_while_writing_leaves_no_staging_directory(
     with pytest.raises(Exception, match="ZeroDivisionError"):
         job(spark, "snapshot", "--data-dir", str(committed_log.data_dir), "--out", str(tmp_path / "out"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_log_kcoord_cuts_on_load_reads_as_kcoord_serves_it(spark: Any, tmp_path: Path) -> None:
+    """Damage past the recovery point that kcoord's recovery cuts aside with everything after it (a
+    power cut's work in any mode but the journal's, or one read with --ignore-journal): a damaged batch
+    with whole ones after it in a segment that is not the last, and in another partition a batch repeated
+    at a boundary between splits, where no task sees both. The jobs failed on the first (exit 1, nothing
+    written) and read the second as good, serving offsets kcoord never does; now they read again only up
+    to where kcoord cuts, and the snapshot, the history and the resharded log answer as kcoord does."""
+    from storage.log import RECOVERY_POINT
+    from tests.pipeline.logs import commit, plain_batches, write_partition
+    from tests.pipeline.test_decode import damage
+
+    groups = {p: next(g for g in (f"g{i}" for i in range(100)) if partition_for(g, 2) == p) for p in (0, 1)}
+    batches = {p: plain_batches([[commit(groups[p], "t", q, r) for q in range(3)] for r in range(40)]) for p in (0, 1)}
+    size = len(batches[0][0])
+    data = tmp_path / "data"
+    first = data / "__consumer_offsets-0"
+    positions = write_partition(first, batches[0], segment_bytes=20 * size)
+    (first / RECOVERY_POINT).write_text(f"0 {positions[10]}\n")
+    damage(first / "00000000000000000000.log", positions[15])  # batches 16-19 and the next segment are whole
+    second = data / "__consumer_offsets-1"
+    positions = write_partition(second, [*batches[1][:6], batches[1][5], *batches[1][6:]], segment_bytes=20 * size)
+    (second / RECOVERY_POINT).write_text(f"0 {positions[3]}\n")
+    assert positions[6] == 6 * size  # --split-bytes 1000 starts a split there: the repeat is its first batch
+    expected = {groups[0]: {("t", q): (14, "", -1) for q in range(3)},
+                groups[1]: {("t", q): (5, "", -1) for q in range(3)}}
+    split = ("--split-bytes", "1000")
+    code, err = job(spark, "snapshot", "--data-dir", str(data), "--out", str(tmp_path / "snap"), *split)
+    assert code == 0 and "reading again up to there" in err, err
+    assert err.count("torn tail (cut there by kcoord's recovery") == 2 and "CORRUPT" not in err, err
+    assert snapshot_rows(spark, tmp_path / "snap") == expected
+    code, err = job(spark, "history", "--data-dir", str(data), "--out", str(tmp_path / "hist"), *split)
+    assert code == 0, err
+    commits = spark.read.parquet(str(tmp_path / "hist" / "rates")).groupBy("group").sum("commits").collect()
+    assert {r["group"]: r["sum(commits)"] for r in commits} == {groups[0]: 45, groups[1]: 18}
+    code, err = job(spark, "reshard", "--data-dir", str(data), "--out", str(tmp_path / "three"), "--partitions", "3",
+                    *split)
+    assert code == 0, err
+    assert served(tmp_path / "three", 3, list(expected))[0] == expected
+    assert served(data, 2, list(expected))[0] == expected  # kcoord itself, cutting the same places aside
