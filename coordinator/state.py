@@ -74,8 +74,9 @@ class ShardData:
         self.pending: dict[int, dict[OffsetKey, tuple[int, StoredOffset]]] = {}
         # (group, topic, partition) -> number of producers with a pending offset for it
         self.pending_count: dict[OffsetKey, int] = {}
-        # log offset of a plain commit made while a transaction had that partition pending: a later
-        # COMMIT marker only installs the transactional offset if it was written after this one
+        # log offset of the record in place (a plain commit, or a committed transactional offset) while a
+        # transaction has that partition pending: its COMMIT marker only installs its offset if it was
+        # written after this one
         self.contested: dict[OffsetKey, int] = {}
         self.num_offsets = 0
         # one shared (topic, partition) tuple per partition, used as the key in every group's dict:
@@ -164,15 +165,20 @@ class ShardData:
             offset += 1
 
     def replay_end_transaction(self, producer_id: int, commit: bool) -> None:
-        """Applies a COMMIT (pending offsets become committed) or ABORT (they are dropped) marker."""
+        """Applies a COMMIT (pending offsets become committed) or ABORT (they are dropped) marker. As in
+        Kafka (OffsetMetadataManager.replayEndTransactionMarker), a committed offset is installed only if
+        its record is newer than the one in place: a plain commit written after it, or another
+        producer's transactional offset written after it and committed first, stays."""
         pending = self.pending.pop(producer_id, None)
         if not pending:
             return
         for key, (log_offset, value) in sorted(pending.items(), key=lambda kv: kv[1][0]):
-            newer_plain_commit = self.contested.get(key, -1) > log_offset
+            newer_commit = self.contested.get(key, -1) > log_offset
             self._release_pending(key)
-            if commit and not newer_plain_commit:
+            if commit and not newer_commit:
                 self._put_offset(key, value)
+                if key in self.pending_count:  # another producer's older record for it may commit later
+                    self.contested[key] = log_offset
 
     def committed(self, group_id: str, topic: str, partition: int) -> OffsetAndMetadata | None:
         group = self.offsets.get(group_id)

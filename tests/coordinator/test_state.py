@@ -65,6 +65,26 @@ def test_commit_marker_does_not_override_a_newer_plain_commit(shard_data: type[S
     assert data.committed("g", "t", 0) == value(11)
 
 
+def test_a_transaction_committed_later_does_not_override_a_newer_transactional_offset(
+        shard_data: type[ShardData]) -> None:
+    """Two producers' transactions on one partition committed in the other order than they wrote: the
+    newer record stays, as Kafka's replayEndTransactionMarker keeps it (it compares record offsets). The
+    older one was installed over it, so kcoord served another offset than Kafka and the pipeline."""
+    data = shard_data()
+    data.replay(3, OffsetCommitRecord(K0, value(9)), producer_id=1)
+    data.replay(4, OffsetCommitRecord(K0, value(11)), producer_id=2)
+    data.replay(5, OffsetCommitRecord(K0, value(12)))  # plain, then the older producer's again
+    data.replay(6, OffsetCommitRecord(K0, value(13)), producer_id=1)
+    data.replay_end_transaction(2, commit=True)
+    assert data.committed("g", "t", 0) == value(12)
+    data.replay(8, OffsetCommitRecord(K0, value(15)), producer_id=2)
+    data.replay_end_transaction(2, commit=True)
+    assert data.committed("g", "t", 0) == value(15)
+    data.replay_end_transaction(1, commit=True)
+    assert data.committed("g", "t", 0) == value(15)
+    assert not data.pending and not data.pending_count and not data.contested
+
+
 def test_simple_group_is_created_by_a_commit_and_survives_tombstones(shard_data: type[ShardData]) -> None:
     data = shard_data()
     data.replay(0, OffsetCommitRecord(K0, value(1)))

@@ -298,6 +298,33 @@ def test_a_kafka_written_log_with_transactions_reads_as_kcoord_serves_it(spark: 
         assert served(directory, partitions, list(got))[0] == got
 
 
+def test_transactions_committed_in_the_other_order_than_written_read_as_kcoord_serves_them(
+        spark: Any, tmp_path: Path) -> None:
+    """Two producers' transactional offsets for one partition, the older committed last: Kafka keeps the
+    newer record (replayEndTransactionMarker compares record offsets), and so does the snapshot. kcoord
+    installed the older one at its marker and served it: the two disagreed (a difference the README
+    listed). The snapshot, a fresh kcoord on the same files and on the log resharded agree."""
+    from tests.coordinator.test_load_kafka_logs import kafka_batch, marker, offset
+    from tests.pipeline.logs import write_partition
+
+    source = tmp_path / "kafka"
+    write_partition(source / "__consumer_offsets-0", [
+        kafka_batch(0, [offset("a", 0, 5), offset("b", 0, 5)]),
+        kafka_batch(2, [offset("a", 0, 9), offset("b", 0, 9)], producer=(9, 0), transactional=True),
+        kafka_batch(4, [offset("a", 0, 11)], producer=(10, 0), transactional=True),
+        kafka_batch(5, [marker(commit=True)], producer=(10, 0), transactional=True, control=True),
+        kafka_batch(6, [marker(commit=True)], producer=(9, 0), transactional=True, control=True),
+    ], checkpoint=False)
+    code, err = job(spark, "snapshot", "--data-dir", str(source), "--out", str(tmp_path / "snap"))
+    assert code == 0, err
+    got = snapshot_rows(spark, tmp_path / "snap")
+    assert got == {"a": {("t", 0): (11, "", -1)}, "b": {("t", 0): (9, "", -1)}}
+    code, err = job(spark, "reshard", "--data-dir", str(source), "--out", str(tmp_path / "three"), "--partitions", "3")
+    assert code == 0, err
+    for directory, partitions in ((source, 1), (tmp_path / "three", 3)):
+        assert served(directory, partitions, list(got))[0] == got
+
+
 class _Crash(Exception):
     pass
 
