@@ -13,7 +13,7 @@ Kafka supports on the resource, as a broker without an authorizer answers.
 """
 
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 from coordinator.apis import handles
 from coordinator.request import Lazy, Request
@@ -54,6 +54,12 @@ def _unknown(name: str | None, topic_id: Any, version: int,
     return Topic(error_code=error, name=shown, topic_id=topic_id or _NO_ID, is_internal=False, partitions=[])
 
 
+def unknown_topic_id(topic_id: uuid.UUID) -> Any:
+    """A v12+ request's topic id the cluster does not know: UNKNOWN_TOPIC_ID with a null name."""
+    return Topic(error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None, topic_id=topic_id, is_internal=False,
+                 partitions=[])
+
+
 def _distinct(requested: Any) -> list[Any]:
     """Each requested topic once, in request order (Kafka answers a set: naming a topic twice does not
     make the answer twice as large)."""
@@ -65,6 +71,46 @@ def _distinct(requested: Any) -> list[Any]:
             seen.add(key)
             out.append(t)
     return out
+
+
+class Lookup(NamedTuple):
+    """What a Metadata request asks for, read as KafkaApis.handleTopicMetadataRequest reads it: every
+    topic; or nothing but INVALID_REQUEST (``invalid``: before v12, a topic id or a null name); or, from
+    v12, the topics of the ids it names (``ids``, distinct; its names are then not looked at); else the
+    topics it names (``names``, each once)."""
+
+    everything: bool = False
+    invalid: bool = False
+    ids: tuple[uuid.UUID, ...] = ()
+    names: tuple[str | None, ...] = ()
+
+
+def every_topic_asked(topics: list[Any] | None, version: int) -> bool:
+    """Whether a Metadata request's topic list asks for every topic: null, or at v0 empty."""
+    return topics is None or (version == 0 and not topics)
+
+
+def lookup(body: Any, version: int) -> Lookup:
+    requested = body.topics
+    if every_topic_asked(requested, version):
+        return Lookup(everything=True)
+    ids = () if version < 10 else _topic_ids(requested)
+    if version < 12 and (ids or any(t.name is None for t in requested)):  # ids, or a lookup by id
+        return Lookup(invalid=True)
+    if ids:
+        return Lookup(ids=ids)
+    return Lookup(names=tuple(t.name for t in _distinct(requested)))
+
+
+def authorized_operations(body: Any, version: int, topics: list[Any]) -> int:
+    """Authorized operations, when the request asks for them, as a broker without an authorizer answers:
+    set on ``topics`` (every operation Kafka supports on a topic); returned for the cluster (v8-v10),
+    else the schema's default."""
+    if version >= 8 and body.include_topic_authorized_operations:
+        for topic in topics:
+            if topic.error_code != ErrorCode.UNKNOWN_TOPIC_ID:  # Kafka sets none on those
+                topic.topic_authorized_operations = TOPIC_OPERATIONS
+    return CLUSTER_OPERATIONS if 8 <= version <= 10 and body.include_cluster_authorized_operations else -(1 << 31)
 
 
 def error_response(body: Any, version: int, error: ErrorCode) -> Any:
@@ -82,35 +128,22 @@ def metadata(runtime: Runtime, req: Request, body: Any) -> Any:
 def _answer(runtime: Runtime, version: int, body: Any) -> Any:
     host, port = runtime.config.advertised
     node = runtime.config.node_id
-    requested = body.topics
-    everything = requested is None or (version == 0 and not requested)
-    ids = [] if everything or version < 10 else _topic_ids(requested)
-    if everything:
-        topics = [_offsets_topic(runtime)]
-    elif version < 12 and (ids or any(t.name is None for t in requested)):  # ids, or a lookup by id
+    asked = lookup(body, version)
+    if asked.invalid:
         return error_response(body, version, ErrorCode.INVALID_REQUEST)
-    elif ids:
-        topics = [_offsets_topic(runtime) if i == OFFSETS_TOPIC_ID
-                  else Topic(error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None, topic_id=i, is_internal=False,
-                             partitions=[])
-                  for i in ids]
+    if asked.everything:
+        topics = [_offsets_topic(runtime)]
+    elif asked.ids:
+        topics = [_offsets_topic(runtime) if i == OFFSETS_TOPIC_ID else unknown_topic_id(i) for i in asked.ids]
     else:
-        topics = [
-            _offsets_topic(runtime) if t.name == OFFSETS_TOPIC
-            else _unknown(t.name, getattr(t, "topic_id", None), version)
-            for t in _distinct(requested)
-        ]
-    if version >= 8 and body.include_topic_authorized_operations:
-        for topic in topics:
-            if topic.error_code != ErrorCode.UNKNOWN_TOPIC_ID:  # Kafka sets none on those
-                topic.topic_authorized_operations = TOPIC_OPERATIONS
-    cluster_operations = CLUSTER_OPERATIONS if 8 <= version <= 10 and body.include_cluster_authorized_operations \
-        else -(1 << 31)
+        topics = [_offsets_topic(runtime) if name == OFFSETS_TOPIC else _unknown(name, None, version)
+                  for name in asked.names]
+    cluster_operations = authorized_operations(body, version, topics)
     broker = MetadataResponse.MetadataResponseBroker(node_id=node, host=host, port=port, rack=None)
     return MetadataResponse(throttle_time_ms=0, brokers=[broker], cluster_id=CLUSTER_ID, controller_id=node,
                             topics=topics, cluster_authorized_operations=cluster_operations)
 
 
-def _topic_ids(requested: Any) -> list[Any]:
+def _topic_ids(requested: Any) -> tuple[uuid.UUID, ...]:
     """The distinct non-zero topic ids a v10+ request names, in request order."""
-    return list(dict.fromkeys(t.topic_id for t in requested if t.topic_id is not None and t.topic_id != _NO_ID))
+    return tuple(dict.fromkeys(t.topic_id for t in requested if t.topic_id is not None and t.topic_id != _NO_ID))

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from coordinator.apis import k03_metadata as k03
 from coordinator.apis import k10_find_coordinator as k10
 from coordinator.apis import k18_api_versions as k18
 from coordinator.config import Config
@@ -161,7 +162,7 @@ class Gateway:
             except DecodeError as exc:  # refused as standalone refuses it: after the replies before it
                 conn.refuse(f"malformed request: {exc}", "malformed")
                 return True
-            every_topic = rewrite.every_topic_asked(asked.topics, version)
+            every_topic = k03.every_topic_asked(asked.topics, version)
             self._relay(conn, frame, api_key, version,
                         lambda reply: rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, reply, version, self.cluster,
                                                               every_topic),

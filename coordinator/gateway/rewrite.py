@@ -162,30 +162,34 @@ def metadata_from_cache(request: Any, version: int, correlation: int, cluster: C
     its assignment and asked again hundreds of times a second (a fault campaign's find). A topic never
     seen is LEADER_NOT_AVAILABLE itself, as Kafka answers one it is still creating. With ``last_seen``
     (the upstream is slow, not unreachable), a topic's partitions are as the upstream last gave them,
-    leaders included, as a broker with a stale metadata cache answers."""
+    leaders included, as a broker with a stale metadata cache answers. Which topics are asked for, and
+    the authorized operations, follow kcoord's own Metadata handler (``k03.lookup``): before v12 a
+    request naming a topic id or a null name is refused whole with INVALID_REQUEST; from v12 a request
+    naming ids is answered by id, UNKNOWN_TOPIC_ID (null name) for an id never seen."""
     cls = METADATA_RESPONSE.cls
     brokers = []
     for node in cluster.nodes():
         mapped = cluster.address(node)
         if mapped is not None:
             brokers.append(cls.MetadataResponseBroker(node_id=node, host=mapped[0], port=mapped[1], rack=None))
-    asked = request.topics
-    wanted: list[tuple[str | None, uuid.UUID]]
-    if every_topic_asked(asked, version):
-        wanted = [(name, facts.topic_id) for name, facts in cluster.topics.items()]
-    else:
+    asked = k03.lookup(request, version)  # the same rules as kcoord's own Metadata handler
+    if asked.invalid:
+        return _encode(METADATA_RESPONSE, k03.error_response(request, version, ErrorCode.INVALID_REQUEST), version,
+                       correlation)
+    topics: list[Any] = []
+    wanted: list[str | None]
+    if asked.everything:
+        wanted = list(cluster.topics)
+    elif asked.ids:  # v12+: by id alone; an id never seen is UNKNOWN_TOPIC_ID, as kcoord's handler answers it
         by_id = {facts.topic_id: name for name, facts in cluster.topics.items() if facts.topic_id != _NO_ID}
-        wanted = []
-        for t in asked:
-            topic_id = getattr(t, "topic_id", None) or _NO_ID  # v10+ may ask by id, its name null
-            wanted.append((t.name if t.name is not None else by_id.get(topic_id), topic_id))
-    topics = []
-    for name, topic_id in wanted:
+        topics = [k03.unknown_topic_id(i) for i in asked.ids if i not in by_id]
+        wanted = [by_id[i] for i in asked.ids if i in by_id]
+    else:
+        wanted = list(asked.names)
+    for name in wanted:
         facts = cluster.topics.get(name) if name is not None else None
-        # Before v12 a response topic has a name, even when the request looked one up by id.
-        shown = name if name is not None or version >= 12 else ""
         if facts is None:
-            topics.append(cls.MetadataResponseTopic(error_code=LEADER_NOT_AVAILABLE, name=shown, topic_id=topic_id,
+            topics.append(cls.MetadataResponseTopic(error_code=LEADER_NOT_AVAILABLE, name=name, topic_id=_NO_ID,
                                                     is_internal=False, partitions=[]))
             continue
         seen = facts.last_seen if last_seen and facts.last_seen else [
@@ -193,16 +197,12 @@ def metadata_from_cache(request: Any, version: int, correlation: int, cluster: C
         partitions = [cls.MetadataResponseTopic.MetadataResponsePartition(
             error_code=error, partition_index=i, leader_id=leader, leader_epoch=epoch, replica_nodes=[], isr_nodes=[],
             offline_replicas=[]) for i, error, leader, epoch in seen]
-        topics.append(cls.MetadataResponseTopic(error_code=0, name=shown, topic_id=facts.topic_id,
+        topics.append(cls.MetadataResponseTopic(error_code=0, name=name, topic_id=facts.topic_id,
                                                 is_internal=facts.is_internal, partitions=partitions))
+    cluster_operations = k03.authorized_operations(request, version, topics)
     body = cls(throttle_time_ms=0, brokers=brokers, cluster_id=cluster.cluster_id, controller_id=cluster.controller_id,
-               topics=topics)
+               topics=topics, cluster_authorized_operations=cluster_operations)
     return _encode(METADATA_RESPONSE, body, version, correlation)
-
-
-def every_topic_asked(topics: list[Any] | None, version: int) -> bool:
-    """Whether a Metadata request's topic list asks for every topic: null, or at v0 empty."""
-    return topics is None or (version == 0 and not topics)
 
 
 def produce_acks(frame: bytes, version: int) -> int:

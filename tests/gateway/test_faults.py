@@ -10,14 +10,16 @@ import struct
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
+from typing import Any
 
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # defined here; confluent_kafka.admin does not re-export it
 from kafka import KafkaAdminClient
-from kafka.protocol.metadata import MetadataRequest
+from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
 from tests.gateway.cable import Cable
 from tests.gateway.conftest import (
@@ -224,6 +226,52 @@ def test_a_consumer_keeps_its_assignment_while_the_upstream_is_down(tmp_path: Pa
     finally:
         if consumer is not None:
             consumer.close()
+        kcoord.stop()
+        tansu.stop()
+
+
+def test_metadata_answered_while_the_upstream_is_down_takes_topic_ids_as_kcoord_does(tmp_path: Path) -> None:
+    """The answer kcoord gives itself while no upstream broker answers followed none of the rules of its
+    own Metadata handler (KafkaApis'): before v12 a request naming a topic id, or a null name, was
+    answered by id instead of refused whole with INVALID_REQUEST; from v12 an id never seen was
+    LEADER_NOT_AVAILABLE, not UNKNOWN_TOPIC_ID with a null name; authorized operations asked for were
+    left at the schema's default. Tansu killed after kcoord has learnt a topic and its id."""
+    tansu = TansuProcess(tmp_path).start()
+    kcoord = start_gateway(tmp_path, tansu.bootstrap, "--upstream-timeout-ms", "3000")
+    Topic = MetadataRequest.MetadataRequestTopic
+
+    def ask(version: int, topics: list[Any], **flags: bool) -> MetadataResponse:
+        client = RawClient(kcoord.port, timeout=30)
+        try:
+            return client.call(MetadataRequest(topics=topics, allow_auto_topic_creation=False, **flags), version)
+        finally:
+            client.close()
+
+    try:
+        admin = AdminClient({"bootstrap.servers": kcoord.bootstrap})
+        admin.create_topics([NewTopic("by-id", 2, 1)])["by-id"].result(30)
+        [learnt] = ask(12, [Topic(name="by-id")]).topics
+        assert learnt.error_code == 0 and learnt.topic_id is not None
+        assert tansu.proc is not None
+        tansu.proc.kill()
+        tansu.proc.wait(10)
+        before = metadata_from_cache(kcoord)
+        for version in (10, 11):
+            for topics in ([Topic(name="by-id", topic_id=learnt.topic_id)], [Topic(name=None)]):
+                reply = ask(version, topics)
+                assert [(t.error_code, t.name) for t in reply.topics] == [(42, topics[0].name or "")], version
+        unseen = uuid.uuid4()
+        reply = ask(12, [Topic(name=None, topic_id=unseen), Topic(name=None, topic_id=learnt.topic_id)])
+        assert [(t.error_code, t.name, t.topic_id) for t in reply.topics] == [
+            (100, None, unseen), (0, "by-id", learnt.topic_id)]
+        assert [p.error_code for p in reply.topics[1].partitions] == [5, 5]  # leaderless while it is away
+        operations = {3, 4, 5, 6, 7, 8, 10, 11}  # as kafka-python decodes kcoord's own handler's answer
+        reply = ask(10, [Topic(name="by-id")], include_topic_authorized_operations=True,
+                    include_cluster_authorized_operations=True)
+        assert reply.topics[0].authorized_operations == operations
+        assert reply.authorized_operations == {5, 7, 8, 9, 10, 11, 12}
+        assert metadata_from_cache(kcoord) - before == 6  # every answer above was kcoord's own
+    finally:
         kcoord.stop()
         tansu.stop()
 

@@ -16,6 +16,7 @@ from protocol.registry import REGISTRY
 Request = k03.SPEC.request.cls
 Topic = Request.MetadataRequestTopic
 _ID = uuid.UUID(int=7)
+_ZERO = uuid.UUID(int=0)
 
 
 class Facts:
@@ -45,27 +46,24 @@ def stock_decode(frame: bytes, version: int) -> MetadataResponse:
 
 @pytest.mark.parametrize("version", range(0, 13))
 def test_metadata_from_cache_every_version(version: int) -> None:
-    topics = [Topic(name="orders", topic_id=uuid.uuid4() if version >= 10 else None)]
-    if version >= 10:
-        topics.append(Topic(name=None, topic_id=uuid.uuid4()))  # looked up by id
+    topics = [Topic(name="orders", topic_id=uuid.UUID(int=0) if version >= 10 else None)]
     request = Request(topics=topics, allow_auto_topic_creation=False)
     frame = rewrite.metadata_from_cache(request, version, 77, Facts())
     reply = stock_decode(frame, version)
     got = [(b.node_id, b.host, b.port) for b in reply.brokers]
     assert got == [(n, "kcoord.local", 40000 + n) for n in (1, 2, 3, 9)]
-    assert {t.error_code for t in reply.topics} == {rewrite.LEADER_NOT_AVAILABLE}
-    assert reply.topics[0].name == "orders"
+    assert [(t.error_code, t.name) for t in reply.topics] == [(rewrite.LEADER_NOT_AVAILABLE, "orders")]
 
 
 @pytest.mark.parametrize("version", range(0, 13))
 def test_metadata_from_cache_keeps_a_known_topics_partitions_leaderless(version: int) -> None:
     """A topic a relayed answer described keeps its partitions, each LEADER_NOT_AVAILABLE with no
     leader (an empty list read to librdkafka as a topic shrunk to nothing); asked by name, by id
-    (v10+), or as every topic (None; v0's empty list)."""
+    (v12+), or as every topic (None; v0's empty list)."""
     known = uuid.uuid4()
     facts = Facts({"orders": rewrite.TopicFacts(known, 3, False)})
     asked = [[Topic(name="orders")], None if version >= 1 else []]
-    if version >= 10:
+    if version >= 12:
         asked.append([Topic(name=None, topic_id=known)])
     for topics in asked:
         reply = stock_decode(rewrite.metadata_from_cache(Request(topics=topics, allow_auto_topic_creation=False),
@@ -74,6 +72,55 @@ def test_metadata_from_cache_keeps_a_known_topics_partitions_leaderless(version:
         assert (topic.error_code, topic.name) == (0, "orders")
         assert [(p.error_code, p.partition_index, p.leader_id) for p in topic.partitions] == [
             (rewrite.LEADER_NOT_AVAILABLE, i, -1) for i in range(3)]
+
+
+@pytest.mark.parametrize("version", range(10, 13))
+def test_metadata_from_cache_takes_topic_ids_as_kcoords_own_handler(version: int) -> None:
+    """The answer kcoord gives while the upstream is away followed none of the rules its own Metadata
+    handler applies to topic ids: before v12 a request naming an id or a null name is refused whole
+    with INVALID_REQUEST (it was answered by id); from v12 an id never seen is UNKNOWN_TOPIC_ID with a
+    null name (it was LEADER_NOT_AVAILABLE), and the names beside ids are not looked at."""
+    known, unseen = uuid.uuid4(), uuid.uuid4()
+    facts = Facts({"orders": rewrite.TopicFacts(known, 2, False), "other": rewrite.TopicFacts(uuid.uuid4(), 1, False)})
+    for topics in ([Topic(name=None, topic_id=known)], [Topic(name="orders", topic_id=known), Topic(name="other")],
+                   [Topic(name=None, topic_id=unseen), Topic(name=None, topic_id=known)]):
+        request = Request(topics=topics, allow_auto_topic_creation=False)
+        reply = stock_decode(rewrite.metadata_from_cache(request, version, 77, facts), version)
+        got = [(t.error_code, t.name, t.topic_id or _ZERO) for t in reply.topics]  # kafka-python: zero id is None
+        if version < 12:
+            assert got == [(42, t.name or "", t.topic_id or _ZERO) for t in topics]
+            assert reply.brokers == []
+        elif unseen in {t.topic_id for t in topics}:
+            assert got == [(100, None, unseen), (0, "orders", known)]
+        else:
+            assert got == [(0, "orders", known)]
+    if version < 12:  # a null name alone, without an id, is refused too
+        request = Request(topics=[Topic(name=None, topic_id=uuid.UUID(int=0))], allow_auto_topic_creation=False)
+        assert [t.error_code for t in stock_decode(rewrite.metadata_from_cache(request, version, 77, facts),
+                                                   version).topics] == [42]
+
+
+@pytest.mark.parametrize("version", range(0, 13))
+def test_metadata_from_cache_answers_authorized_operations_as_kcoords_own_handler(version: int) -> None:
+    """Authorized operations asked for (v8+) were left at the schema's default (-2^31) in the cached
+    answer; kcoord's handler answers every operation a broker without an authorizer allows (none on
+    an UNKNOWN_TOPIC_ID topic), the cluster's for v8-v10."""
+    facts = Facts({"orders": rewrite.TopicFacts(uuid.uuid4(), 1, False)})
+    fields = {"include_topic_authorized_operations": True, "include_cluster_authorized_operations": True}
+    topics = [Topic(name="orders"), Topic(name="never-seen")]
+    if version >= 12:
+        topics = [Topic(name=None, topic_id=facts.topics["orders"].topic_id), Topic(name=None, topic_id=uuid.uuid4())]
+    request = Request(topics=topics, allow_auto_topic_creation=False, **fields)
+    reply = stock_decode(rewrite.metadata_from_cache(request, version, 77, facts), version)
+    if version < 8:
+        return
+    def bits(operations: int) -> set[int]:  # as kafka-python decodes the field
+        return {op for op in range(32) if operations & (1 << op)}
+
+    ops = [t.authorized_operations for t in reply.topics]
+    assert ops == ([None, bits(k03.TOPIC_OPERATIONS)] if version >= 12 else [bits(k03.TOPIC_OPERATIONS)] * 2)
+    if version <= 10:
+        assert reply.authorized_operations == bits(k03.CLUSTER_OPERATIONS)
 
 
 @pytest.mark.parametrize("version", [1, 9, 12])
@@ -195,4 +242,4 @@ def test_every_topic_asked(version: int, topics: list[str] | None, every: bool) 
     request.with_header(correlation_id=1, client_id="tests")
     frame = bytes(request.encode(version=version, header=True))
     asked = rewrite.METADATA_REQUEST.decode_request(frame, version)[1]
-    assert rewrite.every_topic_asked(asked.topics, version) is every
+    assert k03.every_topic_asked(asked.topics, version) is every
