@@ -43,6 +43,7 @@ class Cluster:
         self.coordinator_node = config.coordinator_node_id
         self.live: list[int] = []  # the node ids of the last broker list seen (a left broker keeps its listener)
         self.offered: list[tuple[int, int, int]] | None = None  # ApiVersions answer, once known
+        self.enabled: dict[int, tuple[int, int]] = {}  # the same, key -> (min, max), for every request's check
         self.upstream_versions: dict[int, tuple[int, int]] = {}
         self.advertised_host = config.broker_host or config.advertised[0]
         self.cluster_id: str | None = None  # the upstream's, as last seen
@@ -77,6 +78,14 @@ class Cluster:
         node = self.coordinator_node
         host, port = self.address(node) or ("", -1)  # (never None: its id is not negative)
         return node, host, port
+
+    def offers(self, api_key: int, version: int) -> bool:
+        """Whether the gateway's ApiVersions answer offers this version of this API (any, until the
+        upstream has answered once and that answer is not known)."""
+        if self.offered is None:
+            return True
+        found = self.enabled.get(api_key)
+        return found is not None and found[0] <= version <= found[1]
 
     def lists_groups(self, node: int | None) -> bool:
         """Whether ListGroups on the listener of ``node`` names kcoord's groups: on the coordinator's and
@@ -182,7 +191,9 @@ class Cluster:
                 link.close()
             if versions != self.upstream_versions:
                 self.upstream_versions = versions
-                self.offered = rewrite.api_versions(versions)
+                offered = rewrite.api_versions(versions)
+                self.enabled = {key: (lo, hi) for key, lo, hi in offered}
+                self.offered = offered
             self.learn((b.node_id, b.host, b.port) for b in body.brokers)
             if body.controller_id >= 0:
                 self.controller_id = body.controller_id

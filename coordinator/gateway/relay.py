@@ -8,6 +8,8 @@ Every frame is routed by its api key before anything is decoded:
   its own in every Metadata answer, with a listener of its own), transaction keys go upstream and come
   back with the coordinator's address rewritten;
 * Metadata and DescribeCluster go upstream and come back with every broker address rewritten;
+* an API or version the gateway does not offer (``rewrite.HIDDEN``, versions above ``rewrite.CAPS``) is
+  refused, as Kafka refuses one it does not enable: the connection closes after the replies before it;
 * everything else goes upstream untouched, and its reply comes back untouched.
 
 A relayed request takes a ``Relayed`` slot in the connection's reply queue, so replies leave in request
@@ -156,6 +158,14 @@ class Gateway:
             self._api_versions(conn, frame, version, correlation_id)
         elif api_key == rewrite.FIND_COORDINATOR:
             self._find_coordinator(conn, frame, version, correlation_id)
+        elif not self.cluster.offers(api_key, version):
+            # As Kafka refuses an API or version it does not enable: closed after the replies before it. A
+            # client that does not ask ApiVersions (or pins a version) sent a TxnOffsetCommit, say, to the
+            # upstream's coordinator, which wrote it to the upstream's __consumer_offsets, where no consumer
+            # of kcoord's looks; a Produce v10+ or Fetch v16+ reply would carry upstream addresses.
+            known = api_key in self.cluster.enabled
+            conn.refuse(f"api {api_key} v{version} is not offered by the gateway",
+                        "unsupported_version" if known else "unknown_api")
         elif api_key == rewrite.METADATA and version <= rewrite.CAPS[rewrite.METADATA]:
             try:
                 asked: Any = rewrite.METADATA_REQUEST.decode_request(frame, version)[1]

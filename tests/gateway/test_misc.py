@@ -2,9 +2,11 @@
 coordinator stays upstream, its address rewritten), the per-broker port base and advertised host, and
 the gateway's metrics."""
 
+import contextlib
 import re
 import socket
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -26,7 +28,8 @@ from tests.gateway.conftest import (
 )
 from tests.gateway.mock_cluster import MockCluster
 from tests.kcoord_process import KcoordProcess, free_port
-from tests.rawclient import RawClient, commit_request
+from tests.rawclient import RawClient, commit_request, fetch_request
+from tests.tansu_process import TansuProcess
 
 
 def api_versions(port: int, version: int = 3) -> dict[int, tuple[int, int]]:
@@ -211,6 +214,54 @@ def test_send_offsets_to_transaction_is_refused(tmp_path: Path) -> None:
     finally:
         kcoord.stop()
         mock.stop()
+
+
+def test_an_api_not_offered_is_refused_not_relayed(tmp_path: Path) -> None:
+    """A client that pins its versions instead of asking ApiVersions (kafka-python's ``api_version``)
+    sent TxnOffsetCommit though the gateway does not offer it, and kcoord relayed it: the upstream's
+    coordinator wrote the offsets to its own __consumer_offsets, where no consumer of kcoord's looks,
+    and the producer was told they were committed. An API or version the gateway does not offer is
+    refused as Kafka refuses one it does not enable (the connection closes); nothing reaches the
+    upstream, whose group has no offset."""
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaTimeoutError
+    from kafka.structs import OffsetAndMetadata, TopicPartition
+
+    tansu = TansuProcess(tmp_path).start()
+    kcoord = start_gateway(tmp_path, tansu.bootstrap)
+    producer = KafkaProducer(bootstrap_servers=kcoord.bootstrap, transactional_id="pinned", api_version=(2, 5, 0),
+                             request_timeout_ms=10_000)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("pinned-out", b"x")
+        outcome: list[object] = []
+
+        def send_offsets() -> None:
+            try:
+                producer.send_offsets_to_transaction({TopicPartition("pinned-in", 0): OffsetAndMetadata(5, "", -1)},
+                                                     "pinned-group")
+                outcome.append("committed")
+            except Exception as exc:  # any failure is the client's way of hearing the refusal
+                outcome.append(exc)
+
+        sender = threading.Thread(target=send_offsets, daemon=True)  # kafka-python retries a closed connection
+        sender.start()
+        sender.join(8)
+        assert outcome != ["committed"]
+        assert "not offered by the gateway" in kcoord.log()
+        upstream = RawClient(tansu.port)
+        try:
+            [topic] = upstream.call(fetch_request("pinned-group", {"pinned-in": [0]}), 5).topics
+        finally:
+            upstream.close()
+        assert [p.committed_offset for p in topic.partitions] == [-1]
+        assert "TxnOffsetCommit" not in relayed_apis(kcoord)
+    finally:
+        with contextlib.suppress(KafkaTimeoutError):  # its offsets still waiting to be sent
+            producer.close(timeout=1)
+        kcoord.stop()
+        tansu.stop()
 
 
 def test_every_listener_names_one_coordinator_per_group_and_lists_it_once(tmp_path: Path) -> None:
