@@ -89,6 +89,10 @@ class UpstreamLink(asyncio.Protocol):
         self._blocked = False
         self._probe: asyncio.Future[bytes] | None = None
         self._closing = False  # its owner closed it: deliver what was sent, then close
+        # It has carried a request the broker does not answer (Produce with acks=0): Kafka closes the
+        # connection to say such a request failed (a partition it no longer leads, say), so when the broker
+        # closes it or cannot be reached, the client's connection closes too (``fail``)
+        self._unanswered = False
         self._loop = asyncio.get_running_loop()
         self._connect = self._loop.create_task(self._open())
 
@@ -99,7 +103,7 @@ class UpstreamLink(asyncio.Protocol):
             if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):  # ours, not the broker's
                 self.fail(f"no file descriptor for a link to upstream {self.addr[0]}:{self.addr[1]}: {exc!r}")
             else:
-                self.fail(f"cannot connect to upstream {self.addr[0]}:{self.addr[1]}: {exc!r}")
+                self.fail(f"cannot connect to upstream {self.addr[0]}:{self.addr[1]}: {exc!r}", lost=True)
 
     # -- asyncio callbacks ---------------------------------------------------------------------
 
@@ -154,7 +158,7 @@ class UpstreamLink(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.failed is None:
             why = f"upstream {self.addr[0]}:{self.addr[1]} closed the connection"
-            self.fail(why + (f" ({exc})" if exc else ""))
+            self.fail(why + (f" ({exc})" if exc else ""), lost=True)
 
     def pause_writing(self) -> None:
         self._set_blocked(True)
@@ -182,6 +186,7 @@ class UpstreamLink(asyncio.Protocol):
         """A request the broker does not answer (Produce with acks=0): nothing is waited for."""
         if self.failed is not None:
             raise FrameError(self.failed)
+        self._unanswered = True
         head = _SIZE.pack(len(frame))
         if self._transport is None:
             self._out += (head, frame)
@@ -227,8 +232,12 @@ class UpstreamLink(asyncio.Protocol):
             self._blocked = blocked
             self.owner.link_blocked(blocked)
 
-    def fail(self, why: str) -> None:
-        """Ends the link: the owner is told once (its client's connection is closed; clients retry)."""
+    def fail(self, why: str, lost: bool = False) -> None:
+        """Ends the link: the owner is told once, with the number of replies the client will now never get
+        (its connection is then closed; clients retry). ``lost``: the broker closed the connection or
+        could not be reached, which a request it does not answer (acks=0) counts among those: with
+        Kafka the client's own connection would have closed, its way of learning that such a request
+        failed (it then refreshes its metadata and finds the partition's new leader)."""
         if self.failed is not None:
             return
         self.failed = why
@@ -244,7 +253,7 @@ class UpstreamLink(asyncio.Protocol):
             # once, then once a minute while links keep failing: with the upstream down, every client's
             # retry fails a link (a campaign counted ~1,000 such lines a second)
             _LINK_FAILURES.report(logging.INFO, "%s (%d replies outstanding)", why, len(pending))
-        outstanding = 0
+        outstanding = 1 if lost and self._unanswered else 0
         for waiting in pending:
             if waiting.abandoned:
                 continue

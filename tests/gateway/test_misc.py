@@ -193,6 +193,48 @@ def test_acks_zero_producers(upstream: Upstream, gateway: KcoordProcess) -> None
     assert values == {b"kp-%d" % i for i in range(100)} | {b"ck-%d" % i for i in range(100)}
 
 
+def test_an_acks_zero_producers_connection_closes_with_its_upstream_link(tmp_path: Path) -> None:
+    """A broker sends no reply to a Produce with acks=0: it closes the connection when such a request
+    fails (a partition it no longer leads), and a client learns a broker is gone when its connection
+    closes; either way it refreshes its metadata and finds the new leader. kcoord kept the client's
+    connection when the link carrying only acks=0 requests closed (no reply was outstanding), so a
+    producer went on sending to a listener whose broker was gone, every record dropped, till its next
+    periodic metadata refresh (5 minutes by default). The client's connection now closes with it."""
+    from kafka.protocol.producer import ProduceRequest as Produce
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    mock = MockCluster(3)
+    kcoord = start_gateway(tmp_path, mock.bootstrap)
+    try:
+        producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap})
+        producer.produce("acks0-lost", b"x", partition=0)  # (auto-created)
+        assert producer.flush(30) == 0
+        leader = producer.list_topics("acks0-lost", timeout=10).topics["acks0-lost"].partitions[0].leader
+        builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
+        builder.append(timestamp=None, key=None, value=b"y", headers=[])
+        builder.close()
+        request = Produce(transactional_id=None, acks=0, timeout_ms=1000, topic_data=[Produce.TopicProduceData(
+            name="acks0-lost", partition_data=[Produce.TopicProduceData.PartitionProduceData(
+                index=0, records=builder.buffer())])])
+        client = RawClient(node_ports(kcoord)[leader], timeout=1)
+        try:
+            client.send(request, 7)
+            with pytest.raises(TimeoutError):
+                client.read_frame()  # no reply, and the connection stays open
+            mock.stop()  # every broker gone
+            # (the mock cluster, unlike Kafka, answers acks=0, and kcoord drops a link that sends a reply
+            # nobody asked for: this one goes on a new link, which cannot connect)
+            client.send(request, 7)
+            client.sock.settimeout(10)
+            with pytest.raises(ConnectionError):
+                client.read_frame()
+        finally:
+            client.close()
+    finally:
+        kcoord.stop()
+        mock.stop()
+
+
 def test_send_offsets_to_transaction_is_refused(tmp_path: Path) -> None:
     """TxnOffsetCommit is not offered (it would write the upstream's __consumer_offsets): librdkafka's
     send_offsets_to_transaction fails cleanly with UNSUPPORTED_FEATURE instead of committing elsewhere."""
