@@ -33,7 +33,7 @@ from coordinator.admission import METRICS_MAX_CONNECTIONS
 from coordinator.apis import APIS
 from coordinator.groups.model import GroupState
 from coordinator.logfmt import Repeated
-from coordinator.metrics import Histogram, Metrics
+from coordinator.metrics import ABORT_REASONS, GATEWAY_ABORT_REASONS, Histogram, Metrics
 from coordinator.shardstate import ShardState
 from protocol.errors import ErrorCode
 
@@ -247,10 +247,15 @@ class KcoordCollector(Collector):
                                   value=m.connections_accepted)
         aborted = CounterMetricFamily("kcoord_connections_aborted", "Connections kcoord closed at once, by "
                                       "reason: bad input (frame, header, unknown_api, unsupported_version, "
-                                      "malformed), too_slow, server_error, stopping; or as soon as made: "
-                                      "max_connections, file_descriptors.", labels=["reason"])
-        for reason, n in sorted(m.connections_refused.copy().items()):
-            aborted.add_metric([reason], n)
+                                      "malformed), too_slow, server_error, stopping, in gateway mode upstream; or "
+                                      "as soon as made: max_connections, file_descriptors. Each is exported from "
+                                      "the start, at 0.", labels=["reason"])
+        counted = m.connections_refused.copy()
+        reasons = set(ABORT_REASONS).union(counted)
+        if server is not None and server.gateway is not None:
+            reasons.update(GATEWAY_ABORT_REASONS)
+        for reason in sorted(reasons):
+            aborted.add_metric([reason], counted.get(reason, 0))
         yield aborted
         if server is not None:
             yield GaugeMetricFamily("kcoord_buffered_request_bytes", "Bytes of requests over 256 KiB buffered "

@@ -30,6 +30,12 @@ BATCH_RECORD_BUCKETS: Final = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096
 API_KEYS: Final = 128  # above every Kafka API key; per-API figures live in lists indexed by key
 VERSIONS: Final = 32  # above every version of every API: counts by (api, version) live in one list
 ERRORS: Final = 256  # error codes -1 (UNKNOWN_SERVER_ERROR) to 254 are counted in lists; others in a dict
+# Why kcoord closes a connection at once (``connection_refused``): exported from the start at 0, each one,
+# so that the first abort is an increase. A labelled counter series that first appears at 1 is no
+# increase to Prometheus' increase() and rate(): the alert on server_error never fired for a single one.
+ABORT_REASONS: Final = ("frame", "header", "unknown_api", "unsupported_version", "malformed", "too_slow",
+                        "server_error", "stopping", "max_connections", "file_descriptors")
+GATEWAY_ABORT_REASONS: Final = ("upstream",)  # gateway mode only
 
 
 class Histogram:

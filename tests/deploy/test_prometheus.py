@@ -199,8 +199,11 @@ def stack(prometheus: str, promtool: str, tmp_path_factory: pytest.TempPathFacto
                 assert proc.poll() is None, (tmp / "prometheus.log").read_text()
                 assert time.monotonic() < deadline, "Prometheus not ready in 60 s"
                 time.sleep(0.2)
-        commit_as_stock_client(healthy)
         s = Stack(url, healthy, broken, dead, partition)
+        # Scraped once before the clients act, as a server running for a while is: a first abort, say,
+        # must then be an increase (test_a_single_abort_is_an_increase_to_the_alert_on_server_errors).
+        s.wait_for(f'up{{job="kcoord", instance="{s.instance(healthy)}"}}', 1)
+        commit_as_stock_client(healthy)
         s.wait_for(f'kcoord_offset_commits_total{{job="kcoord", instance="{s.instance(healthy)}"}}',
                    COMMITS * PARTITIONS)
         # Refused commits in two rounds: a counter series is only exported from its first increment
@@ -239,6 +242,18 @@ def test_promql_counts_what_the_stock_client_did(stack: Stack) -> None:
     assert stack.value(f"kcoord_ready{{{b}}}") == 1  # a failed partition pages; the others are served
     failed = stack.query(f'kcoord_partition_state{{{b}, state="failed"}} == 1')
     assert [r["metric"]["partition"] for r in failed] == [str(stack.broken_partition)]
+
+
+def test_a_single_abort_is_an_increase_to_the_alert_on_server_errors(stack: Stack) -> None:
+    """The healthy server aborted one connection (a bad frame) after its first scrape. Its series was
+    exported only from that abort on, at 1, so increase() saw nothing and KcoordConnectionServerErrors
+    would not have fired for a single internal error (an operator's audit): the alert's own expression,
+    aimed at the reason the test can cause, must select the server."""
+    (rule,) = [r for r in alert_rules() if r["alert"] == "KcoordConnectionServerErrors"]
+    assert 'reason="server_error"' in rule["expr"]
+    expr = rule["expr"].replace('reason="server_error"', 'reason="frame"')
+    got = {series["metric"]["instance"] for series in stack.query(expr)}
+    assert got == {stack.instance(stack.healthy)}, expr
 
 
 def test_the_kubernetes_scrape_job_finds_the_annotated_port(stack: Stack) -> None:

@@ -94,6 +94,25 @@ def test_metrics_count_what_stock_clients_did(kcoord: KcoordProcess) -> None:
 
 
 
+def test_every_abort_reason_is_exported_at_zero_before_the_first(kcoord: KcoordProcess) -> None:
+    """A labelled counter series that first appears at 1 is no increase to Prometheus (increase() and
+    rate() need a sample before it): the alert on ``reason="server_error"`` never fired for a single
+    internal error, as an operator's audit saw with a real Prometheus. So every reason is there at 0."""
+    samples = scrape(kcoord)
+    aborted = {dict(labels)["reason"]: v for (name, labels), v in samples.items()
+               if name == "kcoord_connections_aborted_total"}
+    assert aborted == dict.fromkeys(("frame", "header", "unknown_api", "unsupported_version", "malformed",
+                                     "too_slow", "server_error", "stopping", "max_connections",
+                                     "file_descriptors"), 0.0)  # "upstream" only in gateway mode
+    with socket.create_connection(("127.0.0.1", kcoord.port)) as bad:  # a negative frame size
+        bad.sendall(struct.pack(">i", -7))
+        bad.settimeout(10)
+        assert bad.recv(1) == b""
+    samples = scrape(kcoord)
+    assert value(samples, "kcoord_connections_aborted_total", reason="frame") == 1
+    assert value(samples, "kcoord_connections_aborted_total", reason="server_error") == 0
+
+
 def test_readyz_is_not_ready_when_every_partition_has_failed(tmp_path: Path) -> None:
     """A review's find: once a failed partition no longer made /readyz 503, a server whose every
     partition had failed answered 200 "ready" while it served nothing."""
