@@ -13,7 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from kafka import KafkaConsumer
+from kafka import KafkaAdminClient, KafkaConsumer
+from kafka.errors import NoError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -111,6 +112,27 @@ def test_every_abort_reason_is_exported_at_zero_before_the_first(kcoord: KcoordP
     samples = scrape(kcoord)
     assert value(samples, "kcoord_connections_aborted_total", reason="frame") == 1
     assert value(samples, "kcoord_connections_aborted_total", reason="server_error") == 0
+
+
+def test_offset_deletions_count_offsets_removed_not_partitions_named(kcoord: KcoordProcess) -> None:
+    """OffsetDelete answers NONE for a partition the group has no offset for (as Kafka does): it counted
+    as a deletion, so asking for 10 partitions of a group holding one offset counted 10, and asking again
+    10 more (an operator's audit). Kafka's OffsetDeletions counts the offsets removed."""
+    consumer = KafkaConsumer(bootstrap_servers=kcoord.bootstrap, group_id="pruned", enable_auto_commit=False)
+    consumer.commit({TopicPartition("events", p): OffsetAndMetadata(7, "", -1) for p in (0, 1)})
+    consumer.close()
+    admin = KafkaAdminClient(bootstrap_servers=kcoord.bootstrap)
+    try:
+        named = [TopicPartition("events", p) for p in range(10)]
+        for _ in range(2):
+            answered = admin.delete_group_offsets("pruned", named)
+            assert set(answered) == set(named) and all(e is NoError for e in answered.values())
+    finally:
+        admin.close()
+    samples = scrape(kcoord)
+    assert value(samples, "kcoord_offsets") == 0
+    assert value(samples, "kcoord_offset_deletions_total") == 2
+    assert value(samples, "kcoord_requests_total", api="OffsetDelete", version="0", error="NONE") == 2
 
 
 def test_readyz_is_not_ready_when_every_partition_has_failed(tmp_path: Path) -> None:
