@@ -106,11 +106,19 @@ def parse_host_port(value: str) -> tuple[str, int]:
     return host, number
 
 
+# Addresses a server listens on to mean every interface: none is one a client can connect to
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
+
+
 def reachable_host_port(value: str) -> tuple[str, int]:
-    """``parse_host_port`` for an address clients are given: port 0 is where no client can connect."""
+    """``parse_host_port`` for an address clients are given: port 0 and a wildcard host are where no
+    client can connect."""
     host, port = parse_host_port(value)
     if port == 0:
         raise ValueError("port 0 cannot be advertised (give the port clients connect to)")
+    if host in WILDCARD_HOSTS:
+        raise ValueError(f"{host} cannot be advertised: it means every interface, not one "
+                         "clients can connect to (give a host name or address they reach kcoord at)")
     return host, port
 
 
@@ -294,6 +302,15 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
     if config.group_min_session_timeout_ms > config.group_max_session_timeout_ms:
         raise ConfigError(f"--group-min-session-timeout-ms ({config.group_min_session_timeout_ms}) is above "
                           f"--group-max-session-timeout-ms ({config.group_max_session_timeout_ms})")
+    if config.advertised_host is None and config.host in WILDCARD_HOSTS:
+        # Kafka refuses to start when it would advertise the 0.0.0.0 meta-address (its advertised
+        # listeners default to its listeners); clients given it in FindCoordinator connect nowhere
+        raise ConfigError(f"--listen {config.host}:{config.port} listens on every interface, "
+                          "which is no address clients can be given: also give --advertised-listener HOST:PORT "
+                          "(the name clients reach kcoord at; the container image sets its hostname)")
+    if config.broker_host is not None and config.broker_host in WILDCARD_HOSTS:
+        raise ConfigError(f"--broker-advertised-host {config.broker_host} means every interface, not a "
+                          "host clients can connect to")
     if config.max_buffered_bytes < config.max_frame_bytes + 4:
         raise ConfigError(f"--max-buffered-bytes ({config.max_buffered_bytes}) must be at least --max-frame-bytes "
                           f"+ 4 ({config.max_frame_bytes + 4}), or no frame that large could be read")

@@ -84,6 +84,13 @@ def test_flags_and_environment() -> None:
         (["--listen", "nohost"], "--listen='nohost': expected HOST:PORT"),
         (["--listen", "h:99999"], "outside 0-65535"),
         (["--advertised-listener", "kc.example:0"], "port 0 cannot be advertised"),
+        (["--advertised-listener", "0.0.0.0:9092"], "0.0.0.0 cannot be advertised: it means every interface"),
+        (["--advertised-listener", "[::]:9092"], ":: cannot be advertised"),
+        (["--listen", "0.0.0.0:9092"], "--listen 0.0.0.0:9092 listens on every interface, which is no address "
+                                       "clients can be given: also give --advertised-listener"),
+        (["--listen", "[::]:9092"], "--listen :::9092 listens on every interface"),
+        (["--listen", "0.0.0.0:9092", "--advertised-listener", "kc.example:9092", "--upstream", "b:9092",
+          "--broker-advertised-host", "0.0.0.0"], "--broker-advertised-host 0.0.0.0 means every interface"),
         (["--offsets-partitions", "0"], "--offsets-partitions='0': 0 is outside"),
         (["--segment-bytes", "ten"], "not an integer"),
         (["--log-level", "loud"], "--log-level='loud': 'loud' is not one of DEBUG, INFO, WARNING, ERROR"),
@@ -97,6 +104,13 @@ def test_flags_and_environment() -> None:
 def test_bad_values_are_clear_errors(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse(argv)
+
+
+def test_a_wildcard_listener_is_advertised_only_under_a_name_clients_reach() -> None:
+    """Kafka refuses to start advertising the 0.0.0.0 meta-address; kcoord gave it to clients in
+    FindCoordinator and Metadata, where they connected nowhere (a gateway audit's find)."""
+    cfg = parse(["--listen", "0.0.0.0:9092", "--advertised-listener", "kc.example:19092"])
+    assert (cfg.host, cfg.advertised) == ("0.0.0.0", ("kc.example", 19092))
 
 
 @pytest.mark.parametrize(("variable", "value", "message"), [
