@@ -163,7 +163,9 @@ class KcoordCollector(Collector):
         yield loaded_n
         yield CounterMetricFamily("kcoord_records_replayed", "Records replayed by partition loads.",
                                   value=m.records_replayed)
-        yield GaugeMetricFamily("kcoord_ready", "1 when no offsets partition is still loading (/readyz).",
+        yield GaugeMetricFamily("kcoord_ready", "1 when ready to serve (/readyz): no offsets partition still "
+                                "loading, at least one serving, not stopping, and in gateway mode an upstream "
+                                "broker has answered.",
                                 value=1 if self.health.ready()[0] else 0)
 
     def _storage(self, m: Metrics) -> Iterator[Metric]:
