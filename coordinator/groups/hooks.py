@@ -3,6 +3,8 @@
 hooks, so a shard that fails answers its parked JoinGroup/SyncGroup requests NOT_COORDINATOR (at a stop
 their connections are closed instead: coordinator.groups.membership ``disarm``) and forgets its timers."""
 
+import functools
+
 from coordinator.groups.membership import Membership
 from coordinator.groups.messages import GroupConfig
 from coordinator.groups.retention import RETENTION_KEY, RetentionPass
@@ -38,14 +40,19 @@ class GroupHooks(ShardHooks):
             self.retention.reset()
             self.shard.schedule(RETENTION_KEY, interval, self._expire)
             raise
-        if result.response:
-            self.metrics.expired(self.shard.partition, result.response)
-        if not self.retention.under_way:
+        under_way = self.retention.under_way
+        if not under_way:
             self.shard.schedule(RETENTION_KEY, interval, self._expire)
-            return result
-        return result._replace(on_durable=self._next_step)
+            if not result.response:
+                return result
+        # Counted once the tombstones are durable: counted before, a write that failed counted the same
+        # offsets again at the next pass (an operator audit's find).
+        return result._replace(on_durable=functools.partial(self._step_durable, result.response, under_way))
 
-    def _next_step(self) -> None:
-        # Keyed: should the shard have stopped serving meanwhile, its next load arms the timer afresh (and
-        # a timer that fires on a shard that is not serving does nothing).
-        self.shard.schedule(RETENTION_KEY, 0, self._expire)
+    def _step_durable(self, expired: int, under_way: bool) -> None:
+        if expired:
+            self.metrics.expired(self.shard.partition, expired)
+        if under_way:
+            # Keyed: should the shard have stopped serving meanwhile, its next load arms the timer afresh
+            # (and a timer that fires on a shard that is not serving does nothing).
+            self.shard.schedule(RETENTION_KEY, 0, self._expire)

@@ -169,6 +169,24 @@ def test_the_hooks_run_a_step_when_the_last_is_durable_then_wait_the_interval() 
     assert counted.steps == [1000, 1000, 500, 0]  # an empty shard: one step finds nothing
 
 
+def test_expired_offsets_are_counted_once_their_tombstones_are_durable() -> None:
+    """An operator audit's find: a step counted its offsets before its tombstones were written, so a write
+    that failed counted them, and the pass after the reload (which finds them again) counted them twice."""
+    metrics = Metrics()
+    for outcome in ("failed", "durable"):
+        shard = shard_with({"g": 10})
+        hooks = GroupHooks(cast(Shard, shard), shard.config, metrics)
+        hooks.on_loaded(cast(Shard, shard))
+        shard.manual_clock.advance(WEEK)  # due: the step's tombstones are written, not yet durable
+        assert len(shard.log) > 10 and metrics.offsets_expired == 0
+        if outcome == "failed":
+            shard.fail()
+            assert metrics.offsets_expired == 0
+        else:
+            shard.flush()
+            assert metrics.offsets_expired == 10
+
+
 def test_a_reload_starts_a_fresh_pass() -> None:
     shard = shard_with({f"g{i}": 100 for i in range(5)})
     hooks = GroupHooks(cast(Shard, shard), shard.config, Metrics())
