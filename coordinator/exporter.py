@@ -238,7 +238,8 @@ class KcoordCollector(Collector):
         yield GaugeMetricFamily("kcoord_checkpoint_age_seconds", "Seconds since the last checkpoint completed: "
                                 "growing, the journal grows and a restart replays more.",
                                 value=time.monotonic() - checkpointer.synced_at)
-        yield GaugeMetricFamily("kcoord_journal_segments", "Journal segment files kept (the live one included).",
+        yield GaugeMetricFamily("kcoord_journal_segments", "Journal segments a restart would replay (the live one "
+                                "included; not the empty spare made ahead of the next roll).",
                                 value=journal.retained)
 
     def _connections(self, m: Metrics) -> Iterator[Metric]:
