@@ -16,12 +16,13 @@ from coordinator.shard import REPEAT_LOG_S, Shard
 from coordinator.shardstate import ShardState
 from storage.cleaner import (
     CleanAborted,
+    CleanRecord,
     CleanStats,
     clean,
     cleanable_count,
     dirty_ratio,
-    record_clean_end,
-    recorded_clean_end,
+    record_clean,
+    recorded_clean,
 )
 from storage.log import PartitionLog
 
@@ -99,14 +100,20 @@ class Compactor:
         if not self.shard.compactable or _journal_holds(plog) or not cleanable_count(plog):
             return None
         if self._clean_end is None:
-            self._clean_end = recorded_clean_end(plog)
+            # Also when the last pass before this start ran, what it saw and the horizon its tombstones
+            # wait for: without them the pass for that horizon waited delete_retention_ms from the start,
+            # so a log restarted more often than that kept its expired tombstones for good
+            recorded = recorded_clean(plog)
+            self._clean_end = recorded.clean_end
+            if recorded.cleaned_at_ms is not None and recorded.cleaned_at_ms >= 0:
+                self._last_clean_ms = min(self._last_clean_ms, recorded.cleaned_at_ms)
+                self._cleaned_to, self._tombstone_horizon_ms = recorded.cleaned_to, recorded.horizon_ms
         dirty = dirty_ratio(plog, self._clean_end) >= MIN_CLEANABLE_DIRTY_RATIO
         if not dirty and (now - self._last_clean_ms < delete_retention_ms or self._nothing_new(plog, now)):
             return None
         cleaned_to = plog.synced_offset
         stats = clean(plog, now, delete_retention_ms, self._swap_on_writer(plog), lambda: self._stopping)
-        if stats.clean_end_offset != self._clean_end:
-            record_clean_end(plog, stats.clean_end_offset)
+        record_clean(plog, CleanRecord(stats.clean_end_offset, cleaned_to, stats.tombstone_horizon_ms, now))
         self._clean_end = stats.clean_end_offset
         self._last_clean_ms = now
         self._cleaned_to, self._tombstone_horizon_ms = cleaned_to, stats.tombstone_horizon_ms

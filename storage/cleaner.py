@@ -36,6 +36,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from storage.batch import DELETE_HORIZON_FLAG, Batch, LogRecord, rebuild_batch
 from storage.log import LogCorruptError, PartitionLog
@@ -97,31 +98,52 @@ def dirty_ratio(log: PartitionLog, clean_end_offset: int) -> float:
     return dirty / total if total else 0.0
 
 
-def recorded_clean_end(plog: PartitionLog) -> int:
-    """Where the last compaction before this start ended, or 0 (the whole log dirty) when none is
-    recorded or the record is past the active segment's start (the log was cut or replaced since),
-    which Kafka's cleaner also resets to the log's start."""
+class CleanRecord(NamedTuple):
+    """What the last compaction before this start recorded: where it ended (``clean_end``, 0 for none),
+    and for the pass kcoord makes for tombstones whose delete horizon passed (``Compactor``): the log's
+    synced end it saw, the latest horizon of the tombstones it kept, and when it ran (None: unknown)."""
+
+    clean_end: int = 0
+    cleaned_to: int | None = None
+    horizon_ms: int | None = None
+    cleaned_at_ms: int | None = None
+
+
+def recorded_clean(plog: PartitionLog) -> CleanRecord:
+    """The record of the last compaction before this start, or none (the whole log dirty) when none is
+    recorded or it is past the active segment's start (the log was cut or replaced since), which Kafka's
+    cleaner also resets to the log's start. A record of only the clean end (as first written) is read."""
     path = plog.directory / CLEANER_OFFSET
     try:
-        offset = int(path.read_text())
+        fields = path.read_text().split()
+        offset = int(fields[0])
+        rest = [int(f) for f in fields[1:4]]
     except FileNotFoundError:
-        return 0
-    except (OSError, ValueError) as exc:
+        return CleanRecord()
+    except (OSError, ValueError, IndexError) as exc:
         log.warning("%s is unreadable (%s): the whole log counts as dirty", path, exc)
-        return 0
+        return CleanRecord()
     active = plog.segments[-1].base_offset if plog.segments else 0
     if not 0 <= offset <= active:
         log.warning("%s says %d, past the active segment's start %d: the whole log counts as dirty", path,
                     offset, active)
-        return 0
-    return offset
+        return CleanRecord()
+    if len(rest) < 3:
+        return CleanRecord(offset)
+    cleaned_to, horizon, at = rest
+    # a synced end past the log's (cut since) is not believed: the log then counts as written since
+    return CleanRecord(offset, cleaned_to if 0 <= cleaned_to <= plog.synced_offset else None,
+                       horizon if horizon >= 0 else None, at)
 
 
-def record_clean_end(plog: PartitionLog, offset: int) -> None:
-    """Records where a compaction ended. Not fsynced: a file a crash leaves empty or torn reads as none."""
+def record_clean(plog: PartitionLog, record: CleanRecord) -> None:
+    """Records a compaction. Not fsynced: a file a crash leaves empty or torn reads as none."""
     tmp = plog.directory / (CLEANER_OFFSET + ".tmp")
+    horizon = -1 if record.horizon_ms is None else record.horizon_ms
+    cleaned_to = -1 if record.cleaned_to is None else record.cleaned_to
+    at = -1 if record.cleaned_at_ms is None else record.cleaned_at_ms
     try:
-        tmp.write_text(f"{offset}\n")
+        tmp.write_text(f"{record.clean_end} {cleaned_to} {horizon} {at}\n")
         os.replace(tmp, plog.directory / CLEANER_OFFSET)
     except OSError as exc:  # a full disk: the next start compacts the log whole, as without the record
         log.warning("%s: could not record where compaction ended (%s)", plog.directory, exc.strerror or exc)

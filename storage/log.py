@@ -23,7 +23,7 @@ On-disk layout (Kafka's own, reference section 8.4):
   written and fsynced by the cleaner before the originals are removed. Opening the log finishes an
   interrupted swap; a ``.cleaned`` file is an unfinished cleaner output and is deleted.
 * ``cleaner-offset``: where the last compaction ended (storage.cleaner), only to tell when the log is
-  dirty enough to compact again.
+  dirty enough to compact again, and when the pass for kept tombstones' delete horizon is due.
 
 Durability contract: ``append`` only buffers into the OS; ``sync`` fsyncs the data (and the directory
 when a segment was created) and advances ``durable_offset``. Callers acknowledge nothing above it.

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from coordinator.shardstate import ShardState
+from coordinator.timers import ManualClock
 from protocol.records import OffsetCommitRecord, OffsetKey
 from storage.cleaner import CLEANER_OFFSET
 from tests.coordinator.harness import OK, Faults, append, commit, config, started, stop, wait_state
@@ -131,18 +132,18 @@ async def test_a_restart_does_not_compact_again_a_log_compacted_before_it(tmp_pa
     assert first is not None and first.records_dropped > 0 and first.bytes_after > 0
     await stop(runtime)
     recorded = tmp_path / "__consumer_offsets-0" / CLEANER_OFFSET
-    assert int(recorded.read_text()) == first.clean_end_offset
+    assert int(recorded.read_text().split()[0]) == first.clean_end_offset
 
     runtime = await started(cfg)
     assert await runtime.compactors[0].compact(60_000) is None  # nothing new since
     await _live_and_superseded(runtime.shards[0])  # new writes: dirty again
     again = await runtime.compactors[0].compact(60_000)
     assert again is not None and again.records_dropped > 0
-    assert int(recorded.read_text()) == again.clean_end_offset
+    assert int(recorded.read_text().split()[0]) == again.clean_end_offset
     await stop(runtime)
 
 
-@pytest.mark.parametrize("record", ["", "garbage\n", "-5\n", "999999999\n"])
+@pytest.mark.parametrize("record", ["", "garbage\n", "-5\n", "999999999\n", "999999999 0 -1 0\n"])
 async def test_an_unreadable_or_impossible_clean_end_counts_the_whole_log_dirty(
         tmp_path: Path, record: str, caplog: pytest.LogCaptureFixture) -> None:
     """A record a crash tore, or one past the active segment's start (the log cut or replaced since), is
@@ -158,4 +159,33 @@ async def test_an_unreadable_or_impossible_clean_end_counts_the_whole_log_dirty(
     stats = await runtime.compactors[0].compact(60_000)
     assert stats is not None and stats.bytes_before > 0
     assert "the whole log counts as dirty" in caplog.text
+    await stop(runtime)
+
+
+async def test_a_restart_keeps_the_pass_for_tombstones_whose_horizon_passed(tmp_path: Path) -> None:
+    """A review's find: with the clean end kept across restarts, the pass for kept tombstones' delete
+    horizon waited delete_retention_ms from each start (when the last clean ran, and the horizon its
+    tombstones wait for, were not kept): an idle log restarted more often than that kept its expired
+    tombstones for good. Before the horizon, a restart still leaves a compacted log alone."""
+    hour = 3_600_000
+    cfg = config(tmp_path, segment_bytes=2048)
+    t0 = 1_700_000_000_000
+    runtime = await started(cfg, clock=ManualClock(t0))
+    shard = runtime.shards[0]
+    await _superseded(shard, 20)
+    assert await append(shard, [commit("g", 9, 1)]) == OK
+    assert await append(shard, [OffsetCommitRecord(OffsetKey("g", "t", 9), None)]) == OK  # the newest for its key
+    await _superseded(shard, 20)
+    stamped = await runtime.compactors[0].compact(hour)
+    assert stamped is not None and stamped.tombstone_horizon_ms == t0 + hour
+    await stop(runtime)
+
+    runtime = await started(cfg, clock=ManualClock(t0 + hour // 2))  # before the horizon: left alone
+    assert await runtime.compactors[0].compact(hour) is None
+    await stop(runtime)
+    runtime = await started(cfg, clock=ManualClock(t0 + 2 * hour))  # past it: the tombstone goes
+    dropped = await runtime.compactors[0].compact(hour)
+    assert dropped is not None and dropped.records_dropped >= 1 and dropped.tombstone_horizon_ms is None
+    assert runtime.shards[0].data.committed("g", "t", 9) is None
+    assert await runtime.compactors[0].compact(hour) is None  # and then nothing new
     await stop(runtime)
