@@ -6,6 +6,7 @@ or the variable (``KCOORD_LOG_LEVEL='bogus': ...``), never a traceback.
 """
 
 import argparse
+import ipaddress
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -110,13 +111,26 @@ def parse_host_port(value: str) -> tuple[str, int]:
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
 
 
+def is_wildcard(host: str) -> bool:
+    """Whether ``host`` is an unspecified address (every interface): ``0.0.0.0``, ``::`` and their other
+    spellings (``::0``, ``0:0:0:0:0:0:0:0``, ``::ffff:0.0.0.0``), which bind alike."""
+    if host in WILDCARD_HOSTS:
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_unspecified or (mapped is not None and mapped.is_unspecified)
+
+
 def reachable_host_port(value: str) -> tuple[str, int]:
     """``parse_host_port`` for an address clients are given: port 0 and a wildcard host are where no
     client can connect."""
     host, port = parse_host_port(value)
     if port == 0:
         raise ValueError("port 0 cannot be advertised (give the port clients connect to)")
-    if host in WILDCARD_HOSTS:
+    if is_wildcard(host):
         raise ValueError(f"{host} cannot be advertised: it means every interface, not one "
                          "clients can connect to (give a host name or address they reach kcoord at)")
     return host, port
@@ -302,13 +316,13 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
     if config.group_min_session_timeout_ms > config.group_max_session_timeout_ms:
         raise ConfigError(f"--group-min-session-timeout-ms ({config.group_min_session_timeout_ms}) is above "
                           f"--group-max-session-timeout-ms ({config.group_max_session_timeout_ms})")
-    if config.advertised_host is None and config.host in WILDCARD_HOSTS:
+    if config.advertised_host is None and is_wildcard(config.host):
         # Kafka refuses to start when it would advertise the 0.0.0.0 meta-address (its advertised
         # listeners default to its listeners); clients given it in FindCoordinator connect nowhere
         raise ConfigError(f"--listen {config.host}:{config.port} listens on every interface, "
                           "which is no address clients can be given: also give --advertised-listener HOST:PORT "
                           "(the name clients reach kcoord at; the container image sets its hostname)")
-    if config.broker_host is not None and config.broker_host in WILDCARD_HOSTS:
+    if config.broker_host is not None and is_wildcard(config.broker_host):
         raise ConfigError(f"--broker-advertised-host {config.broker_host} means every interface, not a "
                           "host clients can connect to")
     if config.max_buffered_bytes < config.max_frame_bytes + 4:

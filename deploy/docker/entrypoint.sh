@@ -11,7 +11,7 @@ set -eu
 if [ -z "${KCOORD_ADVERTISED_LISTENER:-}" ]; then
     listen=${KCOORD_LISTEN:-}
     case "$listen" in
-        0.0.0.0:*|\[::\]:*|:*)
+        0.0.0.0:*|\[::\]:*|\[::0\]:*|\[0:0:0:0:0:0:0:0\]:*|:*)
             KCOORD_ADVERTISED_LISTENER="$(hostname):${listen##*:}"
             export KCOORD_ADVERTISED_LISTENER
             ;;
