@@ -3,6 +3,10 @@
 One ``UpstreamLink`` per (client connection, upstream broker): the client's frames go out unchanged, in
 order, with the client's own correlation ids, and the broker answers in order on that connection, so a
 FIFO of reply callbacks is all the matching needed (no id rewriting, no shared state between clients).
+Each reply's correlation id is still checked against the request it is handed to: some Kafka-compatible
+brokers (Tansu, librdkafka's mock cluster) answer a Produce with acks=0, which Kafka never does; such a
+reply is dropped, and any other reply that does not match fails the link rather than answer the wrong
+request.
 Replies are handed on as whole frames *including* their size prefix, copied once out of the receive
 buffer, so a pass-through reply is written to the client without being re-framed.
 
@@ -34,6 +38,8 @@ def upstream_reached_again() -> None:
     _LINK_FAILURES.reset()
 
 _SIZE = struct.Struct(">i")
+_CORRELATION = struct.Struct(">i")
+MAX_UNANSWERED_IDS = 1024  # acks=0 requests remembered per link, in case the broker answers them
 MAX_REPLY_BYTES = 1 << 30  # a Fetch reply is bounded by the client's fetch.max.bytes; this only refuses nonsense
 WRITE_BUFFER_HIGH = 1024 * 1024
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
@@ -46,12 +52,13 @@ class Waiting:
     """A request sent on a link, waiting for its reply. ``abandon`` leaves it to someone else: its reply,
     when it comes, is dropped, and a failure of the link no longer concerns it."""
 
-    __slots__ = ("abandoned", "on_fail", "on_reply", "sent")
+    __slots__ = ("abandoned", "correlation", "on_fail", "on_reply", "sent")
 
-    def __init__(self, on_reply: Reply, on_fail: Fallback | None, sent: float) -> None:
+    def __init__(self, on_reply: Reply, on_fail: Fallback | None, sent: float, correlation: int) -> None:
         self.on_reply = on_reply
         self.on_fail = on_fail
         self.sent = sent
+        self.correlation = correlation
         self.abandoned = False
 
     def abandon(self) -> None:
@@ -93,6 +100,9 @@ class UpstreamLink(asyncio.Protocol):
         # connection to say such a request failed (a partition it no longer leads, say), so when the broker
         # closes it or cannot be reached, the client's connection closes too (``fail``)
         self._unanswered = False
+        # correlation ids of the latest requests sent unanswered (acks=0), oldest first: a broker that
+        # answers them anyway has its replies dropped (bounded: Kafka never answers, so most stay)
+        self._unanswered_ids: dict[int, None] = {}
         self._loop = asyncio.get_running_loop()
         self._connect = self._loop.create_task(self._open())
 
@@ -148,8 +158,15 @@ class UpstreamLink(asyncio.Protocol):
     def _deliver(self, reply: bytes) -> None:
         if self.failed is not None or self._closing:
             return
-        if not self._pending:
-            self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a reply nobody asked for")
+        if len(reply) < 8:
+            self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a reply of {len(reply) - 4} bytes, no header")
+            return
+        correlation = _CORRELATION.unpack_from(reply, 4)[0]  # after the size prefix
+        if not self._pending or self._pending[0].correlation != correlation:
+            if self._unanswered_ids.pop(correlation, False) is None:
+                return  # an answer to a Produce with acks=0, which Kafka does not send
+            what = "nobody asked for" if not self._pending else "for another request than the next one sent"
+            self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a reply {what} (correlation id {correlation})")
             return
         waiting = self._pending.popleft()
         if not waiting.abandoned:
@@ -173,7 +190,7 @@ class UpstreamLink(asyncio.Protocol):
         ``on_fail`` is called if the link fails first."""
         if self.failed is not None:
             raise FrameError(self.failed)
-        waiting = Waiting(on_reply, on_fail, self._loop.time())
+        waiting = Waiting(on_reply, on_fail, self._loop.time(), _CORRELATION.unpack_from(frame, 4)[0])
         self._pending.append(waiting)
         head = _SIZE.pack(len(frame))
         if self._transport is None:
@@ -187,6 +204,10 @@ class UpstreamLink(asyncio.Protocol):
         if self.failed is not None:
             raise FrameError(self.failed)
         self._unanswered = True
+        ids = self._unanswered_ids
+        ids[_CORRELATION.unpack_from(frame, 4)[0]] = None
+        if len(ids) > MAX_UNANSWERED_IDS:
+            del ids[next(iter(ids))]
         head = _SIZE.pack(len(frame))
         if self._transport is None:
             self._out += (head, frame)

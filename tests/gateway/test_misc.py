@@ -222,12 +222,48 @@ def test_an_acks_zero_producers_connection_closes_with_its_upstream_link(tmp_pat
             with pytest.raises(TimeoutError):
                 client.read_frame()  # no reply, and the connection stays open
             mock.stop()  # every broker gone
-            # (the mock cluster, unlike Kafka, answers acks=0, and kcoord drops a link that sends a reply
-            # nobody asked for: this one goes on a new link, which cannot connect)
+            # (the mock cluster, unlike Kafka, answers acks=0: kcoord drops that answer)
             client.send(request, 7)
             client.sock.settimeout(10)
             with pytest.raises(ConnectionError):
                 client.read_frame()
+        finally:
+            client.close()
+    finally:
+        kcoord.stop()
+        mock.stop()
+
+
+def test_a_broker_answering_acks_zero_does_not_shift_the_replies_of_later_requests(tmp_path: Path) -> None:
+    """Kafka never answers a Produce with acks=0; the mock cluster (and Tansu) do. The link handed such a
+    reply to the next request waiting on it, so a client pipelining acks=0 and acks=1 Produce requests got
+    the acks=0 answer for its acks=1 request (or the link failed: "a reply nobody asked for"). Replies
+    are now matched by correlation id, and an acks=0 answer is dropped (a gateway audit's find)."""
+    from kafka.protocol.producer import ProduceRequest as Produce
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    def produce(acks: int) -> Produce:
+        builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
+        builder.append(timestamp=None, key=None, value=b"v", headers=[])
+        builder.close()
+        return Produce(transactional_id=None, acks=acks, timeout_ms=1000, topic_data=[Produce.TopicProduceData(
+            name="acks-mixed", partition_data=[Produce.TopicProduceData.PartitionProduceData(
+                index=0, records=builder.buffer())])])
+
+    mock = MockCluster(3)
+    kcoord = start_gateway(tmp_path, mock.bootstrap)
+    try:
+        producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap})
+        producer.produce("acks-mixed", b"x", partition=0)  # (auto-created)
+        assert producer.flush(30) == 0
+        leader = producer.list_topics("acks-mixed", timeout=10).topics["acks-mixed"].partitions[0].leader
+        client = RawClient(node_ports(kcoord)[leader], timeout=10)
+        try:
+            for _ in range(30):
+                _, unanswered = client.encode(produce(0), 7)
+                answered, frame = client.encode(produce(1), 7)
+                client.sock.sendall(unanswered + frame)
+                assert struct.unpack(">i", client.read_frame()[:4])[0] == answered
         finally:
             client.close()
     finally:
