@@ -118,6 +118,11 @@ class SplitRead(NamedTuple):
     first_offset: int
     next_offset: int
     cut_position: int
+    # the offsets of its first and last record (-1: none), and the offsets between its records that hold
+    # none: what compaction removed inside it (``reader.LogRead`` adds the gaps between splits)
+    first_record: int = -1
+    last_record: int = -1
+    removed: int = 0
 
 
 def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
@@ -227,7 +232,7 @@ def rows(split: Split, files: Files, on_damage: Callable[[Damage], None],
     ``SplitRead`` once it is read to its end."""
     partition = split.segment.log_partition
     removed, expected = 0, -1
-    first_position = first_offset = next_offset = cut_position = -1
+    first_position = first_offset = next_offset = cut_position = first_record = -1
     for item in walk(split, files):
         if isinstance(item, Damage):
             on_damage(item)
@@ -244,6 +249,8 @@ def rows(split: Split, files: Files, on_damage: Callable[[Damage], None],
             first, last = records[0].offset, records[-1].offset
             removed += (first - expected if expected >= 0 else 0) + last - first + 1 - len(records)
             expected = last + 1
+            if first_record < 0:
+                first_record = first
         producer = batch.producer_id
         txn = batch.is_transactional
         if batch.control_type is not None:
@@ -262,7 +269,7 @@ def rows(split: Split, files: Files, on_damage: Callable[[Damage], None],
     if on_read is not None:
         seg = split.segment
         on_read(SplitRead(seg.path, partition, seg.base_offset, split.start, first_position, first_offset, next_offset,
-                          cut_position))
+                          cut_position, first_record, expected - 1 if first_record >= 0 else -1, removed))
 
 
 def record_row(partition: int, log_offset: int, timestamp: int, producer: int, txn: bool, key: bytes | None,

@@ -53,7 +53,6 @@ class LogRead:
     split_bytes: int
     _damages: Accumulator[list[decode.Damage]]
     _records: Accumulator[int]
-    _removed: Accumulator[int]
     _reads: Accumulator[list[decode.SplitRead]]
     _again: Callable[[dict[int, Cut], list[decode.Damage]], "LogRead"]
     cuts: dict[int, Cut]  # the partitions this read stops short of their end, and where
@@ -108,8 +107,25 @@ class LogRead:
 
     @property
     def removed_by_compaction(self) -> int:
-        """Offsets between records that hold none, in what was read so far: records compaction removed."""
-        return int(self._removed.value)
+        """Offsets before and between records that hold none, in what was read so far (once the DataFrame
+        has been computed): records compaction removed. From each split's own count and the gaps between
+        splits and at a log's start, in log order; a split read twice (a stage recomputed) counts once,
+        and nothing past a cut or across one is counted."""
+        starts: dict[int, int] = {}
+        for s in self.segments:
+            starts[s.log_partition] = min(starts.get(s.log_partition, s.base_offset), s.base_offset)
+        reads = sorted(set(self._reads.value), key=lambda r: (r.log_partition, r.base_offset, r.start))
+        removed, partition, last, cut = 0, -1, -1, False
+        for r in reads:
+            if r.log_partition != partition:
+                partition, last, cut = r.log_partition, starts.get(r.log_partition, 0) - 1, False
+            if cut or r.first_record < 0:
+                cut = cut or r.cut_position >= 0
+                continue
+            removed += max(r.first_record - last - 1, 0) + r.removed
+            last = r.last_record
+            cut = r.cut_position >= 0
+        return removed
 
     def summary(self) -> str:
         facts = describe(self.segments)
@@ -132,7 +148,6 @@ def read_offsets_log(spark: SparkSession, paths: list[str], columns: tuple[str, 
     tasks = pack(splits, size, parallelism)
     damages: Accumulator[list[decode.Damage]] = sc.accumulator([], _ListParam())
     records: Accumulator[int] = sc.accumulator(0)
-    removed: Accumulator[int] = sc.accumulator(0)
     reads: Accumulator[list[decode.SplitRead]] = sc.accumulator([], _ListParam())
     schema = from_arrow_schema(decode.schema_of(columns))
     if not tasks:
@@ -141,12 +156,12 @@ def read_offsets_log(spark: SparkSession, paths: list[str], columns: tuple[str, 
         # one row per task, one task per Spark partition (range() splits evenly): the splits travel in
         # the function's closure, so no Python step runs before the decoding itself
         task_ids = spark.range(0, len(tasks), 1, len(tasks))
-        df = task_ids.mapInArrow(_decoder(tasks, columns, latest_only, damages, records, removed, reads), schema)
+        df = task_ids.mapInArrow(_decoder(tasks, columns, latest_only, damages, records, reads), schema)
 
     def again(new_cuts: dict[int, Cut], before: list[decode.Damage]) -> LogRead:
         return read_offsets_log(spark, paths, columns, split_bytes, latest_only, new_cuts, before)
 
-    return LogRead(df, segments, splits, len(tasks), size, damages, records, removed, reads, again, cuts,
+    return LogRead(df, segments, splits, len(tasks), size, damages, records, reads, again, cuts,
                    list(found or []))
 
 
@@ -179,7 +194,7 @@ def plan(spark: SparkSession, segments: list[SegmentFile], split_bytes: int,
 
 def _decoder(tasks: list[list[Split]], columns: tuple[str, ...], latest_only: bool,
              damages: Accumulator[list[decode.Damage]], records: Accumulator[int],
-             removed: Accumulator[int], reads: Accumulator[list[decode.SplitRead]],
+             reads: Accumulator[list[decode.SplitRead]],
              ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found: list[decode.Damage] = []
@@ -191,8 +206,8 @@ def _decoder(tasks: list[list[Split]], columns: tuple[str, ...], latest_only: bo
             for batch in batches:
                 for task in batch.column(0).to_pylist():
                     for split in tasks[task]:
-                        for r in decode.rows(split, files_for(split.segment.path), found.append, removed.add,
-                                             read.append):
+                        for r in decode.rows(split, files_for(split.segment.path), found.append,
+                                             on_read=read.append):
                             count += 1
                             yield r
 

@@ -432,6 +432,23 @@ def test_history_of_a_compacted_log_says_what_compaction_removed(spark: Any, tmp
     assert code == 0 and "the log was compacted (19 records removed)" in err, err
 
 
+def test_what_compaction_removed_is_counted_across_splits_and_segments_once(spark: Any, tmp_path: Path) -> None:
+    """A pipeline audit's find: the count missed every gap at a split's or a segment's start (1 where
+    ~800 records had gone, with small segments), and a recomputed stage counted its splits again."""
+    from storage.batchwriter import build_batch
+    from tests.pipeline.logs import T, commit, write_partition
+
+    # one record every 5 offsets: 4 removed before each but the first
+    batches = [build_batch(5 * i, [commit("g", "t", i % 7, i)], T) for i in range(300)]
+    write_partition(tmp_path / "data" / "__consumer_offsets-0", batches, segment_bytes=4096)
+    read = read_offsets_log(spark, [str(tmp_path / "data")], split_bytes=1024)
+    assert len(read.segments) > 3 and len(read.splits) > len(read.segments)
+    assert read.df.count() == 300
+    assert read.removed_by_compaction == 4 * 299
+    assert read.df.count() == 300  # computed again: the same splits, counted once
+    assert read.removed_by_compaction == 4 * 299
+
+
 def test_a_snapshot_that_fails_while_writing_leaves_no_staging_directory(
         spark: Any, committed_log: CommittedLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C or a failed Spark job while the output was written left ``<out>.kcoord-tmp-*`` behind."""
