@@ -9,6 +9,7 @@ import struct
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import confluent_kafka as ck
 import pytest
@@ -193,6 +194,27 @@ def test_acks_zero_producers(upstream: Upstream, gateway: KcoordProcess) -> None
     assert values == {b"kp-%d" % i for i in range(100)} | {b"ck-%d" % i for i in range(100)}
 
 
+def _produce(topic: str, acks: int, value: bytes) -> Any:
+    """A raw Produce v7 request of one record to partition 0 of ``topic``."""
+    from kafka.protocol.producer import ProduceRequest as Produce
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
+    builder.append(timestamp=None, key=None, value=value, headers=[])
+    builder.close()
+    return Produce(transactional_id=None, acks=acks, timeout_ms=1000, topic_data=[Produce.TopicProduceData(
+        name=topic, partition_data=[Produce.TopicProduceData.PartitionProduceData(index=0, records=builder.buffer())])])
+
+
+def _leader_port(kcoord: KcoordProcess, topic: str) -> int:
+    """kcoord's listener for the broker leading partition 0 of ``topic``, created by producing to it."""
+    producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap})
+    producer.produce(topic, b"x", partition=0)  # (auto-created)
+    assert producer.flush(30) == 0
+    leader = producer.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
+    return node_ports(kcoord)[leader]
+
+
 def test_an_acks_zero_producers_connection_closes_with_its_upstream_link(tmp_path: Path) -> None:
     """A broker sends no reply to a Produce with acks=0: it closes the connection when such a request
     fails (a partition it no longer leads), and a client learns a broker is gone when its connection
@@ -200,23 +222,11 @@ def test_an_acks_zero_producers_connection_closes_with_its_upstream_link(tmp_pat
     connection when the link carrying only acks=0 requests closed (no reply was outstanding), so a
     producer went on sending to a listener whose broker was gone, every record dropped, till its next
     periodic metadata refresh (5 minutes by default). The client's connection now closes with it."""
-    from kafka.protocol.producer import ProduceRequest as Produce
-    from kafka.record.memory_records import MemoryRecordsBuilder
-
     mock = MockCluster(3)
     kcoord = start_gateway(tmp_path, mock.bootstrap)
     try:
-        producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap})
-        producer.produce("acks0-lost", b"x", partition=0)  # (auto-created)
-        assert producer.flush(30) == 0
-        leader = producer.list_topics("acks0-lost", timeout=10).topics["acks0-lost"].partitions[0].leader
-        builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
-        builder.append(timestamp=None, key=None, value=b"y", headers=[])
-        builder.close()
-        request = Produce(transactional_id=None, acks=0, timeout_ms=1000, topic_data=[Produce.TopicProduceData(
-            name="acks0-lost", partition_data=[Produce.TopicProduceData.PartitionProduceData(
-                index=0, records=builder.buffer())])])
-        client = RawClient(node_ports(kcoord)[leader], timeout=1)
+        request = _produce("acks0-lost", 0, b"y")
+        client = RawClient(_leader_port(kcoord, "acks0-lost"), timeout=1)
         try:
             client.send(request, 7)
             with pytest.raises(TimeoutError):
@@ -239,29 +249,14 @@ def test_a_broker_answering_acks_zero_does_not_shift_the_replies_of_later_reques
     reply to the next request waiting on it, so a client pipelining acks=0 and acks=1 Produce requests got
     the acks=0 answer for its acks=1 request (or the link failed: "a reply nobody asked for"). Replies
     are now matched by correlation id, and an acks=0 answer is dropped (a gateway audit's find)."""
-    from kafka.protocol.producer import ProduceRequest as Produce
-    from kafka.record.memory_records import MemoryRecordsBuilder
-
-    def produce(acks: int) -> Produce:
-        builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
-        builder.append(timestamp=None, key=None, value=b"v", headers=[])
-        builder.close()
-        return Produce(transactional_id=None, acks=acks, timeout_ms=1000, topic_data=[Produce.TopicProduceData(
-            name="acks-mixed", partition_data=[Produce.TopicProduceData.PartitionProduceData(
-                index=0, records=builder.buffer())])])
-
     mock = MockCluster(3)
     kcoord = start_gateway(tmp_path, mock.bootstrap)
     try:
-        producer = ck.Producer({"bootstrap.servers": kcoord.bootstrap})
-        producer.produce("acks-mixed", b"x", partition=0)  # (auto-created)
-        assert producer.flush(30) == 0
-        leader = producer.list_topics("acks-mixed", timeout=10).topics["acks-mixed"].partitions[0].leader
-        client = RawClient(node_ports(kcoord)[leader], timeout=10)
+        client = RawClient(_leader_port(kcoord, "acks-mixed"), timeout=10)
         try:
             for _ in range(30):
-                _, unanswered = client.encode(produce(0), 7)
-                answered, frame = client.encode(produce(1), 7)
+                _, unanswered = client.encode(_produce("acks-mixed", 0, b"v"), 7)
+                answered, frame = client.encode(_produce("acks-mixed", 1, b"v"), 7)
                 client.sock.sendall(unanswered + frame)
                 assert struct.unpack(">i", client.read_frame()[:4])[0] == answered
         finally:
