@@ -69,7 +69,7 @@ class LogRead:
         to is damage too (a split inside a segment cannot tell), corruption below the recovery point, a
         cut past it."""
         segments = {s.path: s for s in self.segments}
-        reads = sorted(set(self._reads.value), key=lambda r: (r.log_partition, r.base_offset, r.start))
+        reads = self._reads_in_log_order()
         cuts: dict[int, Cut] = {}
         past_cut = False
         partition, expected, cut = -1, -1, None
@@ -100,6 +100,10 @@ class LogRead:
                   or (segments[d.path].base_offset, d.position) <= cuts[d.log_partition]]
         return self._again({**self.cuts, **cuts}, before)
 
+    def _reads_in_log_order(self) -> list[decode.SplitRead]:
+        """What each split read, once each (a recomputed stage reports its splits again), in log order."""
+        return sorted(set(self._reads.value), key=lambda r: (r.log_partition, r.base_offset, r.start))
+
     @property
     def records_read(self) -> int:
         """Records decoded by the computations so far (a recomputed stage counts again)."""
@@ -114,7 +118,7 @@ class LogRead:
         starts: dict[int, int] = {}
         for s in self.segments:
             starts[s.log_partition] = min(starts.get(s.log_partition, s.base_offset), s.base_offset)
-        reads = sorted(set(self._reads.value), key=lambda r: (r.log_partition, r.base_offset, r.start))
+        reads = self._reads_in_log_order()
         removed, partition, last, cut = 0, -1, -1, False
         for r in reads:
             if r.log_partition != partition:
