@@ -107,15 +107,10 @@ def parse_host_port(value: str) -> tuple[str, int]:
     return host, number
 
 
-# Addresses a server listens on to mean every interface: none is one a client can connect to
-WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
-
-
 def is_wildcard(host: str) -> bool:
-    """Whether ``host`` is an unspecified address (every interface): ``0.0.0.0``, ``::`` and their other
-    spellings (``::0``, ``0:0:0:0:0:0:0:0``, ``::ffff:0.0.0.0``), which bind alike."""
-    if host in WILDCARD_HOSTS:
-        return True
+    """Whether ``host`` is an unspecified address (every interface, none a client can connect to):
+    ``0.0.0.0``, ``::`` and their other spellings (``::0``, ``0:0:0:0:0:0:0:0``, ``::ffff:0.0.0.0``),
+    which bind alike."""
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
