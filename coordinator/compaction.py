@@ -105,7 +105,7 @@ class Compactor:
             # so a log restarted more often than that kept its expired tombstones for good
             recorded = recorded_clean(plog)
             self._clean_end = recorded.clean_end
-            if recorded.cleaned_at_ms is not None and recorded.cleaned_at_ms >= 0:
+            if recorded.cleaned_at_ms is not None:
                 self._last_clean_ms = min(self._last_clean_ms, recorded.cleaned_at_ms)
                 self._cleaned_to, self._tombstone_horizon_ms = recorded.cleaned_to, recorded.horizon_ms
         dirty = dirty_ratio(plog, self._clean_end) >= MIN_CLEANABLE_DIRTY_RATIO

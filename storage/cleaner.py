@@ -133,7 +133,7 @@ def recorded_clean(plog: PartitionLog) -> CleanRecord:
     cleaned_to, horizon, at = rest
     # a synced end past the log's (cut since) is not believed: the log then counts as written since
     return CleanRecord(offset, cleaned_to if 0 <= cleaned_to <= plog.synced_offset else None,
-                       horizon if horizon >= 0 else None, at)
+                       horizon if horizon >= 0 else None, at if at >= 0 else None)
 
 
 def record_clean(plog: PartitionLog, record: CleanRecord) -> None:
