@@ -179,9 +179,10 @@ def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
             cand += 1
         return None
 
-    # where the log has got to (storage.log's recover); a split starting inside a segment does not know,
-    # and reader.LogRead checks its first batch against the split before it
-    pos, next_offset = split.start, (seg.base_offset if split.start == 0 else -1)
+    # where the log has got to (storage.log's recover); a split starting inside a segment does not know
+    # unless a read before this one told it, and reader.LogRead checks its first batch against the split
+    # before it
+    pos, next_offset = split.start, (seg.base_offset if split.start == 0 else split.expected)
     while pos < split.end:
         if seg.size - pos < LOG_OVERHEAD:
             yield damage(pos, f"{seg.size - pos} bytes too short for a batch header")

@@ -93,7 +93,7 @@ def run(spark: SparkSession, args: argparse.Namespace, err: TextIO) -> int:
         history.count()  # the whole log read, so that it is read again up to kcoord's cuts before anything is written
         while (again := read.cut_read()) is not None:
             history.unpersist()
-            say(cut_note(again), err)
+            say(cut_note(again, read), err)
             read = again
             history = steps(counted(read.df)).persist(StorageLevel.MEMORY_AND_DISK)
             history.count()

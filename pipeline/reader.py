@@ -11,9 +11,11 @@ after it, later segments included (storage.log ``recover``). A split stops at su
 the splits after it are read by other tasks, which cannot know. So each split also says what it read
 (``decode.SplitRead``), and once a job has computed its output ``LogRead.cut_read()`` checks them in log
 order: a batch whose offsets go back across splits is damage as well, and if anything past a cut was
-read the job discards its staged output and reads again only up to the cuts (``plan``'s ``cuts``). That
-costs a second read only for a log kcoord would cut; reading every log twice to find its cuts first
-would cost it always.
+read the job discards its staged output and reads again only up to the cuts (``plan``'s ``cuts``). A
+batch repeated at a split's start below the recovery point is corruption, which ``--skip-corrupt`` skips
+as it does inside a split; its rows were read, so the job reads again with that split told where the log
+had got to (``plan``'s ``starts``). That costs a second read only for such logs; reading every log twice
+to find its cuts first would cost it always.
 """
 
 from collections.abc import Callable, Iterator
@@ -31,6 +33,7 @@ from pipeline.splits import Split, batch_boundaries, pack, ranges, split_bytes_f
 
 ROWS_PER_BATCH = 32_768
 Cut = tuple[int, int]  # (segment base offset, byte position): where kcoord's recovery cuts a partition
+Starts = dict[tuple[str, int], int]  # (segment path, split start) -> the offset the log had got to there
 
 
 class _ListParam(AccumulatorParam[list[Any]]):
@@ -54,8 +57,9 @@ class LogRead:
     _damages: Accumulator[list[decode.Damage]]
     _records: Accumulator[int]
     _reads: Accumulator[list[decode.SplitRead]]
-    _again: Callable[[dict[int, Cut], list[decode.Damage]], "LogRead"]
+    _again: Callable[[dict[int, Cut], Starts, list[decode.Damage]], "LogRead"]
     cuts: dict[int, Cut]  # the partitions this read stops short of their end, and where
+    starts: Starts  # splits whose first batches this read checked against the splits before them
     _found: list[decode.Damage]  # found by ``cut_read`` across splits, or by the read before this one
 
     def damages(self) -> list[decode.Damage]:
@@ -63,14 +67,16 @@ class LogRead:
         return sorted(set(self._damages.value) | set(self._found), key=lambda d: (d.log_partition, d.path, d.position))
 
     def cut_read(self) -> "LogRead | None":
-        """Once the DataFrame has been computed: None if it holds nothing kcoord's recovery would cut away,
-        else a new read (lazy) of the same log that stops at every cut. Checks the splits in log order, as
+        """Once the DataFrame has been computed: None if it holds nothing kcoord's recovery would cut away
+        and no batch a split should have skipped, else a new read (lazy) of the same log that stops at
+        every cut and tells such splits where the log had got to. Checks the splits in log order, as
         storage.log's ``recover`` reads the log: a split's first batch below where the split before it got
-        to is damage too (a split inside a segment cannot tell), corruption below the recovery point, a
-        cut past it."""
+        to is damage too (a split inside a segment cannot tell), corruption below the recovery point
+        (skipped, as inside a split), a cut past it."""
         segments = {s.path: s for s in self.segments}
         reads = self._reads_in_log_order()
         cuts: dict[int, Cut] = {}
+        starts: Starts = {}
         past_cut = False
         partition, expected, cut = -1, -1, None
         for r in reads:
@@ -90,15 +96,18 @@ class LogRead:
                     cut = cuts[partition] = (r.base_offset, r.first_position)
                     past_cut = True  # the split read from there
                     continue
+                if (r.path, r.start) not in self.starts:  # its rows were read: read it again skipping them
+                    starts[(r.path, r.start)] = expected
             if r.cut_position >= 0:
                 cut = cuts[partition] = (r.base_offset, r.cut_position)
             if r.next_offset >= 0:
                 expected = max(expected, r.next_offset)
-        if not past_cut:
+        starts = {k: v for k, v in starts.items() if segments[k[0]].log_partition not in cuts}
+        if not past_cut and not starts:
             return None
         before = [d for d in self.damages() if d.log_partition not in cuts
                   or (segments[d.path].base_offset, d.position) <= cuts[d.log_partition]]
-        return self._again({**self.cuts, **cuts}, before)
+        return self._again({**self.cuts, **cuts}, {**self.starts, **starts}, before)
 
     def _reads_in_log_order(self) -> list[decode.SplitRead]:
         """What each split read, once each (a recomputed stage reports its splits again), in log order."""
@@ -139,16 +148,18 @@ class LogRead:
 
 def read_offsets_log(spark: SparkSession, paths: list[str], columns: tuple[str, ...] = decode.COLUMNS,
                      split_bytes: int | None = None, latest_only: bool = False, cuts: dict[int, Cut] | None = None,
-                     found: list[decode.Damage] | None = None) -> LogRead:
+                     starts: Starts | None = None, found: list[decode.Damage] | None = None) -> LogRead:
     """The records of the offsets log under ``paths`` with ``columns`` (see ``decode.RECORD_SCHEMA``).
     ``latest_only``: the snapshot's map-side combine (``decode.latest_per_key``). ``cuts``: partitions to
-    read only up to a cut (``LogRead.cut_read``), ``found`` the damages the read before found."""
+    read only up to a cut, ``starts``: splits told where the log had got to (both ``LogRead.cut_read``),
+    ``found`` the damages the read before found."""
     sc = spark.sparkContext
     cuts = cuts or {}
+    starts = starts or {}
     segments = [s for s in find_segments(paths) if s.size > 0]
     parallelism = sc.defaultParallelism
     size = split_bytes or split_bytes_for(sum(s.size for s in segments), parallelism)
-    splits = plan(spark, segments, size, cuts)
+    splits = plan(spark, segments, size, cuts, starts)
     tasks = pack(splits, size, parallelism)
     damages: Accumulator[list[decode.Damage]] = sc.accumulator([], _ListParam())
     records: Accumulator[int] = sc.accumulator(0)
@@ -162,19 +173,20 @@ def read_offsets_log(spark: SparkSession, paths: list[str], columns: tuple[str, 
         task_ids = spark.range(0, len(tasks), 1, len(tasks))
         df = task_ids.mapInArrow(_decoder(tasks, columns, latest_only, damages, records, reads), schema)
 
-    def again(new_cuts: dict[int, Cut], before: list[decode.Damage]) -> LogRead:
-        return read_offsets_log(spark, paths, columns, split_bytes, latest_only, new_cuts, before)
+    def again(new_cuts: dict[int, Cut], new_starts: Starts, before: list[decode.Damage]) -> LogRead:
+        return read_offsets_log(spark, paths, columns, split_bytes, latest_only, new_cuts, new_starts, before)
 
-    return LogRead(df, segments, splits, len(tasks), size, damages, records, reads, again, cuts,
+    return LogRead(df, segments, splits, len(tasks), size, damages, records, reads, again, cuts, starts,
                    list(found or []))
 
 
 def plan(spark: SparkSession, segments: list[SegmentFile], split_bytes: int,
-         cuts: dict[int, Cut] | None = None) -> list[Split]:
+         cuts: dict[int, Cut] | None = None, starts: Starts | None = None) -> list[Split]:
     """Ranges of every segment; the large ones are walked for batch boundaries on the executors. A
     partition in ``cuts`` ends where it is cut: ranges from there on are left out, the one it falls in
-    ends there."""
+    ends there. A range in ``starts`` knows the offset the log had got to at its start."""
     cuts = cuts or {}
+    starts = starts or {}
     segments = [s for s in segments if s.log_partition not in cuts or s.base_offset <= cuts[s.log_partition][0]]
     big = [s for s in segments if s.size > split_bytes]
     boundaries: dict[str, list[int]] = {}
@@ -189,10 +201,12 @@ def plan(spark: SparkSession, segments: list[SegmentFile], split_bytes: int,
     for seg in segments:
         cut = cuts.get(seg.log_partition)
         for split in ranges(seg, boundaries.get(seg.path, [0])):
+            if (seg.path, split.start) in starts:
+                split = Split(seg, split.start, split.end, starts[(seg.path, split.start)])
             if cut is None or cut[0] != seg.base_offset:
                 out.append(split)
             elif split.start < cut[1]:
-                out.append(Split(seg, split.start, min(split.end, cut[1])))
+                out.append(Split(seg, split.start, min(split.end, cut[1]), split.expected))
     return out
 
 
@@ -231,12 +245,16 @@ def _decoder(tasks: list[list[Split]], columns: tuple[str, ...], latest_only: bo
     return run
 
 
-def cut_note(read: LogRead) -> str:
-    """The progress line for a read again up to the cuts of the read before it."""
-    where = ", ".join(f"partition {p} at byte {pos} of its segment {base}"
-                      for p, (base, pos) in sorted(read.cuts.items()))
-    return (f"kcoord's recovery cuts {where} (damage past the recovery point) and sets aside what follows: "
-            "reading again up to there")
+def cut_note(read: LogRead, before: LogRead) -> str:
+    """The progress line for ``read``, made again after ``before`` was: up to cuts, or skipping batches
+    repeated at a split's start."""
+    if read.cuts != before.cuts:
+        where = ", ".join(f"partition {p} at byte {pos} of its segment {base}"
+                          for p, (base, pos) in sorted(read.cuts.items()))
+        return (f"kcoord's recovery cuts {where} (damage past the recovery point) and sets aside what follows: "
+                "reading again up to there")
+    where = ", ".join(f"{path} at byte {start}" for path, start in sorted(set(read.starts) - set(before.starts)))
+    return f"batches repeated at the start of a split ({where}): reading again without them"
 
 
 def report_damages(read: LogRead, err: TextIO) -> int:

@@ -207,7 +207,7 @@ def run(spark: SparkSession, args: argparse.Namespace, err: TextIO) -> int:
         while (again := read.cut_read()) is not None:
             staging.discard()
             staging = LocalStaging(out.absolute(), args.partitions)
-            say(cut_note(again), err)
+            say(cut_note(again, read), err)
             read = again
             summaries = reshard(read.df, args.partitions, staging.directory, args.segment_bytes)
         corrupt = report_damages(read, err)

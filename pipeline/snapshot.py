@@ -37,7 +37,7 @@ def run(spark: SparkSession, args: argparse.Namespace, err: TextIO) -> int:
         if again is None:
             break
         out.discard()
-        say(cut_note(again), err)
+        say(cut_note(again, read), err)
         read = again
     corrupt = report_damages(read, err)
     if not settle(out, corrupt, args.skip_corrupt, err):

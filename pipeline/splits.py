@@ -22,11 +22,13 @@ MAX_SPLIT_BYTES = 128 << 20
 
 @dataclass(frozen=True, slots=True)
 class Split:
-    """The batches of ``segment`` that start in ``[start, end)``."""
+    """The batches of ``segment`` that start in ``[start, end)``. ``expected``: the offset the log had got
+    to before ``start``, when a read before this one found it (``reader.LogRead.cut_read``); -1 if unknown."""
 
     segment: SegmentFile
     start: int
     end: int
+    expected: int = -1
 
     @property
     def size(self) -> int:

@@ -506,3 +506,29 @@ def test_a_log_kcoord_cuts_on_load_reads_as_kcoord_serves_it(spark: Any, tmp_pat
     assert code == 0, err
     assert served(tmp_path / "three", 3, list(expected))[0] == expected
     assert served(data, 2, list(expected))[0] == expected  # kcoord itself, cutting the same places aside
+
+
+def test_a_batch_repeated_at_a_split_start_below_the_recovery_point_is_skipped_as_inside_a_split(
+        spark: Any, tmp_path: Path) -> None:
+    """With --skip-corrupt a batch whose offsets go back is skipped inside a split, but one that started a
+    split (a task cannot tell) was only reported: its rows stayed, and the snapshot served the older
+    offset it repeats. The job now reads that split again, told where the log had got to."""
+    from tests.pipeline.logs import commit, plain_batches, write_partition
+
+    group = "g"
+    batches = plain_batches([[commit(group, "t", q, r) for q in range(3)] for r in range(6)])
+    size = len(batches[0])
+    data = tmp_path / "data"
+    positions = write_partition(data / "__consumer_offsets-0", [*batches, batches[2]])  # all below the recovery point
+    assert positions[6] == 6 * size  # --split-bytes 1000 starts a split there: the repeat is its first batch
+    split = ("--split-bytes", "1000")
+    code, err = job(spark, "snapshot", "--data-dir", str(data), "--out", str(tmp_path / "refused"), *split)
+    assert code == 1 and "CORRUPT" in err and "below expected 18" in err, err
+    code, err = job(spark, "snapshot", "--data-dir", str(data), "--out", str(tmp_path / "snap"), "--skip-corrupt",
+                    *split)
+    assert code == 0 and "reading again without them" in err and err.count("CORRUPT") == 1, err
+    assert snapshot_rows(spark, tmp_path / "snap") == {group: {("t", q): (5, "", -1) for q in range(3)}}
+    read = read_offsets_log(spark, [str(data)], split_bytes=1000)
+    assert read.df.count() == 21 and (again := read.cut_read()) is not None
+    assert again.df.count() == 18 and again.cut_read() is None
+    assert [(d.position, d.torn_tail) for d in again.damages()] == [(positions[6], False)]
