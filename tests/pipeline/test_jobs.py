@@ -511,8 +511,8 @@ def test_a_log_kcoord_cuts_on_load_reads_as_kcoord_serves_it(spark: Any, tmp_pat
 def test_a_batch_repeated_at_a_split_start_below_the_recovery_point_is_skipped_as_inside_a_split(
         spark: Any, tmp_path: Path) -> None:
     """With --skip-corrupt a batch whose offsets go back is skipped inside a split, but one that started a
-    split (a task cannot tell) was only reported: its rows stayed, and the snapshot served the older
-    offset it repeats. The job now reads that split again, told where the log had got to."""
+    split (a task cannot tell) was only reported: its rows stayed, and history counted its commits again.
+    The job now reads that split again, told where the log had got to."""
     from tests.pipeline.logs import commit, plain_batches, write_partition
 
     group = "g"
@@ -528,6 +528,11 @@ def test_a_batch_repeated_at_a_split_start_below_the_recovery_point_is_skipped_a
                     *split)
     assert code == 0 and "reading again without them" in err and err.count("CORRUPT") == 1, err
     assert snapshot_rows(spark, tmp_path / "snap") == {group: {("t", q): (5, "", -1) for q in range(3)}}
+    code, err = job(spark, "history", "--data-dir", str(data), "--out", str(tmp_path / "hist"), "--skip-corrupt",
+                    *split)
+    assert code == 0 and "reading again without them" in err, err
+    commits = spark.read.parquet(str(tmp_path / "hist" / "rates")).groupBy("group").sum("commits").collect()
+    assert {r["group"]: r["sum(commits)"] for r in commits} == {group: 18}
     read = read_offsets_log(spark, [str(data)], split_bytes=1000)
     assert read.df.count() == 21 and (again := read.cut_read()) is not None
     assert again.df.count() == 18 and again.cut_read() is None
