@@ -31,8 +31,9 @@ def fetch_request(group: str, partitions: dict[str, list[int]] | None) -> Any:
 
 
 class RawClient:
-    def __init__(self, port: int, timeout: float = 10.0, client_id: str = "kcoord-tests") -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 10.0, client_id: str = "kcoord-tests",
+                 host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
         self.correlation = 0
         self.client_id = client_id
 

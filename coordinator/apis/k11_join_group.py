@@ -7,6 +7,8 @@ protocol name nullable (before v7 a missing name is sent as ""). v8: a reason. v
 static leader rejoining a Stable group.
 """
 
+import ipaddress
+import socket
 from typing import Any
 
 from coordinator.apis import handles
@@ -22,8 +24,28 @@ Member = Response.JoinGroupResponseMember
 
 
 def client_host(peer: str) -> str:
-    """Kafka shows a member's host as Java's ``InetAddress.toString()``: ``/127.0.0.1``."""
-    return "/" + peer.rsplit(":", 1)[0].strip("[]")
+    """Kafka shows a member's host as Java's ``InetAddress.toString()`` of the connection's address:
+    ``/127.0.0.1``. Java writes an IPv6 address uncompressed, each of its eight groups in hex without
+    leading zeros (``Inet6Address.numericToTextFormat``: ``/0:0:0:0:0:0:0:1``, where Python says ``::1``),
+    a scope as its number (``%2``), and an IPv4-mapped one as the IPv4 address it holds (an
+    ``Inet4Address``)."""
+    host = peer.rsplit(":", 1)[0].strip("[]")
+    if ":" not in host:
+        return "/" + host
+    address, _, scope = host.partition("%")
+    try:
+        ip = ipaddress.IPv6Address(address)
+    except ValueError:
+        return "/" + host
+    if ip.ipv4_mapped is not None:
+        return f"/{ip.ipv4_mapped}"
+    text = ":".join(f"{int.from_bytes(ip.packed[i:i + 2], 'big'):x}" for i in range(0, 16, 2))
+    if scope and not scope.isdigit():
+        try:
+            scope = str(socket.if_nametoindex(scope))  # Python names a link-local scope by its interface
+        except OSError:
+            pass
+    return f"/{text}%{scope}" if scope else f"/{text}"
 
 
 def error_response(body: Any, version: int, error: ErrorCode) -> JoinResult:

@@ -6,6 +6,7 @@ rebalance's joins and its leader's SyncGroup, with scripted members)."""
 import json
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.kcoord_process import REPO, KcoordProcess
+from tests.kcoord_process import REPO, KcoordProcess, free_port
 from tests.rawclient import RawClient, commit_request
 
 SESSION_MS = 2000
@@ -244,6 +245,48 @@ def test_a_32767_byte_client_id_gets_a_member_id_every_answer_can_carry(server: 
     assert described.groups[0].error_code == 0
     assert [m.member_id for m in described.groups[0].members] == [answer.member_id]
     assert "Traceback" not in server.log()
+
+
+def test_a_member_connected_over_ipv6_is_described_with_its_host_as_kafka_writes_it(tmp_path: Path) -> None:
+    """Kafka records a member's host as Java's InetAddress.toString(), which writes an IPv6 address
+    uncompressed: a member on ::1 is "/0:0:0:0:0:0:0:1" in DescribeGroups (kafka-consumer-groups.sh's HOST)
+    and in the group's record. kcoord said "/::1"."""
+    from kafka import KafkaAdminClient
+    from kafka.protocol.consumer.group import JoinGroupRequest
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    port = free_port()
+    server = KcoordProcess(tmp_path / "data", "--listen", f"[::1]:{port}", "--advertised-listener",
+                           f"[::1]:{port}", "--group-initial-rebalance-delay-ms", "0", port=port)
+    server.start(wait=False)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                member = RawClient(port, client_id="v6", host="::1")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, server.log()
+                time.sleep(0.05)
+        server.wait_loaded()
+        protocol = JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"x")
+        answer = member.call(JoinGroupRequest(group_id="v6", session_timeout_ms=30000, rebalance_timeout_ms=5000,
+                                              member_id="", group_instance_id=None, protocol_type="consumer",
+                                              protocols=[protocol], reason=None), 3)
+        assert answer.error_code == 0
+        admin = KafkaAdminClient(bootstrap_servers=f"[::1]:{port}")
+        try:
+            described = admin.describe_groups(["v6"])["v6"]
+        finally:
+            admin.close()
+        assert [(m["member_id"], m["client_host"]) for m in described["members"]] == [
+            (answer.member_id, "/0:0:0:0:0:0:0:1")]
+    finally:
+        server.stop()
 
 
 def test_nothing_behind_a_parked_join_starts_before_it_is_answered(server: KcoordProcess) -> None:
