@@ -237,9 +237,11 @@ class Membership:
         # member through a join phase already: its session timeout does not apply while it waits in one.
         member = group.replace_static(j.group_instance_id or "", old_id, new_id)
         member.is_new = False
+        # The new id's session starts on the old entry's timeout, as Kafka reschedules it before taking the
+        # join's: a restart that changed session.timeout.ms has the new one from its first heartbeat.
+        self._reschedule_heartbeat(group, member)
         member.protocols, member.rebalance_timeout_ms, member.session_timeout_ms = (
             j.protocols, j.rebalance_timeout_ms, j.session_timeout_ms)
-        self._reschedule_heartbeat(group, member)
         if group.is_in(GroupState.STABLE):
             if group.select_protocol() == group.protocol:
                 is_leader = group.leader == new_id

@@ -447,6 +447,31 @@ def test_a_restarted_static_member_keeps_its_assignment_without_a_rebalance() ->
     assert result.member_id in {m.member_id for m in record.value.members}
 
 
+@pytest.mark.parametrize(("old_ms", "new_ms"), [(30_000, 6_000), (6_000, 30_000)])
+@pytest.mark.parametrize("heartbeats", [False, True])
+def test_a_restarted_static_members_first_session_runs_on_the_old_timeout(old_ms: int, new_ms: int,
+                                                                           heartbeats: bool) -> None:
+    """Kafka's updateStaticMemberThenRebalanceOrCompleteJoin reschedules the new id's heartbeat before
+    it updates the member with the join's timeouts: in a Stable group that does not rebalance, a static
+    member restarted with another session.timeout.ms is expired at the old timeout if it never
+    heartbeats, and has the new one from its first heartbeat on. kcoord started the new one at once."""
+    shard = GroupShard()
+    a = Client(shard, client_id="a", instance_id="ia", session_ms=60_000)
+    b = Client(shard, client_id="b", instance_id="ib", session_ms=old_ms)
+    stable_group(shard, a, b)
+    restarted = Client(shard, client_id="b", instance_id="ib", session_ms=new_ms)
+    assert restarted.joined(restarted.join()).error is E.NONE
+    assert state(shard) is GroupState.STABLE and restarted.synced(restarted.sync()).error is E.NONE
+    if heartbeats:
+        assert restarted.heartbeat() is E.NONE
+    timeout = new_ms if heartbeats else old_ms
+    shard.advance(timeout - 1)
+    assert restarted.member_id in shard.data.groups["g"].members and state(shard) is GroupState.STABLE
+    shard.advance(1)
+    assert restarted.member_id not in shard.data.groups["g"].members
+    assert state(shard) is GroupState.PREPARING_REBALANCE
+
+
 def test_a_restarted_static_leader_gets_skip_assignment_from_v9() -> None:
     shard = GroupShard()
     a = Client(shard, client_id="a", instance_id="ia")
