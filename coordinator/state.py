@@ -12,7 +12,7 @@ runs both against the same records.
 from collections.abc import Iterable
 from typing import Any, Final
 
-from coordinator.groups.model import ClassicGroup, GroupState
+from coordinator.groups.model import ClassicGroup, GroupCounts, GroupState
 from protocol.records import (
     GroupMetadataRecord,
     LoadedRecord,
@@ -67,11 +67,14 @@ def _named(key: Any, group_id: str, topic: str, partition: object) -> OffsetKey:
 class ShardData:
     """Groups, committed offsets and pending transactional offsets of one shard."""
 
-    __slots__ = ("contested", "groups", "interned", "num_offsets", "offsets", "partitions", "pending",
-                 "pending_count")
+    __slots__ = ("contested", "group_counts", "groups", "interned", "num_offsets", "offsets", "partitions",
+                 "pending", "pending_count")
 
     def __init__(self) -> None:
+        # Groups come and go only through ``put_group`` (``_add_group``) and ``_remove_group``, which keep
+        # ``group_counts`` (what a metrics scrape reads) exact; ``ClassicGroup.transition`` moves them.
         self.groups: dict[str, ClassicGroup] = {}
+        self.group_counts = GroupCounts()
         self.offsets: dict[str, dict[TopicPartition, StoredOffset]] = {}
         # producer id -> offsets written in its open transaction (made visible by a COMMIT marker)
         self.pending: dict[int, dict[OffsetKey, tuple[int, StoredOffset]]] = {}
@@ -160,14 +163,14 @@ class ShardData:
                         self.num_offsets += 1
             elif isinstance(record, GroupMetadataRecord):
                 if record.value is None:
-                    self.groups.pop(record.group, None)
+                    self._remove_group(record.group)
                     if record.group in self.offsets:
                         # A group's deletion is appended in slices when it has many offsets: a commit
                         # that landed between them keeps its offset, and the group it was made to stays
                         # as that commit alone would have left it (simple, Empty), not an offset of no group.
-                        self.groups[record.group] = ClassicGroup(record.group)
+                        self.put_group(ClassicGroup(record.group))
                 else:
-                    self.groups[record.group] = ClassicGroup.from_record(record.group, record.value)
+                    self.put_group(ClassicGroup.from_record(record.group, record.value))
             offset += 1
 
     def replay_end_transaction(self, producer_id: int, commit: bool) -> None:
@@ -193,6 +196,12 @@ class ShardData:
     def has_pending(self, key: OffsetKey) -> bool:
         return key in self.pending_count
 
+    def put_group(self, group: ClassicGroup) -> None:
+        """Adds ``group`` (replacing any of its id): replay, and a JoinGroup creating a group (whose record
+        is not replayed live). From now on its state changes move ``group_counts``."""
+        self._remove_group(group.group_id)
+        self._add_group(group)
+
     # -- internals -----------------------------------------------------------------------------
 
     def _new_offsets_group(self, group_id: str) -> dict[TopicPartition, StoredOffset]:
@@ -200,7 +209,7 @@ class ShardData:
         self.offsets[group_id] = group
         if group_id not in self.groups:
             # A commit to an unknown group creates a "simple" group: Empty, no protocol type.
-            self.groups[group_id] = ClassicGroup(group_id)
+            self._add_group(ClassicGroup(group_id))
         return group
 
     def _put_offset(self, key: OffsetKey, value: StoredOffset) -> None:
@@ -233,6 +242,19 @@ class ShardData:
         by_partition[partition] = tp
         self.interned += 1
         return tp
+
+    def _add_group(self, group: ClassicGroup) -> None:
+        """``put_group`` for an id not in ``groups`` (a commit's new group: no lookup of one to replace)."""
+        counts = self.group_counts
+        self.groups[group.group_id] = group
+        group.counts = counts
+        counts.by_state[group.state] += 1
+
+    def _remove_group(self, group_id: str) -> None:
+        group = self.groups.pop(group_id, None)
+        if group is not None:
+            group.counts = None
+            self.group_counts.moved(group.state, None)
 
     def _delete_offset(self, key: OffsetKey) -> None:
         group = self.offsets.get(key.group)

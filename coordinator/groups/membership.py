@@ -104,7 +104,7 @@ class Membership:
             if j.member_id:
                 return OpResult([], JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, j.member_id))
             group = ClassicGroup(j.group_id, current_state_timestamp=self.shard.clock.now_ms())
-            data.groups[j.group_id] = group
+            data.put_group(group)
             # Kafka writes an empty-group record for a group a JoinGroup creates.
             records.append(GroupMetadataRecord(group.group_id, group.to_record()))
         if not self._accepts(group, j.member_id):

@@ -58,6 +58,28 @@ _FROM: dict[GroupState, frozenset[GroupState]] = {
 }
 
 
+class GroupCounts:
+    """One shard's groups by state, moved as groups come, change state and go, so that a metrics scrape
+    reads a few numbers instead of walking every group: at 200k groups that walk took 120-600 ms on the
+    metrics thread, holding the GIL beside the event loop (an operations audit's find). Kafka keeps its
+    classic-group gauges the same way (GroupCoordinatorMetricsShard.onClassicGroupStateTransition, called
+    by ClassicGroup.transitionTo and as groups are created and removed). A group is counted while it is
+    in its shard's ``ShardData.groups`` (``ShardData.put_group`` attaches it, removal detaches it), and
+    every state change goes through ``ClassicGroup.transition``."""
+
+    __slots__ = ("by_state",)
+
+    def __init__(self) -> None:
+        self.by_state: dict[GroupState, int] = dict.fromkeys(GroupState, 0)
+
+    def moved(self, old: GroupState | None, new: GroupState | None) -> None:
+        """A group left ``old`` (None: it is new here) for ``new`` (None: it is gone)."""
+        if new is not None:  # first (as Kafka does): a scrape in between counts the group twice, never not at all
+            self.by_state[new] += 1
+        if old is not None:
+            self.by_state[old] -= 1
+
+
 @dataclass(slots=True, eq=False)
 class GroupMember:
     member_id: str
@@ -106,6 +128,9 @@ class ClassicGroup:
     # None when unknown (not a consumer group, no protocol, a subscription that does not parse).
     subscribed: frozenset[str] | None = None
     previous_state: GroupState = GroupState.EMPTY
+    # The counts of the shard whose ``groups`` holds it (ShardData.put_group); None once it is removed or
+    # replaced, so that code still holding the old object (a callback waiting for a write) cannot move them.
+    counts: GroupCounts | None = field(default=None, repr=False)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -116,6 +141,8 @@ class ClassicGroup:
         self.previous_state = self.state
         self.state = to
         self.current_state_timestamp = now_ms
+        if self.counts is not None:
+            self.counts.moved(self.previous_state, to)
 
     def is_in(self, *states: GroupState) -> bool:
         return self.state in states

@@ -57,9 +57,9 @@ def member(member_id: str, instance: str | None = None) -> GroupMember:
 
 def stable_group(state: GroupState = GroupState.STABLE) -> ShardData:
     data = ShardData()
-    data.groups["g"] = ClassicGroup("g", state=state, generation=3, protocol_type="consumer",
-                                    members={"m": member("m"), "m1": member("m1", "i1")},
-                                    static_members={"i1": "m1"})
+    data.put_group(ClassicGroup("g", state=state, generation=3, protocol_type="consumer",
+                                members={"m": member("m"), "m1": member("m1", "i1")},
+                                static_members={"i1": "m1"}))
     return data
 
 

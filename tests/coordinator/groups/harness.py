@@ -11,6 +11,7 @@ from typing import Any
 
 from coordinator.groups.membership import Membership
 from coordinator.groups.messages import GroupConfig, JoinRequest, JoinResult, LeaveResult, SyncResult
+from coordinator.groups.model import GroupState
 from coordinator.request import PARKED, Request
 from coordinator.shard import OpResult
 from coordinator.state import ShardData
@@ -196,3 +197,20 @@ def stable_group(shard: GroupShard, *clients: Client) -> None:
     leader_reply = leader.sync({c.member_id: f"assigned-{c.client_id}".encode() for c in clients})
     assert leader.synced(leader_reply).error is ErrorCode.NONE
     assert all(f.synced(p).error is ErrorCode.NONE for f, p in zip(followers, parked, strict=True))
+
+
+def walked_counts(data: ShardData) -> dict[GroupState, int]:
+    """Groups by state as a walk of every group finds them: what the exporter computed at each scrape
+    before the counts were kept as groups change (a group with only offsets counted as Empty too)."""
+    counts = dict.fromkeys(GroupState, 0)
+    for group in data.groups.values():
+        counts[group.state] += 1
+    counts[GroupState.EMPTY] += len(data.offsets.keys() - data.groups.keys())
+    return counts
+
+
+def assert_counts_exact(data: ShardData) -> None:
+    """The kept counts equal a walk, and every group in the shard moves those counts (none detached)."""
+    assert data.group_counts.by_state == walked_counts(data)
+    assert data.offsets.keys() <= data.groups.keys()  # a group with offsets is always a group (simple, Empty)
+    assert all(g.counts is data.group_counts for g in data.groups.values())

@@ -232,7 +232,7 @@ def test_heartbeat_answers_per_state() -> None:
 
 def test_heartbeat_on_an_empty_group_is_unknown_member() -> None:
     shard = GroupShard()
-    shard.data.groups["g"] = ClassicGroup("g", generation=4, protocol_type="consumer")
+    shard.data.put_group(ClassicGroup("g", generation=4, protocol_type="consumer"))
     c = Client(shard)
     c.member_id = "m"
     assert c.heartbeat(4) is E.UNKNOWN_MEMBER_ID

@@ -2,7 +2,9 @@
 generation boundaries and not replayed on the live path, so the property is: offsets always equal a
 reload; every group that exists live exists after a reload; and a group at a boundary (Stable or Empty)
 is exactly what loading brings back (state, generation, protocol, leader, members and assignments).
-Checked after every operation: a later rebalance could otherwise hide a boundary that was not written."""
+Checked after every operation: a later rebalance could otherwise hide a boundary that was not written.
+The per-state group counts a metrics scrape reads are checked against a walk of the groups, live and
+reloaded, at the same points."""
 
 from typing import Any
 
@@ -16,7 +18,7 @@ from coordinator.offsets import commit_offsets
 from coordinator.shard import OpResult
 from coordinator.state import ShardData
 from protocol.errors import ErrorCode
-from tests.coordinator.groups.harness import Client, GroupShard, Reply
+from tests.coordinator.groups.harness import Client, GroupShard, Reply, assert_counts_exact
 from tests.coordinator.harness import offsets_of
 from tests.coordinator.test_offsets import request
 
@@ -138,6 +140,8 @@ def test_live_state_equals_a_reload_of_the_log(ops: list[tuple[Any, ...]]) -> No
 
 def assert_reload_matches(shard: GroupShard) -> None:
     live, reloaded = shard.data, shard.reloaded()
+    assert_counts_exact(live)  # the per-state group counts a scrape reads, live and as loading makes them
+    assert_counts_exact(reloaded)
     assert offsets_of(live) == offsets_of(reloaded)
     assert set(live.groups) == set(reloaded.groups)
     for group_id, group in live.groups.items():
