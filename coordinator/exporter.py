@@ -125,20 +125,21 @@ class KcoordCollector(Collector):
         yield CounterMetricFamily("kcoord_group_rebalances_completed", "Classic group rebalances that reached "
                                   "Stable.", value=m.rebalances_completed)
         offsets = 0
-        states = dict.fromkeys((s.value for s in GroupState), 0)
+        states = dict.fromkeys(GroupState, 0)
         for shard in self.runtime.shards:
             if shard.state not in LOADED:
                 continue
             data = shard.data
             offsets += data.num_offsets
-            for group in list(data.groups.values()):
-                states[group.state.value] += 1
-            states[GroupState.EMPTY.value] += len(data.offsets.keys() - data.groups.keys())  # offsets only
+            # Kept as groups change (GroupCounts): read in O(states), not by walking every group. A group
+            # with only committed offsets is a simple group, Empty, in ``groups`` like any other.
+            for state, n in data.group_counts.by_state.copy().items():
+                states[state] += n
         yield GaugeMetricFamily("kcoord_offsets", "Committed offsets cached (Kafka's NumOffsets).", value=offsets)
         groups = GaugeMetricFamily("kcoord_groups", "Groups by state; groups with only committed offsets "
                                    "count as Empty (Kafka's NumGroups*).", labels=["state"])
         for state, n in states.items():
-            groups.add_metric([state], n)
+            groups.add_metric([state.value], n)
         yield groups
 
     def _partitions(self, m: Metrics) -> Iterator[Metric]:
