@@ -13,17 +13,22 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient
 from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.errors import NoError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
+from coordinator.groups.model import GroupState
 from protocol.partitioning import partition_for
 from storage.segments import list_segments
+from tests.integration.test_groups import Member, settled
 from tests.kcoord_process import REPO, KcoordProcess, free_port
 from tests.rawclient import RawClient, commit_request
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+GROUP_STATES = [s.value for s in GroupState]
 
 
 def get(url: str) -> tuple[int, str]:
@@ -133,6 +138,86 @@ def test_offset_deletions_count_offsets_removed_not_partitions_named(kcoord: Kco
     assert value(samples, "kcoord_offsets") == 0
     assert value(samples, "kcoord_offset_deletions_total") == 2
     assert value(samples, "kcoord_requests_total", api="OffsetDelete", version="0", error="NONE") == 2
+
+
+def listed_states(server: KcoordProcess) -> dict[str, float]:
+    """Groups by state as ListGroups names them and DescribeGroups describes each (which must agree)."""
+    admin = KafkaAdminClient(bootstrap_servers=server.bootstrap)
+    try:
+        listed = {g["group_id"]: g["group_state"] for g in admin.list_groups()}
+        described = admin.describe_groups(list(listed)) if listed else {}
+    finally:
+        admin.close()
+    assert {g: d["group_state"] for g, d in described.items()} == listed
+    counts = dict.fromkeys(GROUP_STATES, 0.0)
+    for state in listed.values():
+        counts[state] += 1
+    return counts
+
+
+def scraped_states(server: KcoordProcess) -> dict[str, float]:
+    samples = scrape(server)
+    return {state: value(samples, "kcoord_groups", state=state) for state in GROUP_STATES}
+
+
+def states_reach(server: KcoordProcess, **expected: float) -> None:
+    """Waits until ListGroups and DescribeGroups report ``expected`` (states not named: none), asked on
+    both sides of a scrape; then the scraped ``kcoord_groups`` must say the same (no group changed state
+    between two answers that agree)."""
+    wanted = {**dict.fromkeys(GROUP_STATES, 0.0), **expected}
+    deadline = time.monotonic() + 30
+    while True:
+        before = listed_states(server)
+        scraped = scraped_states(server)
+        if before == wanted and listed_states(server) == wanted:
+            assert scraped == wanted
+            return
+        assert time.monotonic() < deadline, f"listed {before}, wanted {wanted}"
+        time.sleep(0.2)
+
+
+def ck_commit(server: KcoordProcess, group: str) -> None:
+    consumer = ck.Consumer({"bootstrap.servers": server.bootstrap, "group.id": group, "enable.auto.commit": False,
+                            "broker.address.family": "v4"})
+    consumer.commit(offsets=[ck.TopicPartition("events", 0, 5)], asynchronous=False)
+    consumer.close()
+
+
+def ck_delete(server: KcoordProcess, *groups: str) -> None:
+    admin = AdminClient({"bootstrap.servers": server.bootstrap, "broker.address.family": "v4"})
+    for group, done in admin.delete_consumer_groups(list(groups), request_timeout=30).items():
+        assert done.result() is None, group
+
+
+def test_scraped_group_states_equal_list_and_describe_through_joins_leaves_deletes_and_a_restart(
+        server: KcoordProcess) -> None:
+    """``kcoord_groups`` is counted as groups change (not by a walk at each scrape, which at 200k groups
+    held the GIL for 120-600 ms beside the event loop): it must stay what ListGroups and DescribeGroups
+    report as stock members join and leave, confluent-kafka commits and deletes, and kcoord reloads."""
+    live = [Member(server, "kafka-python", "live", client_id="kp-a"), Member(server, "kafka-python", "live",
+                                                                             client_id="kp-b")]
+    leaving = Member(server, "aiokafka", "leaving", client_id="aio")
+    try:
+        settled(*live)
+        leaving.next_assignment()
+        ck_commit(server, "simple-a")  # simple groups: Empty
+        ck_commit(server, "simple-b")
+        states_reach(server, Stable=2, Empty=2)
+        leaving.leave()  # LeaveGroup: its group is left Empty
+        states_reach(server, Stable=1, Empty=3)
+        ck_delete(server, "simple-b", "leaving")
+        states_reach(server, Stable=1, Empty=1)
+        server.restart()  # the counts are rebuilt by loading the log; the members stay on
+        states_reach(server, Stable=1, Empty=1)
+        for member in live:
+            member.kill()  # no LeaveGroup: their sessions expire, and the group is left Empty
+        states_reach(server, Empty=2)
+        ck_delete(server, "live", "simple-a")
+        states_reach(server)
+    finally:
+        for member in (*live, leaving):
+            if member.proc.poll() is None:
+                member.kill()
 
 
 def test_readyz_is_not_ready_when_every_partition_has_failed(tmp_path: Path) -> None:
