@@ -52,13 +52,14 @@ class Waiting:
     """A request sent on a link, waiting for its reply. ``abandon`` leaves it to someone else: its reply,
     when it comes, is dropped, and a failure of the link no longer concerns it."""
 
-    __slots__ = ("abandoned", "correlation", "on_fail", "on_reply", "sent")
+    __slots__ = ("abandoned", "correlation", "on_fail", "on_reply", "sent", "seq")
 
-    def __init__(self, on_reply: Reply, on_fail: Fallback | None, sent: float, correlation: int) -> None:
+    def __init__(self, on_reply: Reply, on_fail: Fallback | None, sent: float, correlation: int, seq: int) -> None:
         self.on_reply = on_reply
         self.on_fail = on_fail
         self.sent = sent
         self.correlation = correlation
+        self.seq = seq  # its place among the frames sent on the link
         self.abandoned = False
 
     def abandon(self) -> None:
@@ -96,13 +97,18 @@ class UpstreamLink(asyncio.Protocol):
         self._blocked = False
         self._probe: asyncio.Future[bytes] | None = None
         self._closing = False  # its owner closed it: deliver what was sent, then close
-        # It has carried a request the broker does not answer (Produce with acks=0): Kafka closes the
+        self._sent = 0  # frames sent (or queued) on the link, in order
+        # The latest request the broker does not answer (Produce with acks=0), by its place in ``_sent``
+        # (0: none since a reply showed the broker had got past it), and when it was sent. Kafka closes the
         # connection to say such a request failed (a partition it no longer leads, say), so when the broker
-        # closes it or cannot be reached, the client's connection closes too (``fail``)
-        self._unanswered = False
-        # correlation ids of the latest requests sent unanswered (acks=0), oldest first: a broker that
-        # answers them anyway has its replies dropped (bounded: Kafka never answers, so most stay)
-        self._unanswered_ids: dict[int, None] = {}
+        # closes it or cannot be reached with one still unconfirmed, the client's connection closes too
+        # (``fail``). A broker works through a connection's requests in order: the reply to a request sent
+        # after it (or to itself, from a broker that answers acks=0) confirms it.
+        self._unanswered_seq = 0
+        self._unanswered_at = 0.0
+        # correlation ids of the latest requests sent unanswered (acks=0), oldest first, with their places:
+        # a broker that answers them anyway has its replies dropped (bounded: Kafka never answers, so most stay)
+        self._unanswered_ids: dict[int, int] = {}
         self._loop = asyncio.get_running_loop()
         self._connect = self._loop.create_task(self._open())
 
@@ -163,14 +169,23 @@ class UpstreamLink(asyncio.Protocol):
             return
         correlation = _CORRELATION.unpack_from(reply, 4)[0]  # after the size prefix
         if not self._pending or self._pending[0].correlation != correlation:
-            if self._unanswered_ids.pop(correlation, False) is None:
-                return  # an answer to a Produce with acks=0, which Kafka does not send
+            seq = self._unanswered_ids.pop(correlation, None)
+            if seq is not None:  # an answer to a Produce with acks=0, which Kafka does not send: dropped
+                self._confirmed(seq)
+                return
             what = "nobody asked for" if not self._pending else "for another request than the next one sent"
             self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a reply {what} (correlation id {correlation})")
             return
         waiting = self._pending.popleft()
+        if self._unanswered_seq:
+            self._confirmed(waiting.seq)
         if not waiting.abandoned:
             waiting.on_reply(reply)
+
+    def _confirmed(self, seq: int) -> None:
+        """The broker answered the request sent ``seq``-th: it got past every acks=0 request before it."""
+        if seq >= self._unanswered_seq:
+            self._unanswered_seq = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.failed is None:
@@ -190,7 +205,8 @@ class UpstreamLink(asyncio.Protocol):
         ``on_fail`` is called if the link fails first."""
         if self.failed is not None:
             raise FrameError(self.failed)
-        waiting = Waiting(on_reply, on_fail, self._loop.time(), _CORRELATION.unpack_from(frame, 4)[0])
+        self._sent += 1
+        waiting = Waiting(on_reply, on_fail, self._loop.time(), _CORRELATION.unpack_from(frame, 4)[0], self._sent)
         self._pending.append(waiting)
         head = _SIZE.pack(len(frame))
         if self._transport is None:
@@ -203,9 +219,11 @@ class UpstreamLink(asyncio.Protocol):
         """A request the broker does not answer (Produce with acks=0): nothing is waited for."""
         if self.failed is not None:
             raise FrameError(self.failed)
-        self._unanswered = True
+        self._sent += 1
+        self._unanswered_seq = self._sent
+        self._unanswered_at = self._loop.time()
         ids = self._unanswered_ids
-        ids[_CORRELATION.unpack_from(frame, 4)[0]] = None
+        ids[_CORRELATION.unpack_from(frame, 4)[0]] = self._sent
         if len(ids) > MAX_UNANSWERED_IDS:
             del ids[next(iter(ids))]
         head = _SIZE.pack(len(frame))
@@ -256,9 +274,13 @@ class UpstreamLink(asyncio.Protocol):
     def fail(self, why: str, lost: bool = False) -> None:
         """Ends the link: the owner is told once, with the number of replies the client will now never get
         (its connection is then closed; clients retry). ``lost``: the broker closed the connection or
-        could not be reached, which a request it does not answer (acks=0) counts among those: with
+        could not be reached, which a request it does not answer (acks=0) counts among those while it is
+        unconfirmed (no reply to it or to a later request yet) and was sent within the timeout: with
         Kafka the client's own connection would have closed, its way of learning that such a request
-        failed (it then refreshes its metadata and finds the partition's new leader)."""
+        failed (it then refreshes its metadata and finds the partition's new leader). A broker closes the
+        connection as it handles the request that failed; one that closes a link idle since (Kafka's
+        connections.max.idle.ms, 10 minutes by default) leaves nothing waiting, and the next request opens
+        a new link, as after an idle link's close."""
         if self.failed is not None:
             return
         self.failed = why
@@ -274,7 +296,8 @@ class UpstreamLink(asyncio.Protocol):
             # once, then once a minute while links keep failing: with the upstream down, every client's
             # retry fails a link (a campaign counted ~1,000 such lines a second)
             _LINK_FAILURES.report(logging.INFO, "%s (%d replies outstanding)", why, len(pending))
-        outstanding = 1 if lost and self._unanswered else 0
+        unconfirmed = self._unanswered_seq and self._loop.time() - self._unanswered_at <= self.timeout_s
+        outstanding = 1 if lost and unconfirmed else 0
         for waiting in pending:
             if waiting.abandoned:
                 continue

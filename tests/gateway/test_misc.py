@@ -14,10 +14,12 @@ from typing import Any
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient
+from kafka.protocol.metadata.api_versions import ApiVersionsRequest
 
 from coordinator.apis import load_all
 from coordinator.gateway import rewrite
 from protocol.registry import REGISTRY
+from tests.gateway.cable import Cable
 from tests.gateway.conftest import (
     COORDINATOR,
     Upstream,
@@ -27,6 +29,7 @@ from tests.gateway.conftest import (
     scrape,
     start_gateway,
 )
+from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.mock_cluster import MockCluster
 from tests.kcoord_process import KcoordProcess, free_port
 from tests.rawclient import RawClient, commit_request, fetch_request
@@ -34,8 +37,6 @@ from tests.tansu_process import TansuProcess
 
 
 def api_versions(port: int, version: int = 3) -> dict[int, tuple[int, int]]:
-    from kafka.protocol.metadata.api_versions import ApiVersionsRequest
-
     client = RawClient(port)
     try:
         reply = client.call(ApiVersionsRequest(client_software_name="test", client_software_version="1"), version)
@@ -242,6 +243,75 @@ def test_an_acks_zero_producers_connection_closes_with_its_upstream_link(tmp_pat
     finally:
         kcoord.stop()
         mock.stop()
+
+
+def upstream_errors(kcoord: KcoordProcess) -> float:
+    """kcoord_gateway_upstream_errors_total, every node and kind."""
+    return sum(float(v) for v in re.findall(r"^kcoord_gateway_upstream_errors_total\{[^}]*\} (\S+)$", scrape(kcoord),
+                                            re.M))
+
+
+def test_a_link_whose_acks_zero_requests_were_answered_past_closes_quietly(tmp_path: Path) -> None:
+    """A gateway audit's find: a link that had ever carried a Produce with acks=0 stayed marked for
+    its whole life, so the broker's later close of it, with nothing waiting (a broker closes a
+    connection idle for connections.max.idle.ms), closed the client's connection and counted an upstream
+    error. A reply to a later request shows the broker got past the acks=0 one: the close is now an idle
+    link's, dropped quietly, and the client's next request opens a new link. Tansu, reached through a
+    cable that closes every connection through it (the broker itself keeps running)."""
+    cable = Cable(0)
+    tansu = TansuProcess(tmp_path, advertised_port=cable.port)
+    cable.target_port = tansu.port
+    tansu.start()
+    cable.restore()
+    kcoord = start_gateway(tmp_path, f"127.0.0.1:{cable.port}")
+    try:
+        client = RawClient(_leader_port(kcoord, "acks0-idle"), timeout=10)
+        try:
+            client.send(_produce("acks0-idle", 0, b"unanswered"), 7)
+            client.call(_produce("acks0-idle", 1, b"answered"), 7)
+            cable.cut()  # the broker closes the link
+            cable.restore()
+            time.sleep(1)
+            [answer] = client.call(_produce("acks0-idle", 1, b"after"), 7).responses
+            assert answer.partition_responses[0].error_code == 0
+        finally:
+            client.close()
+        assert upstream_errors(kcoord) == 0
+    finally:
+        kcoord.stop()
+        cable.close()
+        tansu.stop()
+
+
+def test_a_broker_that_never_answers_acks_zero_closing_the_link_later_is_an_idle_close(tmp_path: Path) -> None:
+    """As Kafka, a broker that never answers acks=0: its close of a link that carried only such requests
+    closes the client's connection (and counts an upstream error) when the last was sent within
+    --upstream-timeout-ms, its way of saying one failed; later, the link was idle (no request of the
+    client waits, none can have failed unnoticed that long), and the close is dropped quietly: before,
+    the client's connection closed and an error was counted however long ago the request was sent."""
+    fake = FakeUpstream(3)
+    kcoord = start_gateway(tmp_path, fake.bootstrap, "--upstream-timeout-ms", "1500")
+    try:
+        fake.delay[1] = None  # answers nothing, acks=0 included
+        client = RawClient(node_ports(kcoord)[1], timeout=10)
+        try:
+            client.send(_produce("t", 0, b"old"), 7)
+            time.sleep(2.5)
+            fake.drop(1)
+            time.sleep(0.5)
+            assert client.call(ApiVersionsRequest(), 0).error_code == 0  # (answered by kcoord itself)
+            assert upstream_errors(kcoord) == 0
+            client.send(_produce("t", 0, b"new"), 7)
+            time.sleep(0.5)
+            fake.drop(1)
+            with pytest.raises(ConnectionError):
+                client.read_frame()
+        finally:
+            client.close()
+        assert upstream_errors(kcoord) == 1
+    finally:
+        kcoord.stop()
+        fake.stop()
 
 
 def test_a_broker_answering_acks_zero_does_not_shift_the_replies_of_later_requests(tmp_path: Path) -> None:
