@@ -117,8 +117,13 @@ def rewrite_brokers(codec: MessageCodec, frame: bytes, version: int, cluster: Cl
     """Metadata or DescribeCluster: every broker gets kcoord's listener for its node id, and kcoord's
     group coordinator is one more broker (leading no partition); the upstream addresses are learnt first
     (listeners are made for new node ids there). The topics of a Metadata answer are remembered, and
-    for a request of ``every_topic`` those it does not name are forgotten (deleted upstream)."""
+    for a request of ``every_topic`` those it does not name are forgotten (deleted upstream). An error
+    answer (a top-level error code) is returned unchanged."""
     correlation, body = decode_reply(codec, frame, version)
+    if getattr(body, "error_code", 0):
+        # DescribeCluster's error answer (MISMATCHED_ENDPOINT_TYPE for a controller endpoint asked of a
+        # broker, say) lists no broker: passed on as it is, nothing in it learnt
+        return frame
     brokers = body.brokers
     ids = [b.node_id if hasattr(b, "node_id") else b.broker_id for b in brokers]
     cluster.learn(zip(ids, (b.host for b in brokers), (b.port for b in brokers), strict=True))

@@ -29,7 +29,7 @@ from tests.gateway.conftest import (
     scrape,
     start_gateway,
 )
-from tests.gateway.fake_upstream import FakeUpstream
+from tests.gateway.fake_upstream import MISMATCHED_ENDPOINT_TYPE, FakeUpstream
 from tests.gateway.mock_cluster import MockCluster
 from tests.kcoord_process import KcoordProcess, free_port
 from tests.rawclient import RawClient, commit_request, fetch_request
@@ -113,6 +113,41 @@ def test_describe_cluster_rewritten(upstream: Upstream, gateway: KcoordProcess) 
     described = admin.describe_cluster(request_timeout=10).result()
     ports = {**node_ports(gateway), COORDINATOR: coordinator_port(gateway)}
     assert {(n.id, n.host, n.port) for n in described.nodes} == {(n, "127.0.0.1", p) for n, p in ports.items()}
+
+
+def test_describe_cluster_error_answer_passed_through(tmp_path: Path) -> None:
+    """A gateway audit's find: DescribeCluster's error answer (a broker asked for the controllers'
+    endpoint answers MISMATCHED_ENDPOINT_TYPE and no broker) came back with kcoord's coordinator added
+    as its one broker, and its empty broker list and empty cluster id taken as the upstream's view. It
+    is now passed on byte for byte; an answer without error is still rewritten."""
+    from kafka.protocol.admin import DescribeClusterRequest
+
+    fake = FakeUpstream(3)
+    kcoord = start_gateway(tmp_path, fake.bootstrap)
+    try:
+        answers = []
+        for port in (kcoord.port, fake.ports[1]):
+            client = RawClient(port)
+            try:
+                client.send(DescribeClusterRequest(include_cluster_authorized_operations=False, endpoint_type=2), 1)
+                answers.append(client.read_frame())
+            finally:
+                client.close()
+        assert answers[0] == answers[1]
+        framed = struct.pack(">i", len(answers[0])) + answers[0]
+        _, body = rewrite.decode_reply(rewrite.DESCRIBE_CLUSTER_RESPONSE, framed, 1)
+        assert (body.error_code, body.brokers) == (MISMATCHED_ENDPOINT_TYPE, [])
+        client = RawClient(kcoord.port)
+        try:
+            described = client.call(DescribeClusterRequest(include_cluster_authorized_operations=False,
+                                                           endpoint_type=1), 1)
+        finally:
+            client.close()
+        ports = {**node_ports(kcoord), COORDINATOR: coordinator_port(kcoord)}
+        assert {(b.broker_id, b.port) for b in described.brokers} == set(ports.items())
+    finally:
+        kcoord.stop()
+        fake.stop()
 
 
 def test_port_base_and_advertised_host(tmp_path: Path) -> None:
