@@ -6,6 +6,14 @@ broker that answers, the configured bootstrap addresses last), and every Metadat
 client updates it too, so a broker that joins gets a listener before any client is told about it.
 Brokers are never forgotten: one missing from a Metadata answer (down for a moment) keeps its listener
 and its address, so clients that still know it reconnect to the same place.
+
+The API versions offered are those every live broker (the last broker list) speaks: brokers may differ
+(a rolling upgrade, or a downgrade), and a request relayed at a version one of them lacks would be
+refused by it. Each broker is asked ApiVersions when it appears in a broker list (or again after it
+left one), and one more in turn every round, so one restarted with other software is seen within a
+round per broker; the broker that answered discovery is asked there. Kafka clients keep versions per
+broker; kcoord's listeners answer as one cluster, and the bootstrap and coordinator's listeners relay
+to any broker.
 """
 
 import asyncio
@@ -44,7 +52,11 @@ class Cluster:
         self.live: list[int] = []  # the node ids of the last broker list seen (a left broker keeps its listener)
         self.offered: list[tuple[int, int, int]] | None = None  # ApiVersions answer, once known
         self.enabled: dict[int, tuple[int, int]] = {}  # the same, key -> (min, max), for every request's check
-        self.upstream_versions: dict[int, tuple[int, int]] = {}
+        self.upstream_versions: dict[int, tuple[int, int]] = {}  # what every live broker speaks
+        self.node_versions: dict[int, dict[int, tuple[int, int]]] = {}  # each live broker's answer
+        self._discovered: dict[int, tuple[int, int]] = {}  # the last discovery answer (used if no broker's is)
+        self._turn = 0  # the broker asked again this round, in turn
+        self._asking: asyncio.Task[None] | None = None  # brokers new in a relayed Metadata answer, being asked
         self.advertised_host = config.broker_host or config.advertised[0]
         self.cluster_id: str | None = None  # the upstream's, as last seen
         # every topic a relayed Metadata answer described, for answering while the upstream is away
@@ -119,10 +131,14 @@ class Cluster:
         addresses = list(dict.fromkeys([primary, *(self.brokers[n] for n in sorted(self.brokers))]))
         return sorted(addresses, key=lambda a: now - self._down.get(a, float("-inf")) < DOWN_S)
 
-    def learn(self, brokers: Iterable[tuple[int, str, int]]) -> None:
-        """Upstream brokers seen in a Metadata (or DescribeCluster) answer: all of them, each time."""
+    def learn(self, brokers: Iterable[tuple[int, str, int]], ask: bool = True) -> None:
+        """Upstream brokers seen in a Metadata (or DescribeCluster) answer: all of them, each time. A
+        broker not listed is asked its API versions again when it is (it may have restarted with other
+        software); with ``ask`` those never asked are asked now (on the loop, if one runs)."""
         brokers = list(brokers)
         self.live = sorted({node for node, _, _ in brokers})
+        for node in [node for node in self.node_versions if node not in self.live]:
+            del self.node_versions[node]
         for node, host, port in brokers:
             if node == self.coordinator_node and node not in self.brokers:
                 log.warning("upstream broker %d has the node id of kcoord's group coordinator "
@@ -131,8 +147,16 @@ class Cluster:
             if self.brokers.get(node) != (host, port):
                 log.info("upstream broker %d at %s:%d", node, host, port)
                 self.brokers[node] = (host, port)
+                self.node_versions.pop(node, None)
             if node not in self.listeners:
                 self._listen(node)
+        if ask and self.offered is not None and any(node not in self.node_versions for node in self.live):
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            if self._asking is None or self._asking.done():
+                self._asking = loop.create_task(self._ask_brokers())
 
     def listen_coordinator(self) -> None:
         """The coordinator's listener, made before any client is told of it (``--coordinator-port``)."""
@@ -174,14 +198,56 @@ class Cluster:
         """Whether the last discovery round got an answer (every --upstream-refresh-ms)."""
         return self._healthy
 
+    async def _api_versions(self, link: UpstreamLink) -> dict[int, tuple[int, int]]:
+        timeout = self.config.upstream_timeout_ms / 1000.0
+        return rewrite.parse_api_versions(await asyncio.wait_for(link.request(API_VERSIONS_V0), timeout))
+
+    async def _ask(self, node: int) -> None:
+        addr = self.brokers[node]
+        link = UpstreamLink(addr, LinkOwner(), self.config.upstream_timeout_ms / 1000.0)
+        try:
+            self.node_versions[node] = await self._api_versions(link)
+        except (TimeoutError, ConnectionError, rewrite.RewriteError) as exc:
+            log.debug("upstream broker %d at %s:%d did not answer ApiVersions: %r", node, *addr, exc)
+        finally:
+            link.close()
+
+    async def _ask_brokers(self, asked: Iterable[int] = (), turn: bool = False) -> None:
+        """Asks the live brokers never asked (and with ``turn`` the next in turn, unless in ``asked``
+        already) their API versions, then offers what they all speak."""
+        nodes = [node for node in self.live if node not in self.node_versions]
+        if turn and self.live:
+            self._turn += 1
+            node = self.live[self._turn % len(self.live)]
+            if node not in nodes and node not in asked:
+                nodes.append(node)
+        await asyncio.gather(*(self._ask(node) for node in nodes))
+        self._offer()
+
+    def _offer(self) -> None:
+        """Offers the API versions every live broker that answered speaks (the discovery answer's, if
+        none has answered yet)."""
+        known = [self.node_versions[node] for node in self.live if node in self.node_versions] or [self._discovered]
+        versions = rewrite.common_versions(known)
+        if versions == self.upstream_versions:
+            return
+        if self.offered is not None:
+            log.info("upstream API versions changed (brokers %s asked): offering what all of them speak",
+                     sorted(node for node in self.live if node in self.node_versions))
+        self.upstream_versions = versions
+        offered = rewrite.api_versions(versions)
+        self.enabled = {key: (lo, hi) for key, lo, hi in offered}
+        self.offered = offered
+
     async def refresh(self) -> bool:
-        """One discovery round: the first broker that answers ApiVersions and Metadata wins."""
+        """One discovery round: the first broker that answers ApiVersions and Metadata wins; then the
+        brokers it lists that were never asked (and one in turn) are asked their API versions."""
         candidates = list(dict.fromkeys([*self.brokers.values(), *self.config.upstream]))
         timeout = self.config.upstream_timeout_ms / 1000.0
         for addr in candidates:
             link = UpstreamLink(addr, LinkOwner(), timeout)
             try:
-                versions = rewrite.parse_api_versions(await asyncio.wait_for(link.request(API_VERSIONS_V0), timeout))
+                versions = await self._api_versions(link)
                 reply = await asyncio.wait_for(link.request(METADATA_V1_NO_TOPICS), timeout)
                 _, body = rewrite.decode_reply(rewrite.METADATA_RESPONSE, reply, 1)
             except (TimeoutError, ConnectionError, rewrite.RewriteError) as exc:
@@ -189,12 +255,14 @@ class Cluster:
                 continue
             finally:
                 link.close()
-            if versions != self.upstream_versions:
-                self.upstream_versions = versions
-                offered = rewrite.api_versions(versions)
-                self.enabled = {key: (lo, hi) for key, lo, hi in offered}
-                self.offered = offered
-            self.learn((b.node_id, b.host, b.port) for b in body.brokers)
+            self._discovered = versions
+            self.learn(((b.node_id, b.host, b.port) for b in body.brokers), ask=False)
+            answered = [node for node in self.live if self.brokers[node] == addr]
+            for node in answered:
+                self.node_versions[node] = versions
+            if self.offered is None:
+                self._offer()  # ready at once; narrowed below if another broker speaks less
+            await self._ask_brokers(answered, turn=True)
             if body.controller_id >= 0:
                 self.controller_id = body.controller_id
             if not self._healthy:
@@ -206,6 +274,10 @@ class Cluster:
             log.warning("no upstream broker answers (tried %s)", ", ".join(f"{h}:{p}" for h, p in candidates))
         self._healthy = False
         return False
+
+    def stop(self) -> None:
+        if self._asking is not None:
+            self._asking.cancel()
 
     async def run(self) -> None:
         """Refreshes for ever: quickly until the first success, then every --upstream-refresh-ms."""

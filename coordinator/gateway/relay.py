@@ -128,6 +128,7 @@ class Gateway:
         self.stopping = True
         for task in self._tasks:
             task.cancel()
+        self.cluster.stop()
         dropped = 0
         for conn in list(self.server.connections):
             if isinstance(conn.links, ClientLinks):

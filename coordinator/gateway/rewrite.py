@@ -244,6 +244,21 @@ def rewrite_find_coordinator(frame: bytes, version: int, address: Address) -> by
     return _encode(codec, body, version, correlation)
 
 
+def common_versions(brokers: list[dict[int, tuple[int, int]]]) -> dict[int, tuple[int, int]]:
+    """The API versions every one of the brokers speaks (each broker's key -> (min, max))."""
+    common: dict[int, tuple[int, int]] = {}
+    for key, (lo, hi) in brokers[0].items():
+        for other in brokers[1:]:
+            found = other.get(key)
+            if found is None:
+                break
+            lo, hi = max(lo, found[0]), min(hi, found[1])
+        else:
+            if lo <= hi:
+                common[key] = (lo, hi)
+    return common
+
+
 def api_versions(upstream: dict[int, tuple[int, int]]) -> list[tuple[int, int, int]]:
     """``(key, min, max)`` offered to clients, given the upstream's ranges."""
     load_all()  # every local API registered (the server has done it; a lone caller may not have)

@@ -65,6 +65,69 @@ def test_api_versions_intersection(upstream: Upstream, gateway: KcoordProcess) -
         assert api_versions(port) == offered
 
 
+def test_api_versions_are_what_every_live_broker_speaks(tmp_path: Path) -> None:
+    """A gateway audit's find: the versions offered were those of the broker that answered discovery
+    (the first bootstrap address), so in a cluster whose brokers differ (a rolling upgrade) a request
+    could be relayed at a version another broker refuses. Every live broker is now asked (one that
+    appears in a broker list at once, one in turn every round, so a broker restarted with other
+    software is seen too), and the versions offered are those all of them speak."""
+    fake = FakeUpstream(3)
+    fake.listed = {1, 2}
+    older = [(key, lo, min(hi, 7)) if key == 0 else (key, max(lo, 4), hi) if key == 1 else (key, lo, hi)
+             for key, lo, hi in fake.offered[3]]  # Produce up to v7 only, Fetch from v4 only
+    fake.offered[3] = older
+    kcoord = start_gateway(tmp_path, f"127.0.0.1:{fake.ports[1]}")
+
+    def offered_until(produce: tuple[int, int], fetch: tuple[int, int]) -> None:
+        deadline = time.monotonic() + 15
+        while True:
+            got = api_versions(kcoord.port)
+            if (got[0], got[1]) == (produce, fetch) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert (got[0], got[1]) == (produce, fetch)
+        for port in node_ports(kcoord).values():
+            assert api_versions(port) == got
+
+    try:
+        offered_until((0, 8), (0, 11))
+        fake.listed = {1, 2, 3}  # a broker of the older version joins
+        offered_until((0, 7), (4, 11))
+        fake.offered[2] = [(key, lo, min(hi, 6)) if key == 0 else (key, lo, hi) for key, lo, hi in fake.offered[2]]
+        offered_until((0, 6), (4, 11))  # broker 2 restarted with older software, in place
+        fake.listed = {1, 2}  # broker 3 leaves
+        offered_until((0, 6), (0, 11))
+    finally:
+        kcoord.stop()
+        fake.stop()
+
+
+def test_a_broker_first_seen_in_a_relayed_metadata_answer_is_asked_its_versions_at_once(tmp_path: Path) -> None:
+    """A broker a client's Metadata answer names first (kcoord's own discovery is a minute away) is
+    asked its API versions then, not at the next discovery round."""
+    from kafka.protocol.metadata import MetadataRequest
+
+    fake = FakeUpstream(3)
+    fake.listed = {1, 2}
+    fake.offered[3] = [(key, lo, min(hi, 7)) if key == 0 else (key, lo, hi) for key, lo, hi in fake.offered[3]]
+    kcoord = start_gateway(tmp_path, f"127.0.0.1:{fake.ports[1]}", "--upstream-refresh-ms", "60000")
+    try:
+        assert api_versions(kcoord.port)[0] == (0, 8)
+        fake.listed = {1, 2, 3}
+        client = RawClient(kcoord.port)
+        try:
+            assert {b.node_id for b in client.call(MetadataRequest(topics=[]), 1).brokers} == {1, 2, 3, COORDINATOR}
+        finally:
+            client.close()
+        deadline = time.monotonic() + 5
+        while api_versions(kcoord.port)[0] != (0, 7) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert api_versions(kcoord.port)[0] == (0, 7)
+    finally:
+        kcoord.stop()
+        fake.stop()
+
+
 def test_api_versions_outside_the_range_get_the_v0_fallback(upstream: Upstream, gateway: KcoordProcess) -> None:
     """KIP-511, as a broker answers: a version above the range, or below it, gets UNSUPPORTED_VERSION in
     the v0 body with kcoord's ApiVersions range, and the connection stays open."""
