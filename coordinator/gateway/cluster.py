@@ -23,6 +23,7 @@ import struct
 import time
 from collections.abc import Callable, Iterable
 
+import coordinator
 from coordinator.config import Config
 from coordinator.gateway import rewrite
 from coordinator.gateway.upstream import LinkOwner, UpstreamLink, upstream_reached_again
@@ -39,8 +40,19 @@ def _request(api_key: int, version: int, correlation: int, body: bytes) -> bytes
     return struct.pack(">hhih", api_key, version, correlation, len(CLIENT_ID)) + CLIENT_ID + body
 
 
-API_VERSIONS_V0 = _request(rewrite.API_VERSIONS, 0, 1, b"")
+def _api_versions_request(version: int, correlation: int) -> bytes:
+    """ApiVersions at ``version``: from v3 a flexible header (its tagged fields) and the client software."""
+    if version < 3:
+        return _request(rewrite.API_VERSIONS, version, correlation, b"")
+    software = b"".join(bytes([len(v) + 1]) + v for v in (CLIENT_ID, coordinator.__version__.encode()))
+    return _request(rewrite.API_VERSIONS, version, correlation, b"\x00" + software + b"\x00")
+
+
+API_VERSIONS_ASKED = 4  # v3+ answers carry the features; v4 also those whose minimum is 0
 METADATA_V1_NO_TOPICS = _request(rewrite.METADATA, 1, 2, struct.pack(">i", 0))  # empty list: no topics
+
+
+Answer = tuple[dict[int, tuple[int, int]], rewrite.Features]  # an ApiVersions answer: key -> (min, max), features
 
 
 class Cluster:
@@ -53,8 +65,10 @@ class Cluster:
         self.offered: list[tuple[int, int, int]] | None = None  # ApiVersions answer, once known
         self.enabled: dict[int, tuple[int, int]] = {}  # the same, key -> (min, max), for every request's check
         self.upstream_versions: dict[int, tuple[int, int]] = {}  # what every live broker speaks
-        self.node_versions: dict[int, dict[int, tuple[int, int]]] = {}  # each live broker's answer
-        self._discovered: dict[int, tuple[int, int]] = {}  # the last discovery answer (used if no broker's is)
+        self.features = rewrite.NO_FEATURES  # the upstream's, as the gateway offers them
+        self.node_versions: dict[int, Answer] = {}  # each live broker's ApiVersions answer
+        self._discovered: Answer = ({}, rewrite.NO_FEATURES)  # the last discovery answer (if no broker's is)
+        self._asked_at: dict[tuple[str, int], int] = {}  # an address's ApiVersions version, once lowered
         self._turn = 0  # the broker asked again this round, in turn
         self._asking: asyncio.Task[None] | None = None  # brokers new in a relayed Metadata answer, being asked
         self.advertised_host = config.broker_host or config.advertised[0]
@@ -198,9 +212,18 @@ class Cluster:
         """Whether the last discovery round got an answer (every --upstream-refresh-ms)."""
         return self._healthy
 
-    async def _api_versions(self, link: UpstreamLink) -> dict[int, tuple[int, int]]:
+    async def _api_versions(self, link: UpstreamLink) -> Answer:
+        """The broker's ApiVersions answer, asked at v4 (its features), else the highest it speaks
+        (told in KIP-511's answer to a version above its range, on the same connection; remembered)."""
         timeout = self.config.upstream_timeout_ms / 1000.0
-        return rewrite.parse_api_versions(await asyncio.wait_for(link.request(API_VERSIONS_V0), timeout))
+        version = self._asked_at.get(link.addr, API_VERSIONS_ASKED)
+        for correlation in (1, 3):
+            reply = await asyncio.wait_for(link.request(_api_versions_request(version, correlation)), timeout)
+            try:
+                return rewrite.parse_api_versions(reply, version)
+            except rewrite.UnsupportedApiVersions as exc:
+                version = self._asked_at[link.addr] = min(exc.highest, version - 1) if exc.highest >= 3 else 0
+        raise rewrite.RewriteError(f"upstream {link.addr[0]}:{link.addr[1]} refused ApiVersions v{version}")
 
     async def _ask(self, node: int) -> None:
         addr = self.brokers[node]
@@ -226,9 +249,10 @@ class Cluster:
 
     def _offer(self) -> None:
         """Offers the API versions every live broker that answered speaks (the discovery answer's, if
-        none has answered yet)."""
+        none has answered yet), and the features they all support, finalized as the latest says."""
         known = [self.node_versions[node] for node in self.live if node in self.node_versions] or [self._discovered]
-        versions = rewrite.common_versions(known)
+        self.features = rewrite.gateway_features(rewrite.common_features([features for _, features in known]))
+        versions = rewrite.common_versions([versions for versions, _ in known])
         if versions == self.upstream_versions:
             return
         if self.offered is not None:

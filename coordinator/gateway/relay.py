@@ -3,7 +3,8 @@
 Every frame is routed by its api key before anything is decoded:
 
 * group APIs (``rewrite.LOCAL``) go to kcoord's own handlers, as in standalone mode;
-* ApiVersions is answered here from the upstream's versions (``rewrite.api_versions``);
+* ApiVersions is answered here from the upstream's versions and features (``rewrite.api_versions``,
+  ``rewrite.gateway_features``);
 * FindCoordinator is decoded: group keys are answered here with kcoord's coordinator node (a broker of
   its own in every Metadata answer, with a listener of its own), transaction keys go upstream and come
   back with the coordinator's address rewritten;
@@ -254,7 +255,8 @@ class Gateway:
             # connection the group requests behind it would wait for the upstream's answer
             offered = [api for api in offered if api[0] not in rewrite.TELEMETRY]
         software = (body.client_software_name, body.client_software_version) if version >= 3 else None
-        self._reply(conn, rewrite.api_versions_response(offered, version, correlation_id, software))
+        self._reply(conn, rewrite.api_versions_response(offered, version, correlation_id, software,
+                                                        self.cluster.features))
 
     def _find_coordinator(self, conn: Connection, frame: bytes, version: int, correlation_id: int) -> None:
         spec = k10.SPEC

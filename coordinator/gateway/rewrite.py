@@ -8,7 +8,9 @@ leader endpoints too: those versions are not offered, so none appear and those r
 ApiVersions is the intersection: APIs kcoord answers itself (the group APIs) at kcoord's versions,
 relayed APIs at the upstream's versions, capped where kcoord must parse the reply, and group-like APIs
 kcoord does not implement (KIP-848 consumer groups, share and streams groups, TxnOffsetCommit) left
-out so that no client takes them to the upstream's own coordinator.
+out so that no client takes them to the upstream's own coordinator. Its features (v3+, KIP-584) are
+the upstream's, less those whose protocol the gateway does not offer (``HIDDEN_FEATURES``,
+``FEATURE_CAPS``).
 """
 
 import struct
@@ -41,6 +43,14 @@ PRODUCE, FETCH = 0, 1
 HIDDEN = frozenset({28, 68, 69, *range(76, 93)})
 # GetTelemetrySubscriptions and PushTelemetry (KIP-714): relayed, but not offered on the coordinator's listener.
 TELEMETRY = frozenset({71, 72})
+# Features (ApiVersions v3+) whose protocol is the hidden APIs': the KIP-848 consumer group protocol,
+# share groups (KIP-932) and streams groups (KIP-1071). Neither supported nor finalized in kcoord's answer.
+HIDDEN_FEATURES = frozenset({"group.version", "share.version", "streams.version"})
+# Features offered up to a level only. transaction.version 2 (KIP-890 part 2) has a producer add a
+# transaction's partitions by producing to them (Produce v12+, past CAPS) and skip AddPartitionsToTxn:
+# Kafka 4's Java producer turns it on from the finalized level alone, then sends its Produce at the
+# version negotiated (v9 here), which does not add them, and the upstream refuses its records.
+FEATURE_CAPS = {"transaction.version": 1}
 
 
 def _codec(name: str) -> MessageCodec:
@@ -86,6 +96,18 @@ def _encode(codec: MessageCodec, body: Any, version: int, correlation: int, flex
     payload = codec.encode(body, version)
     head = response_header(correlation, flexible_header and codec.spec.is_flexible(version))
     return _SIZE.pack(len(head) + len(payload)) + head + payload
+
+
+class Features(NamedTuple):
+    """The features an ApiVersions v3+ answer carries (KIP-584): name -> (min, max) supported, and
+    name -> (min level, max level) finalized cluster-wide, valid at ``epoch`` (-1: unknown)."""
+
+    supported: dict[str, tuple[int, int]]
+    epoch: int
+    finalized: dict[str, tuple[int, int]]
+
+
+NO_FEATURES = Features({}, -1, {})
 
 
 class TopicFacts(NamedTuple):
@@ -259,6 +281,40 @@ def common_versions(brokers: list[dict[int, tuple[int, int]]]) -> dict[int, tupl
     return common
 
 
+def common_features(brokers: list[Features]) -> Features:
+    """What the brokers' features come to for the cluster: those every one supports (the ranges'
+    intersection), and the finalized ones of the latest epoch (finalized levels are cluster-wide; a
+    broker may not have seen the latest yet)."""
+    supported: dict[str, tuple[int, int]] = {}
+    for name, (lo, hi) in brokers[0].supported.items():
+        for other in brokers[1:]:
+            found = other.supported.get(name)
+            if found is None:
+                break
+            lo, hi = max(lo, found[0]), min(hi, found[1])
+        else:
+            if lo <= hi:
+                supported[name] = (lo, hi)
+    latest = max(brokers, key=lambda b: b.epoch)
+    return Features(supported, latest.epoch, dict(latest.finalized))
+
+
+def gateway_features(upstream: Features) -> Features:
+    """The upstream's features as the gateway offers them: less ``HIDDEN_FEATURES``, and those of
+    ``FEATURE_CAPS`` no higher than their cap."""
+    supported: dict[str, tuple[int, int]] = {}
+    for name, (lo, hi) in upstream.supported.items():
+        hi = min(hi, FEATURE_CAPS.get(name, hi))
+        if name not in HIDDEN_FEATURES and lo <= hi:
+            supported[name] = (lo, hi)
+    finalized: dict[str, tuple[int, int]] = {}
+    for name, (lo, hi) in upstream.finalized.items():
+        hi = min(hi, FEATURE_CAPS.get(name, hi))
+        if name not in HIDDEN_FEATURES and hi > 0:  # a feature at level 0 is not finalized
+            finalized[name] = (min(lo, hi), hi)
+    return Features(supported, upstream.epoch, finalized)
+
+
 def api_versions(upstream: dict[int, tuple[int, int]]) -> list[tuple[int, int, int]]:
     """``(key, min, max)`` offered to clients, given the upstream's ranges."""
     load_all()  # every local API registered (the server has done it; a lone caller may not have)
@@ -282,20 +338,53 @@ def api_versions(upstream: dict[int, tuple[int, int]]) -> list[tuple[int, int, i
 
 
 def api_versions_response(versions: list[tuple[int, int, int]], version: int, correlation: int,
-                          software: tuple[str | None, str | None] | None) -> bytes:
-    """kcoord's ApiVersions answer in gateway mode (v3+ requests name valid client software)."""
+                          software: tuple[str | None, str | None] | None, features: Features = NO_FEATURES) -> bytes:
+    """kcoord's ApiVersions answer in gateway mode (v3+ requests name valid client software; their
+    answers carry the ``features``, below v4 without the supported ones whose minimum is 0, as Kafka's)."""
     cls = k18.Response
     if version >= 3 and software is not None and not all(k18.valid_software(v) for v in software):
         body = cls(error_code=ErrorCode.INVALID_REQUEST, api_keys=[], throttle_time_ms=0)
     else:
         body = cls(error_code=0, throttle_time_ms=0,
                    api_keys=[cls.ApiVersion(api_key=k, min_version=lo, max_version=hi) for k, lo, hi in versions])
+        if version >= 3:
+            supported = sorted((n, lo, hi) for n, (lo, hi) in features.supported.items() if version >= 4 or lo > 0)
+            body.supported_features = [cls.SupportedFeatureKey(name=name, min_version=lo, max_version=hi)
+                                       for name, lo, hi in supported]
+            body.finalized_features_epoch = features.epoch
+            body.finalized_features = [cls.FinalizedFeatureKey(name=name, min_version_level=lo, max_version_level=hi)
+                                       for name, (lo, hi) in sorted(features.finalized.items())]
     return k18.SPEC.encode_response(body, version, correlation)
 
 
-def parse_api_versions(frame: bytes) -> dict[int, tuple[int, int]]:
-    """The upstream's ApiVersions v0 reply (framed) as key -> (min, max)."""
-    _, body = decode_reply(k18.SPEC.response, frame, 0)
+def parse_api_versions(frame: bytes, version: int = 0) -> tuple[dict[int, tuple[int, int]], Features]:
+    """The upstream's ApiVersions reply (framed) at ``version``: key -> (min, max), and its features
+    (none below v3). RewriteError for an error answer; UnsupportedApiVersions for KIP-511's answer to a
+    version above the broker's range."""
+    if version and len(frame) >= 10 and struct.unpack_from(">h", frame, 8)[0] == ErrorCode.UNSUPPORTED_VERSION:
+        try:  # KIP-511: the v0 body, with its own range
+            ranges = [k.max_version for k in decode_reply(k18.SPEC.response, frame, 0)[1].api_keys
+                      if k.api_key == API_VERSIONS]
+        except RewriteError:  # librdkafka's mock cluster encodes it wrong: v0, which every broker speaks
+            ranges = []
+        raise UnsupportedApiVersions(ranges[0] if ranges else 0)
+    try:  # (its response header has no tagged fields, flexible or not: KIP-511)
+        body, _ = k18.SPEC.response.decode(frame, version, 8)
+    except (ValueError, struct.error) as exc:
+        raise RewriteError(f"ApiVersionsResponse v{version}: {exc}") from exc
     if body.error_code:
         raise RewriteError(f"upstream ApiVersions error {body.error_code}")
-    return {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
+    versions = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
+    if version < 3:
+        return versions, NO_FEATURES
+    supported = {f.name: (f.min_version, f.max_version) for f in body.supported_features or ()}
+    finalized = {f.name: (f.min_version_level, f.max_version_level) for f in body.finalized_features or ()}
+    return versions, Features(supported, body.finalized_features_epoch, finalized)
+
+
+class UnsupportedApiVersions(RewriteError):
+    """The broker does not speak the ApiVersions version asked; ``highest`` is the highest it does."""
+
+    def __init__(self, highest: int) -> None:
+        super().__init__(f"upstream ApiVersions speaks up to v{highest}")
+        self.highest = highest

@@ -29,7 +29,7 @@ from tests.gateway.conftest import (
     scrape,
     start_gateway,
 )
-from tests.gateway.fake_upstream import MISMATCHED_ENDPOINT_TYPE, FakeUpstream
+from tests.gateway.fake_upstream import MISMATCHED_ENDPOINT_TYPE, FakeUpstream, Features
 from tests.gateway.mock_cluster import MockCluster
 from tests.kcoord_process import KcoordProcess, free_port
 from tests.rawclient import RawClient, commit_request, fetch_request
@@ -123,6 +123,48 @@ def test_a_broker_first_seen_in_a_relayed_metadata_answer_is_asked_its_versions_
         while api_versions(kcoord.port)[0] != (0, 7) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert api_versions(kcoord.port)[0] == (0, 7)
+    finally:
+        kcoord.stop()
+        fake.stop()
+
+
+def test_api_versions_carry_the_upstreams_features(tmp_path: Path) -> None:
+    """A gateway audit's find: kcoord's ApiVersions v3+ answer carried no features (KIP-584), which
+    kafka-python's describe_features and Kafka's Java clients read (Kafka 4's producer takes
+    transaction.version 2 to mean the transaction protocol v2). They are now the upstream's: those
+    every broker supports, finalized as the latest epoch says, less the group-protocol features of APIs
+    kcoord hides and transaction.version above 1 (its v2 needs Produce v12, past the gateway's v9).
+    Below v4, supported features whose minimum is 0 are left out, as Kafka's brokers do."""
+    from kafka import KafkaAdminClient
+
+    fake = FakeUpstream(3)
+    supported = [("metadata.version", 1, 27), ("kraft.version", 0, 1), ("transaction.version", 0, 2),
+                 ("group.version", 0, 1), ("share.version", 0, 1)]
+    finalized = [("metadata.version", 27, 27), ("kraft.version", 1, 1), ("transaction.version", 2, 2),
+                 ("group.version", 1, 1)]
+    for node in fake.offered:
+        fake.offered[node] = [(key, lo, 4 if key == 18 else hi) for key, lo, hi in fake.offered[node]]
+        fake.features[node] = Features(supported, 42, finalized)
+    fake.features[2] = Features([("metadata.version", 1, 25), *supported[1:]], 40, [("metadata.version", 25, 25)])
+    kcoord = start_gateway(tmp_path, fake.bootstrap)
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=kcoord.bootstrap)
+        try:
+            described = admin.describe_features()
+        finally:
+            admin.close()
+        assert described == {
+            "metadata.version": {"supported": (1, 25), "finalized": (27, 27), "finalized_epoch": 42},
+            "kraft.version": {"supported": (0, 1), "finalized": (1, 1), "finalized_epoch": 42},
+            "transaction.version": {"supported": (0, 1), "finalized": (1, 1), "finalized_epoch": 42},
+        }
+        client = RawClient(kcoord.port)
+        try:
+            v3 = client.call(ApiVersionsRequest(client_software_name="test", client_software_version="1"), 3)
+        finally:
+            client.close()
+        assert [(f.name, f.min_version, f.max_version) for f in v3.supported_features] == [("metadata.version", 1, 25)]
+        assert len(v3.finalized_features) == 3
     finally:
         kcoord.stop()
         fake.stop()
