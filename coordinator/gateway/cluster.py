@@ -68,7 +68,6 @@ class Cluster:
         self.features = rewrite.NO_FEATURES  # the upstream's, as the gateway offers them
         self.node_versions: dict[int, Answer] = {}  # each live broker's ApiVersions answer
         self._discovered: Answer = ({}, rewrite.NO_FEATURES)  # the last discovery answer (if no broker's is)
-        self._asked_at: dict[tuple[str, int], int] = {}  # an address's ApiVersions version, once lowered
         self._turn = 0  # the broker asked again this round, in turn
         self._asking: asyncio.Task[None] | None = None  # brokers new in a relayed Metadata answer, being asked
         self.advertised_host = config.broker_host or config.advertised[0]
@@ -214,15 +213,15 @@ class Cluster:
 
     async def _api_versions(self, link: UpstreamLink) -> Answer:
         """The broker's ApiVersions answer, asked at v4 (its features), else the highest it speaks
-        (told in KIP-511's answer to a version above its range, on the same connection; remembered)."""
+        (told in KIP-511's answer to a version above its range), on the same connection."""
         timeout = self.config.upstream_timeout_ms / 1000.0
-        version = self._asked_at.get(link.addr, API_VERSIONS_ASKED)
+        version = API_VERSIONS_ASKED
         for correlation in (1, 3):
             reply = await asyncio.wait_for(link.request(_api_versions_request(version, correlation)), timeout)
             try:
                 return rewrite.parse_api_versions(reply, version)
             except rewrite.UnsupportedApiVersions as exc:
-                version = self._asked_at[link.addr] = min(exc.highest, version - 1) if exc.highest >= 3 else 0
+                version = min(exc.highest, version - 1) if exc.highest >= 3 else 0
         raise rewrite.RewriteError(f"upstream {link.addr[0]}:{link.addr[1]} refused ApiVersions v{version}")
 
     async def _ask(self, node: int) -> None:
@@ -286,13 +285,13 @@ class Cluster:
                 self.node_versions[node] = versions
             if self.offered is None:
                 self._offer()  # ready at once; narrowed below if another broker speaks less
-            await self._ask_brokers(answered, turn=True)
             if body.controller_id >= 0:
                 self.controller_id = body.controller_id
             if not self._healthy:
                 log.info("upstream cluster reachable: %d brokers %s", len(self.brokers), sorted(self.brokers))
                 upstream_reached_again()
             self._healthy = True
+            await self._ask_brokers(answered, turn=True)
             return True
         if self._healthy or self.offered is None:
             log.warning("no upstream broker answers (tried %s)", ", ".join(f"{h}:{p}" for h, p in candidates))
