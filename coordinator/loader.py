@@ -10,6 +10,7 @@ from typing import Final
 
 from coordinator.gcpause import freeze_loaded, gc_paused
 from coordinator.state import NO_PRODUCER, ShardData
+from protocol.records import RecordError
 from storage.batch import COMMIT, decode_runs
 from storage.log import PartitionLog
 
@@ -40,7 +41,14 @@ def replay_log(partition: int, partition_log: PartitionLog, data: ShardData, dur
                 data.replay_end_transaction(batch.producer_id, batch.control_type == COMMIT)
                 continue
             producer = batch.producer_id if batch.is_transactional else NO_PRODUCER
-            runs, skipped = (batch.runs, batch.unknown) if batch.runs is not None else decode_runs(batch.records)
+            if batch.runs is not None:
+                runs, skipped = batch.runs, batch.unknown
+            else:
+                try:
+                    runs, skipped = decode_runs(batch.records)
+                except RecordError as unreadable:  # fails the partition (coordinator.shard), as in Kafka's loader
+                    raise RecordError(f"batch at offsets [{batch.base_offset}, {batch.last_offset}]: "
+                                      f"{unreadable}") from unreadable
             for start, run in runs:
                 data.replay_records(start, run, producer)
                 records += len(run)

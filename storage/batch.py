@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from protocol import compiled
 from protocol.hotcodec import int16_at, int32_at, int64_at, uint32_at
-from protocol.records import LoadedRecord, UnknownRecord, decode_record
+from protocol.records import LoadedRecord, RecordError, UnknownRecord, decode_record
 from storage import loadcodec
 from storage.batchwriter import LOG_OVERHEAD as LOG_OVERHEAD
 from storage.batchwriter import MAGIC as MAGIC
@@ -141,7 +141,9 @@ def read_head(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
 def decode_batch(data: bytes, replayable: bool = False) -> Batch:
     """Decodes a whole batch (``data`` is exactly its bytes), checking magic, CRC and record layout.
     With ``replayable`` and the compiled ``storage.loadcodec``, an uncompressed data batch comes with its
-    decoded ``runs`` (and no ``records``): the loader's fast path, same checks, same errors."""
+    decoded ``runs`` (and no ``records``): the loader's fast path, same checks, same errors. Neither path
+    raises here for a record of a known type that does not parse (RecordError) in a batch whose layout
+    does: ``decode_runs`` raises it when the batch's records are read, after recovery kept the batch."""
     if len(data) < BATCH_HEADER_BYTES:
         raise BatchError(f"batch of {len(data)} bytes is shorter than the v2 header")
     if data[_MAGIC_OFFSET] != MAGIC:
@@ -161,10 +163,18 @@ def decode_batch(data: bytes, replayable: bool = False) -> Batch:
             runs, unknown = loadcodec.decode_records(data, base_offset)
         except RecordsError as bad_records:  # a name of its own: compiled, a name has one type
             raise BatchError(f"batch at offset {base_offset}: {bad_records}") from bad_records
-        return Batch(base_offset, base_offset + last_delta, len(data),
-                     int64_at(data, _PRODUCER_ID_POSITION), int16_at(data, _PRODUCER_EPOCH_POSITION),
-                     bool(attributes & _TRANSACTIONAL_FLAG), None, (), int64_at(data, _BASE_TIMESTAMP_POSITION),
-                     int64_at(data, _MAX_TIMESTAMP_POSITION), attributes, runs, unknown)
+        except RecordError:
+            # A record that does not parse in a whole batch (a writer's, not a torn write: its CRC holds) is
+            # not this batch's damage: read on as the pure-Python path reads it, the batch with its reader's
+            # records, whose decode_runs raises the RecordError when the loader replays it. Raised here, it
+            # came before recovery's own verdict on the batch (offsets gone back: cut as damage; where the
+            # journal's run starts: replaced) and failed a partition the other build loaded.
+            pass
+        else:
+            return Batch(base_offset, base_offset + last_delta, len(data),
+                         int64_at(data, _PRODUCER_ID_POSITION), int16_at(data, _PRODUCER_EPOCH_POSITION),
+                         bool(attributes & _TRANSACTIONAL_FLAG), None, (), int64_at(data, _BASE_TIMESTAMP_POSITION),
+                         int64_at(data, _MAX_TIMESTAMP_POSITION), attributes, runs, unknown)
     compressed = attributes & COMPRESSION_MASK
     raw = _reference_reader()(data) if compressed or BatchReader is None else BatchReader(data)
     if not crc_matches:
@@ -199,8 +209,8 @@ def decode_run(buf: bytes, rel: int, end: int, replayable: bool, out: list[Batch
             break
         try:
             batch = decode_batch(buf[rel : rel + batch_size], replayable)
-        except Exception:  # any refusal (a RecordError too) is raised by the caller's own decode, in order:
-            break  # after the batches before it are consumed, which may stop short of it
+        except Exception:  # any refusal is raised by the caller's own decode, in order: after the batches
+            break  # before it are consumed, which may stop short of it
         out.append(batch)
         rel += batch_size
     return rel - start
