@@ -8,9 +8,11 @@ On-disk layout (Kafka's own, reference section 8.4):
   kcoord always reads segments from the start.
 * ``<base>.log.<position>.tr``: bytes cut from a segment on load: damage past the recovery point (a
   torn write of a crashed process, or bytes appended behind our back). They are never silently
-  dropped; an operator can inspect them. Bytes *this* process appended past the durable end when a
-  write or fsync failed are truncated without a copy: nobody was told about them, and the likeliest
-  cause of the failure is a full disk, where a copy cannot be made.
+  dropped; an operator can inspect them, the newest ``ASIDE_KEPT`` (10) of them: a recovery removes
+  older ones beyond that, with a warning naming them (storage.segments ``prune_aside``). Bytes *this*
+  process appended past the durable end when a write or fsync failed are truncated without a copy:
+  nobody was told about them, and the likeliest cause of the failure is a full disk, where a copy
+  cannot be made.
 * ``recovery-point``: ``<segment base> <byte position>`` up to which the log is known durable (written,
   fsynced and renamed into place on clean close, before a compaction swap merges segments past it,
   and about once a second while commits arrive: with ``syncfs`` by storage.sync's recorder thread,
@@ -47,6 +49,7 @@ from storage.recoverypoint import claim_lock, read_claim, run_reaches, short_of
 from storage.segments import (
     Damage,
     Segment,
+    aside_files,
     aside_path,
     common_prefix,
     cut_aside,
@@ -54,6 +57,7 @@ from storage.segments import (
     fsync_existing,
     fsync_path,
     list_segments,
+    prune_aside,
     read_segment,
     segment_name,
     set_aside,
@@ -129,6 +133,7 @@ class PartitionLog:
         self.close()
         self.recovered = False
         self.segments = list_segments(self.directory)  # a retry after a failed recovery starts afresh
+        earlier = {path.name for path, _ in aside_files(self.directory)}
         claim = known_base, known_position = self.recorded_claim()
         if known_base < 0 and os.path.lexists(self.directory / RECOVERY_POINT):
             # Logged here, once per load, not by every reader of the claim (the recorder reads it too).
@@ -231,6 +236,10 @@ class PartitionLog:
         except OSError as exc:  # a read-only directory can still be served; the claim is just not recorded
             log.warning("%s: could not record the recovery point (%s); the log is intact", self.directory,
                         exc.strerror or exc)
+        try:
+            prune_aside(self.directory, earlier)
+        except OSError as exc:  # they stay until a later recovery: nothing the log needs
+            log.warning("%s: could not remove old files of bytes set aside (%s)", self.directory, exc.strerror or exc)
 
     def _journal_run(self) -> list[bytes]:
         """This partition's batches in the journal that the log may not hold (storage.journal). A gap in

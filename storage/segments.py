@@ -15,7 +15,12 @@ from storage.batch import LOG_OVERHEAD, Batch, BatchError, decode_batch, decode_
 log = logging.getLogger(__name__)
 
 LOAD_BUFFER_BYTES: Final = 5 * 1024 * 1024
+# Segment bytes set aside (``aside_path``) kept per partition directory: a recovery removes the oldest
+# beyond these (``prune_aside``). Each crash that leaves unacknowledged batches in a log, and each reload
+# after a failed journal write, sets some aside, and nothing else ever removed them.
+ASIDE_KEPT: Final = 10
 _SEGMENT_RE: Final = re.compile(r"^(\d{20})\.log$")
+_ASIDE_RE: Final = re.compile(r"^\d{20}\.log\.\d+(?:\.\d+)?\.tr$")
 _SWAP_RE: Final = re.compile(r"^(\d{20})-(\d{20})\.swap$")
 
 
@@ -174,9 +179,11 @@ def aside_path(segment: Path, position: int) -> Path:
 
 def set_aside(seg: Segment, why: str) -> None:
     """Moves a whole segment to ``<segment>.0.tr`` by renaming it: no copy, so it works on a full
-    disk, which is the likeliest reason a write failed."""
+    disk, which is the likeliest reason a write failed. Its modification time becomes now, when it was
+    set aside, which ``prune_aside`` goes by (an inode update: no room needed either)."""
     aside = aside_path(seg.path, 0)
     os.rename(seg.path, aside)
+    os.utime(aside)
     fsync_path(seg.path.parent)
     log.warning("%s: set aside all %d bytes (%s), kept in %s", seg.path, seg.size, why, aside.name)
 
@@ -195,6 +202,45 @@ def cut_aside(seg: Segment, position: int, why: str) -> None:
     fsync_path(seg.path.parent)
     seg.size = position
     log.warning("%s: cut %d bytes at byte %d (%s), kept in %s", seg.path, len(data), position, why, aside.name)
+
+
+def aside_files(directory: Path) -> list[tuple[Path, int]]:
+    """The segment bytes recoveries set aside in ``directory`` (``<segment>.<position>[.<n>].tr``; not a
+    failed partition's ``journal-batches.<n>.tr``, kept for its repair) with their sizes, oldest first:
+    by the time each was written or set aside, then by name."""
+    found = []
+    for entry in directory.iterdir():
+        if _ASIDE_RE.match(entry.name):
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            found.append((st.st_mtime_ns, entry.name, entry, st.st_size))
+    found.sort()
+    return [(path, size) for _, _, path, size in found]
+
+
+def prune_aside(directory: Path, earlier: set[str], keep: int = ASIDE_KEPT) -> None:
+    """Removes the oldest segment bytes set aside in ``directory`` while more than ``keep`` are there,
+    but only ones named in ``earlier`` (present before the recovery now ending: what it set aside itself
+    stays, however much), with a WARNING naming them. Kafka keeps no such copies; kcoord keeps the
+    newest for an operator, and without a bound a crash loop or a flapping disk piled them up."""
+    files = aside_files(directory)
+    removed: list[tuple[str, int]] = []
+    for path, size in files:
+        if len(files) - len(removed) <= keep:
+            break
+        if path.name in earlier:
+            path.unlink(missing_ok=True)
+            removed.append((path.name, size))
+    if not removed:
+        return
+    fsync_path(directory)
+    names = ", ".join(name for name, _ in removed[:20])
+    if len(removed) > 20:
+        names += f" and {len(removed) - 20} more"
+    log.warning("%s: removed the %d oldest files of bytes set aside (%d bytes; the newest %d are kept): %s",
+                directory, len(removed), sum(size for _, size in removed), keep, names)
 
 
 def common_prefix(a: bytes, b: bytes) -> int:

@@ -1,3 +1,5 @@
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -8,7 +10,7 @@ from hypothesis import strategies as st
 from storage.batchwriter import Entry, build_batch
 from storage.log import RECOVERY_POINT, LogCorruptError, PartitionLog
 from storage.recoverypoint import run_reaches
-from storage.segments import list_segments, segment_name
+from storage.segments import ASIDE_KEPT, aside_files, list_segments, segment_name
 
 T = 1700000000000
 
@@ -457,3 +459,61 @@ def test_a_recovery_point_claiming_nothing_needs_no_segment(tmp_path: Path) -> N
     (tmp_path / RECOVERY_POINT).write_text("0 1")
     with pytest.raises(LogCorruptError, match="segments were removed"):
         offsets(tmp_path)
+
+
+def _earlier_asides(directory: Path, count: int) -> list[Path]:
+    """``count`` files of bytes set aside by earlier recoveries, an hour apart, oldest first."""
+    made = []
+    for i in range(count):
+        path = directory / f"{segment_name(i)}.{i}.tr"
+        path.write_bytes(b"x" * (i + 1))
+        os.utime(path, ns=(0, (T - (count - i) * 3_600_000) * 1_000_000))
+        made.append(path)
+    return made
+
+
+def test_a_recovery_keeps_the_newest_files_set_aside_and_says_what_it_removed(tmp_path: Path, caplog: Any) -> None:
+    """Every kill -9 that leaves unacknowledged batches in a log, and every reload after a failed
+    journal write, sets some aside; nothing removed them, and a crash loop or a flapping disk piled them
+    up without bound. A recovery keeps the newest ASIDE_KEPT, its own always, and names what it removes.
+    A failed partition's journal copy (for its repair) and other files are not counted or touched."""
+    plog = PartitionLog(tmp_path)
+    write(plog, 3)
+    plog.close()
+    crash_before_checkpoint(tmp_path)
+    seg = tmp_path / segment_name(0)
+    seg.write_bytes(seg.read_bytes()[:-10])  # a torn tail: this recovery sets it aside
+    earlier = _earlier_asides(tmp_path, ASIDE_KEPT + 2)
+    journal_copy = tmp_path / "journal-batches.0.tr"
+    journal_copy.write_bytes(b"kept for a repair")
+    os.utime(journal_copy, ns=(0, 0))
+    with caplog.at_level(logging.WARNING, logger="storage.segments"):
+        assert offsets(tmp_path) == [0, 1]
+    left = [p for p, _ in aside_files(tmp_path)]
+    assert left == [*earlier[3:], tmp_path / f"{segment_name(0)}.{seg.stat().st_size}.tr"]  # 9 older + its own
+    assert journal_copy.exists() and len(left) == ASIDE_KEPT
+    removed = [r.getMessage() for r in caplog.records if "removed the" in r.getMessage()]
+    assert removed == [f"{tmp_path}: removed the 3 oldest files of bytes set aside (6 bytes; the newest "
+                       f"{ASIDE_KEPT} are kept): {', '.join(p.name for p in earlier[:3])}"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="storage.segments"):
+        assert offsets(tmp_path) == [0, 1]  # nothing more set aside, nothing more removed
+    assert [p for p, _ in aside_files(tmp_path)] == left and not caplog.records
+
+
+def test_a_recovery_keeps_all_it_set_aside_itself(tmp_path: Path) -> None:
+    """More than ASIDE_KEPT segments after a torn write: every one is kept (only earlier ones go), and
+    a segment set aside whole counts from when it was, not from its last write."""
+    plog = PartitionLog(tmp_path, segment_bytes=200)
+    write(plog, ASIDE_KEPT + 3)
+    plog.close()
+    crash_before_checkpoint(tmp_path)
+    segs = list_segments(tmp_path)
+    assert len(segs) == ASIDE_KEPT + 3
+    os.utime(segs[-1].path, ns=(0, 0))  # written long ago
+    earlier = _earlier_asides(tmp_path, 2)
+    segs[0].path.write_bytes(segs[0].path.read_bytes()[:-10])  # the first segment's only batch, torn
+    assert offsets(tmp_path, 200) == []
+    left = [p.name for p, _ in aside_files(tmp_path)]
+    assert len(left) == ASIDE_KEPT + 3 and not any(p.exists() for p in earlier)
+    assert left[-1] == f"{segs[-1].path.name}.0.tr"  # set aside last, so the newest
