@@ -27,6 +27,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from wcwidth import wcswidth
+
 from coordinator.config import bounded_int, reachable_host_port
 
 NEEDS_GROUP = ("describe", "offsets", "delete", "reset-offsets", "delete-offsets")
@@ -213,10 +215,20 @@ class Result:
 
 
 def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
+    """Columns aligned by how wide each value shows on a terminal, not by its length: a group or topic
+    named in CJK characters takes two columns per character, an accent combined with its letter none."""
     cells = [list(columns)] + [["" if v is None else str(v) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    for row in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip(), file=out)
+    shown = [[_shown_width(v) for v in row] for row in cells]
+    widths = [max(r[i] for r in shown) for i in range(len(columns))]
+    for row, row_shown in zip(cells, shown, strict=True):
+        print("  ".join(v + " " * (w - n) for v, n, w in zip(row, row_shown, widths, strict=True)).rstrip(), file=out)
+
+
+def _shown_width(value: str) -> int:
+    """Terminal columns ``value`` takes (wcwidth); its length if it holds a character that has none (a
+    control character, printed as it is, as Kafka's tool prints it)."""
+    width = wcswidth(value)
+    return width if width >= 0 else len(value)
 
 
 def _describe(admin: Any, group: str) -> dict[str, Any]:

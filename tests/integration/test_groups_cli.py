@@ -285,3 +285,19 @@ def test_describe_shows_static_members_instance_ids(server: KcoordProcess) -> No
                               "PARTITIONS"]
     assert row.split()[3:5] == [joined.member_id, "instance-7"]
     member.close()
+
+
+def test_the_table_lines_up_names_as_a_terminal_shows_them(server: KcoordProcess) -> None:
+    """Padding by length put every column after a CJK group name (two terminal columns a character)
+    out of line with the header."""
+    from wcwidth import wcswidth
+
+    simple_offsets(server, "消费者组", {("t", 0): 1})
+    simple_offsets(server, "plain", {("t", 0): 2})
+    result = groups(server, "list", json_out=False)
+    assert result.returncode == 0, result.stderr
+    header, *rows = result.stdout.splitlines()
+    state_at = wcswidth(header[: header.index("STATE")])
+    assert sorted(r.split()[0] for r in rows) == ["plain", "消费者组"]
+    for row in rows:
+        assert wcswidth(row[: row.index("Empty")]) == state_at, result.stdout
