@@ -20,7 +20,7 @@ def starts_of(line: str, values: list[str]) -> list[int]:
 def test_columns_line_up_as_a_terminal_shows_them() -> None:
     """Padding went by length: a name in CJK characters (two columns each) or with a combining accent
     (none) pushed or pulled every later column of its row out of line."""
-    rows = [["消费者组", "Stable", 3], ["plain", "Empty", 12], ["cafe\u0301", "Dead", None]]
+    rows: list[list[object]] = [["消费者组", "Stable", 3], ["plain", "Empty", 12], ["cafe\u0301", "Dead", None]]
     out = io.StringIO()
     _table(["GROUP", "STATE", "MEMBERS"], rows, out)
     lines = out.getvalue().splitlines()
