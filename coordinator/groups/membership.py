@@ -111,7 +111,7 @@ class Membership:
             over = group.members.get(j.member_id)
             if over is not None:  # the group shrank below its members (a lower group.max.size)
                 self._drop_member(group, over)
-            group.pending_members.discard(j.member_id)  # as Kafka's group.remove: its id is spent
+            group.pending_members.pop(j.member_id, None)  # as Kafka's group.remove: its id is spent
             return OpResult(records, JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED), replay=False)
         if not j.member_id:
             result = self._join_new(data, req, group, j)
@@ -148,7 +148,7 @@ class Membership:
         if j.require_known_member_id:
             # KIP-394: hand out an id and wait for the member to rejoin with it; an id never used
             # again is dropped after the session timeout.
-            group.pending_members.add(new_id)
+            group.pending_members[new_id] = None
             self.shard.schedule(heartbeat_key(group.group_id, new_id), j.session_timeout_ms, self._expire_heartbeat,
                                 group.group_id, new_id)
             return OpResult([], JoinResult(ErrorCode.MEMBER_ID_REQUIRED, new_id))
@@ -199,7 +199,7 @@ class Membership:
                              j.session_timeout_ms, j.protocol_type, j.protocols, is_new=True)
         if group.is_in(GroupState.PREPARING_REBALANCE) and group.previous_state is GroupState.EMPTY:
             group.new_member_added = True  # extends the initial delay
-        group.pending_members.discard(member_id)
+        group.pending_members.pop(member_id, None)
         group.add(member)
         self._park_join(member, req)
         # A new member cannot heartbeat (no id yet on its side) and a parked join hides disconnects: it is
@@ -354,7 +354,7 @@ class Membership:
                 parked.complete(self._join_answer(group, member, group.leader == member.member_id))
             self._reschedule_heartbeat(group, member)
             member.is_new = False
-            group.pending_sync.add(member.member_id)
+            group.pending_sync[member.member_id] = None
         self.shard.schedule(sync_key(group.group_id), group.rebalance_timeout_ms(), self._sync_expired, group.group_id,
                             group.generation)
         return OpResult([], None)
@@ -418,7 +418,7 @@ class Membership:
         return OpResult([GroupMetadataRecord(group_id, stored)], PARKED, on_durable=durable, replay=False)
 
     def _synced(self, group: ClassicGroup, member_id: str) -> None:
-        group.pending_sync.discard(member_id)
+        group.pending_sync.pop(member_id, None)
         if not group.pending_sync or not group.is_in(GroupState.COMPLETING_REBALANCE, GroupState.STABLE):
             self.shard.timers.cancel(sync_key(group.group_id))
 
@@ -479,7 +479,7 @@ class Membership:
         if group is None or group.is_in(GroupState.DEAD):
             return OpResult([], None)
         if member_id in group.pending_members:
-            group.pending_members.discard(member_id)
+            group.pending_members.pop(member_id, None)
             if group.is_in(GroupState.PREPARING_REBALANCE) and group.all_joined():
                 return self._complete_join(data, group)
             return OpResult([], None)
@@ -525,7 +525,7 @@ class Membership:
                 self._drop_member(group, group.members[holder])
                 gone.append(holder)
             elif member_id in group.pending_members:  # a valid leave too: a Stable group rebalances (Kafka 4)
-                group.pending_members.discard(member_id)
+                group.pending_members.pop(member_id, None)
                 self.shard.timers.cancel(heartbeat_key(group_id, member_id))
                 gone.append(member_id)
             else:

@@ -120,8 +120,10 @@ class ClassicGroup:
     current_state_timestamp: int = -1
     members: dict[str, GroupMember] = field(default_factory=dict)
     static_members: dict[str, str] = field(default_factory=dict)  # group instance id -> member id
-    pending_members: set[str] = field(default_factory=set)  # KIP-394: ids handed out, rejoin awaited
-    pending_sync: set[str] = field(default_factory=set)  # joined this generation, no SyncGroup yet
+    # Member ids as dict keys (values None), not sets: an empty dict takes 64 bytes, an empty set 216, and
+    # most groups have neither (a commit's simple group: 783 bytes an empty group with two sets, 479 now).
+    pending_members: dict[str, None] = field(default_factory=dict)  # KIP-394: ids handed out, rejoin awaited
+    pending_sync: dict[str, None] = field(default_factory=dict)  # joined this generation, no SyncGroup yet
     new_member_added: bool = False  # extends the initial rebalance delay
     # The topics the members subscribe to as of this generation (Kafka's subscribedTopics): taken when a
     # generation starts and when the group is loaded, not as members rejoin with other subscriptions.
@@ -164,7 +166,7 @@ class ClassicGroup:
             return None
         if member.group_instance_id is not None and self.static_members.get(member.group_instance_id) == member_id:
             del self.static_members[member.group_instance_id]
-        self.pending_sync.discard(member_id)
+        self.pending_sync.pop(member_id, None)
         if self.leader == member_id:
             self.leader = next(iter(self.members), None)
         return member
@@ -178,8 +180,8 @@ class ClassicGroup:
         if self.leader == old_id:
             self.leader = new_id
         if old_id in self.pending_sync:
-            self.pending_sync.discard(old_id)
-            self.pending_sync.add(new_id)
+            del self.pending_sync[old_id]
+            self.pending_sync[new_id] = None
         return member
 
     @property
