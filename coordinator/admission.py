@@ -21,6 +21,7 @@ import logging
 import resource
 
 from coordinator.logfmt import Repeated
+from coordinator.metrics import AbortReason
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,10 @@ class Admission:
                         open_files_limit, partitions, self.highest_fd, reserve)
         self._refusals = Repeated(log, REFUSAL_LOG_INTERVAL_S)
 
-    def refusal(self, fd: int, open_connections: int) -> str | None:
+    def refusal(self, fd: int, open_connections: int) -> AbortReason | None:
         """Why a new connection on descriptor ``fd`` must be closed (a metric label), or None."""
         if self.max_connections is not None and open_connections >= self.max_connections:
-            reason = "max_connections"
+            reason: AbortReason = "max_connections"
             why = f"{open_connections} client connections are open (--max-connections {self.max_connections})"
         elif self.highest_fd is not None and fd > self.highest_fd:
             reason = "file_descriptors"

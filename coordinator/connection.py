@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from coordinator import gcpause
 from coordinator.apis import APIS
 from coordinator.handoff import on_loop
+from coordinator.metrics import AbortReason
 from coordinator.request import PARKED, Relayed, Request, ShardUnavailable, decode_and_prepare, encode_reply
 from protocol.errors import ErrorCode
 from protocol.framing import FrameError, FrameReader
@@ -465,7 +466,7 @@ class Connection(asyncio.Protocol):
         self._update_reading()
         self._close_if_finished()
 
-    def refuse(self, why: str, reason: str) -> None:
+    def refuse(self, why: str, reason: AbortReason) -> None:
         """A request it cannot serve (a bad frame or header, an unknown API or version, a malformed
         body): nothing more is read or started, and the connection closes once the replies to the
         requests before it are written. Kafka reads a connection's next request only after answering
@@ -481,7 +482,7 @@ class Connection(asyncio.Protocol):
             self._update_reading()
         self._close_if_finished()
 
-    def abort(self, why: str, reason: str = "other") -> None:
+    def abort(self, why: str, reason: AbortReason) -> None:
         """Closes the connection at once; ``reason`` is a fixed word for the refused-connections metric.
         Once only: several of its requests may fail to be answered in one pass (coordinator.request)."""
         if self.closed:

@@ -19,7 +19,7 @@ tuple of 16 floats for every ``bisect`` call.
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal, get_args
 
 from storage.cleaner import CleanStats
 
@@ -33,9 +33,14 @@ ERRORS: Final = 256  # error codes -1 (UNKNOWN_SERVER_ERROR) to 254 are counted 
 # Why kcoord closes a connection at once (``connection_refused``): exported from the start at 0, each one,
 # so that the first abort is an increase. A labelled counter series that first appears at 1 is no
 # increase to Prometheus' increase() and rate(): the alert on server_error never fired for a single one.
-ABORT_REASONS: Final = ("frame", "header", "unknown_api", "unsupported_version", "malformed", "too_slow",
-                        "server_error", "stopping", "max_connections", "file_descriptors")
-GATEWAY_ABORT_REASONS: Final = ("upstream",)  # gateway mode only
+# Every call that closes a connection names one of these (mypy checks it: ``AbortReason``), so none can
+# first appear at 1.
+ServerAbortReason = Literal["frame", "header", "unknown_api", "unsupported_version", "malformed", "too_slow",
+                            "server_error", "stopping", "max_connections", "file_descriptors"]
+GatewayAbortReason = Literal["upstream"]  # gateway mode only
+AbortReason = ServerAbortReason | GatewayAbortReason
+ABORT_REASONS: Final[tuple[str, ...]] = get_args(ServerAbortReason)
+GATEWAY_ABORT_REASONS: Final[tuple[str, ...]] = get_args(GatewayAbortReason)
 
 
 class Histogram:
@@ -201,6 +206,6 @@ class Metrics:
     def connection_accepted(self) -> None:
         self.connections_accepted += 1
 
-    def connection_refused(self, reason: str) -> None:
+    def connection_refused(self, reason: AbortReason) -> None:
         """A connection closed because of what it sent (``reason``: a short fixed word, a label value)."""
         self.connections_refused[reason] += 1

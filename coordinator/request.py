@@ -17,6 +17,7 @@ from protocol.registry import ApiSpec
 
 if TYPE_CHECKING:
     from coordinator.connection import Connection
+    from coordinator.metrics import AbortReason
     from coordinator.runtime import Runtime
 
 Fixup = Callable[[ErrorCode], None]
@@ -70,7 +71,7 @@ class ReplySink(Protocol):
         groups.membership, at a stop); False if one does."""
         ...
 
-    def abort(self, why: str, reason: str = "other") -> None:
+    def abort(self, why: str, reason: "AbortReason") -> None:
         """Close the connection at once (a request of it could not be answered)."""
         ...
 
