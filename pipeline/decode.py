@@ -179,10 +179,11 @@ def walk(split: Split, files: Files) -> Iterator[tuple[int, Batch] | Damage]:
             cand += 1
         return None
 
-    # where the log has got to (storage.log's recover); a split starting inside a segment does not know
-    # unless a read before this one told it, and reader.LogRead checks its first batch against the split
-    # before it
-    pos, next_offset = split.start, (seg.base_offset if split.start == 0 else split.expected)
+    # where the log has got to (storage.log's recover); a split does not know how far the segments and
+    # splits before it got unless a read before this one told it (``expected``: reader.LogRead checks each
+    # split's first batch against the splits before it), which at a segment's start may be past its base
+    # offset (the segment before it went on past that base)
+    pos, next_offset = split.start, (max(seg.base_offset, split.expected) if split.start == 0 else split.expected)
     while pos < split.end:
         if seg.size - pos < LOG_OVERHEAD:
             yield damage(pos, f"{seg.size - pos} bytes too short for a batch header")

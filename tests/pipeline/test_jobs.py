@@ -537,3 +537,25 @@ def test_a_batch_repeated_at_a_split_start_below_the_recovery_point_is_skipped_a
     assert read.df.count() == 21 and (again := read.cut_read()) is not None
     assert again.df.count() == 18 and again.cut_read() is None
     assert [(d.position, d.torn_tail) for d in again.damages()] == [(positions[6], False)]
+
+
+def test_a_batch_repeated_at_a_segments_start_below_the_recovery_point_is_skipped(spark: Any, tmp_path: Path) -> None:
+    """The same at a segment's start: a segment rolled at a repeat of the batch before (its base offset is
+    the repeat's, inside the segment before it). kcoord's recovery reads it as offsets going back; the
+    split that starts the segment was told where the log had got to, but walked from the segment's base
+    offset all the same, so its rows stayed."""
+    from tests.pipeline.logs import commit, plain_batches, write_partition
+
+    batches = plain_batches([[commit("g", "t", q, r) for q in range(3)] for r in range(4)])
+    data = tmp_path / "data"
+    directory = data / "__consumer_offsets-0"
+    write_partition(directory, [*batches[:2], batches[1], *batches[2:]], segment_bytes=2 * len(batches[0]))
+    assert (directory / "00000000000000000003.log").exists()  # the repeat of offsets 3-5 starts a segment
+    read = read_offsets_log(spark, [str(data)])
+    assert read.df.count() == 15 and (again := read.cut_read()) is not None
+    assert again.df.count() == 12 and again.cut_read() is None
+    assert [(Path(d.path).name, d.position, d.torn_tail) for d in again.damages()] == [
+        ("00000000000000000003.log", 0, False)]
+    code, err = job(spark, "snapshot", "--data-dir", str(data), "--out", str(tmp_path / "snap"), "--skip-corrupt")
+    assert code == 0 and "reading again without them" in err and err.count("CORRUPT") == 1, err
+    assert snapshot_rows(spark, tmp_path / "snap") == {"g": {("t", q): (3, "", -1) for q in range(3)}}

@@ -78,3 +78,24 @@ def test_split_size_is_a_cores_share_within_bounds() -> None:
     assert split_bytes_for(10, 2) == 4 << 20
     assert split_bytes_for(100 << 20, 2) == 50 << 20
     assert split_bytes_for(10 << 30, 2) == 128 << 20
+
+
+def test_a_split_told_where_the_log_got_to_skips_a_repeat_at_its_segments_start(tmp_path: Path) -> None:
+    """A segment whose first batch repeats offsets the segment before it holds (its base offset below
+    where that one ends): kcoord's recovery reads it as a batch whose offsets go back. The split that
+    starts the segment, told where the log had got to (LogRead.cut_read's ``starts``), skips it as it
+    skips one inside a split, not only from inside a segment."""
+    b0, b1, b2 = plain_batches([[commit("g", "t", p, r) for p in range(3)] for r in range(3)])
+    directory = tmp_path / "__consumer_offsets-0"
+    write_partition(directory, [b0, b1, b1, b2], segment_bytes=len(b0) + len(b1))  # rolls at the repeat
+    path = directory / "00000000000000000003.log"
+    size = path.stat().st_size
+    assert size == len(b1) + len(b2)
+    seg = SegmentFile(str(path), 0, 3, size, True, size)
+    files = LocalFiles()
+    unknown = [item for item in walk(Split(seg, 0, size), files)]
+    assert [item[0] for item in unknown if not isinstance(item, Damage)] == [0, len(b1)]  # base 3: cannot tell
+    told = list(walk(Split(seg, 0, size, 6), files))
+    assert [(d.position, d.reason, d.torn_tail) for d in told if isinstance(d, Damage)] == [
+        (0, "batch offset 3 below expected 6", False)]
+    assert [item[0] for item in told if not isinstance(item, Damage)] == [len(b1)]
