@@ -228,7 +228,12 @@ class Cluster:
         addr = self.brokers[node]
         link = UpstreamLink(addr, LinkOwner(), self.config.upstream_timeout_ms / 1000.0)
         try:
-            self.node_versions[node] = await self._api_versions(link)
+            answer = await self._api_versions(link)
+            # Kept only for the broker still listed at that address: one that left meanwhile (a broker list
+            # relayed while it was asked) is asked again when it comes back, perhaps with other software,
+            # and an answer from its old address is not its new one's.
+            if node in self.live and self.brokers.get(node) == addr:
+                self.node_versions[node] = answer
         except (TimeoutError, ConnectionError, rewrite.RewriteError) as exc:
             log.debug("upstream broker %d at %s:%d did not answer ApiVersions: %r", node, *addr, exc)
         finally:

@@ -1,12 +1,15 @@
 """The gateway's cluster view: which node coordinates the groups, which listener lists them and where
 each listener relays, as brokers come and go (coordinator/gateway/cluster.py)."""
 
+import asyncio
 import socket
 
 import pytest
 
 from coordinator.config import Config
+from coordinator.gateway import rewrite
 from coordinator.gateway.cluster import Cluster
+from coordinator.gateway.upstream import UpstreamLink
 
 COORDINATOR = 1_000_000_000
 
@@ -68,6 +71,60 @@ def test_an_upstream_broker_with_the_coordinators_node_id_is_relayed_to(caplog: 
         assert cluster.target(2) == ("h2", 9093)
         assert cluster.coordinator() == (2, "127.0.0.1", port)
         assert "has the node id of kcoord's group coordinator" in caplog.text
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_an_api_versions_answer_from_a_broker_that_left_while_asked_is_not_kept() -> None:
+    """A broker is asked its API versions when it appears in a broker list, and asked again when it comes
+    back after leaving one (restarted, perhaps with other software). An answer that arrives after the
+    broker left the list (a relayed Metadata answer meanwhile), or moved to another address, is not its
+    answer when it is listed again: kept, the broker was not asked again, and its old versions stood."""
+    sockets: list[socket.socket] = []
+    cluster = make_cluster(sockets)
+    old, new = ({0: (0, 9), 1: (4, 15)}, rewrite.NO_FEATURES), ({0: (0, 7), 1: (4, 12)}, rewrite.NO_FEATURES)
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        asked: list[tuple[str, int]] = []
+
+        async def api_versions(link: UpstreamLink) -> tuple[dict[int, tuple[int, int]], rewrite.Features]:
+            asked.append(link.addr)
+            if len(asked) == 1:
+                await gate.wait()  # the first answer comes after the broker list changed
+                return old
+            return new
+
+        cluster._api_versions = api_versions  # type: ignore[method-assign]
+        # (closed ports of the test range: the links fail at once; the answers above stand in for them)
+        cluster.learn([(1, "127.0.0.1", 29998), (2, "127.0.0.1", 29999)], ask=False)
+        cluster.node_versions[1] = new
+        asking = asyncio.create_task(cluster._ask_brokers())
+        await asyncio.sleep(0.01)
+        cluster.learn([(1, "127.0.0.1", 29998)], ask=False)  # broker 2 leaves while asked
+        gate.set()
+        await asking
+        assert 2 not in cluster.node_versions
+        cluster.learn([(1, "127.0.0.1", 29998), (2, "127.0.0.1", 29999)], ask=False)  # and comes back
+        await cluster._ask_brokers()
+        assert asked == [("127.0.0.1", 29999)] * 2 and cluster.node_versions[2] == new
+        assert cluster.upstream_versions == new[0]
+
+        # the same for a broker asked at one address that is listed at another meanwhile
+        asked.clear()
+        gate.clear()
+        cluster.learn([(1, "127.0.0.1", 29998)], ask=False)
+        cluster.learn([(1, "127.0.0.1", 29998), (2, "127.0.0.1", 29997)], ask=False)
+        asking = asyncio.create_task(cluster._ask_brokers())
+        await asyncio.sleep(0.01)
+        cluster.learn([(1, "127.0.0.1", 29998), (2, "127.0.0.1", 29996)], ask=False)
+        gate.set()
+        await asking
+        assert 2 not in cluster.node_versions
+
+    try:
+        asyncio.run(scenario())
     finally:
         for sock in sockets:
             sock.close()
