@@ -2,6 +2,7 @@
 in ``.tr`` files, and finishing what an interrupted compaction swap left (split from storage.log,
 which owns a log's durable bookkeeping)."""
 
+import contextlib
 import logging
 import os
 import re
@@ -180,10 +181,13 @@ def aside_path(segment: Path, position: int) -> Path:
 def set_aside(seg: Segment, why: str) -> None:
     """Moves a whole segment to ``<segment>.0.tr`` by renaming it: no copy, so it works on a full
     disk, which is the likeliest reason a write failed. Its modification time becomes now, when it was
-    set aside, which ``prune_aside`` goes by (an inode update: no room needed either)."""
+    set aside, which ``prune_aside`` goes by (an inode update: no room needed either). That is only an
+    order for pruning: if it cannot be set (a file another user owns, in a directory kcoord may rename
+    in), the move stands and the later segments still follow, rather than a retry finding them left."""
     aside = aside_path(seg.path, 0)
     os.rename(seg.path, aside)
-    os.utime(aside)
+    with contextlib.suppress(OSError):
+        os.utime(aside)
     fsync_path(seg.path.parent)
     log.warning("%s: set aside all %d bytes (%s), kept in %s", seg.path, seg.size, why, aside.name)
 
@@ -227,20 +231,26 @@ def prune_aside(directory: Path, earlier: set[str], keep: int = ASIDE_KEPT) -> N
     newest for an operator, and without a bound a crash loop or a flapping disk piled them up."""
     files = aside_files(directory)
     removed: list[tuple[str, int]] = []
+    failed: OSError | None = None
     for path, size in files:
         if len(files) - len(removed) <= keep:
             break
         if path.name in earlier:
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # the rest stay for a later recovery; those removed are still named below
+                failed = exc
+                break
             removed.append((path.name, size))
-    if not removed:
-        return
-    fsync_path(directory)
-    names = ", ".join(name for name, _ in removed[:20])
-    if len(removed) > 20:
-        names += f" and {len(removed) - 20} more"
-    log.warning("%s: removed the %d oldest files of bytes set aside (%d bytes; the newest %d are kept): %s",
-                directory, len(removed), sum(size for _, size in removed), keep, names)
+    if removed:
+        names = ", ".join(name for name, _ in removed[:20])
+        if len(removed) > 20:
+            names += f" and {len(removed) - 20} more"
+        log.warning("%s: removed the %d oldest files of bytes set aside (%d bytes; the newest %d are kept): %s",
+                    directory, len(removed), sum(size for _, size in removed), keep, names)
+        fsync_path(directory)
+    if failed is not None:
+        raise failed
 
 
 def common_prefix(a: bytes, b: bytes) -> int:

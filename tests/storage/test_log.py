@@ -517,3 +517,58 @@ def test_a_recovery_keeps_all_it_set_aside_itself(tmp_path: Path) -> None:
     left = [p.name for p, _ in aside_files(tmp_path)]
     assert len(left) == ASIDE_KEPT + 3 and not any(p.exists() for p in earlier)
     assert left[-1] == f"{segs[-1].path.name}.0.tr"  # set aside last, so the newest
+
+
+def test_a_removal_that_fails_midway_still_names_what_was_removed(tmp_path: Path, caplog: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The removals go one by one: when one fails (EACCES, EIO), those before it are gone already and
+    are named in the WARNING as any removal is; the rest stay for a later recovery, which says so."""
+    plog = PartitionLog(tmp_path)
+    write(plog, 3)
+    plog.close()
+    earlier = _earlier_asides(tmp_path, ASIDE_KEPT + 3)
+    unlink = Path.unlink
+
+    def refuse_the_second(path: Path, missing_ok: bool = False) -> None:
+        if path == earlier[1]:
+            raise PermissionError(13, "Permission denied", str(path))
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refuse_the_second)
+    with caplog.at_level(logging.WARNING, logger="storage"):
+        assert offsets(tmp_path) == [0, 1, 2]
+    assert not earlier[0].exists() and all(p.exists() for p in earlier[1:])
+    messages = [r.getMessage() for r in caplog.records]
+    assert f"{tmp_path}: removed the 1 oldest files of bytes set aside (1 bytes; the newest {ASIDE_KEPT} are " \
+           f"kept): {earlier[0].name}" in messages, messages
+    assert any("could not remove old files of bytes set aside (Permission denied)" in m for m in messages), messages
+    monkeypatch.setattr(Path, "unlink", unlink)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="storage"):
+        assert offsets(tmp_path) == [0, 1, 2]
+    assert [p for p, _ in aside_files(tmp_path)] == earlier[3:]
+
+
+def test_a_segment_whose_time_cannot_be_set_is_set_aside_all_the_same(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A segment set aside whole is renamed, then given the time it was set aside (for pruning's order).
+    The rename needs only the directory; the time, ownership or write access of the file: one another user
+    owns (copied in as root, say) could be renamed but not touched. The failure came after the rename and
+    failed the recovery, whose retry found the segments after it still there and served them, past a
+    torn write. The time is only an order: the move stands, and the later segments go aside too."""
+    plog = PartitionLog(tmp_path, segment_bytes=200)
+    write(plog, 4)
+    plog.close()
+    crash_before_checkpoint(tmp_path)
+    segs = list_segments(tmp_path)
+    assert len(segs) == 4
+    segs[0].path.write_bytes(segs[0].path.read_bytes()[:-10])  # the first segment's only batch, torn
+
+    def not_permitted(*args: Any, **kwargs: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "utime", not_permitted)
+    assert offsets(tmp_path, 200) == []
+    assert [s.path.name for s in list_segments(tmp_path)] == [segs[0].path.name]
+    assert sorted(p.name for p, _ in aside_files(tmp_path)) == sorted(
+        [f"{segs[0].path.name}.0.tr", *(f"{s.path.name}.0.tr" for s in segs[1:])])
