@@ -105,8 +105,13 @@ class LogRead:
         starts = {k: v for k, v in starts.items() if segments[k[0]].log_partition not in cuts}
         if not past_cut and not starts:
             return None
-        before = [d for d in self.damages() if d.log_partition not in cuts
-                  or (segments[d.path].base_offset, d.position) <= cuts[d.log_partition]]
+        # A split read again from where the log had got to finds its damages anew: those this read found in
+        # it went by the batches it now skips (a damage's reason names the offset expected), kept they would
+        # be reported beside the new ones
+        again = [(s.segment.path, s.start, s.end) for s in self.splits if (s.segment.path, s.start) in starts]
+        before = [d for d in self.damages() if (d.log_partition not in cuts
+                  or (segments[d.path].base_offset, d.position) <= cuts[d.log_partition])
+                  and not any(d.path == path and start <= d.position < end for path, start, end in again)]
         return self._again({**self.cuts, **cuts}, {**self.starts, **starts}, before)
 
     def _reads_in_log_order(self) -> list[decode.SplitRead]:

@@ -559,3 +559,24 @@ def test_a_batch_repeated_at_a_segments_start_below_the_recovery_point_is_skippe
     code, err = job(spark, "snapshot", "--data-dir", str(data), "--out", str(tmp_path / "snap"), "--skip-corrupt")
     assert code == 0 and "reading again without them" in err and err.count("CORRUPT") == 1, err
     assert snapshot_rows(spark, tmp_path / "snap") == {"g": {("t", q): (3, "", -1) for q in range(3)}}
+
+
+def test_a_split_read_again_from_where_the_log_got_to_reports_its_damages_once(spark: Any, tmp_path: Path) -> None:
+    """A split read again told where the log had got to walks its batches anew, and the damages it finds
+    are the ones that count: those its first read found inside it were judged from the repeat it took
+    for the log's progress (here "6 below expected 8", after 3 and 7 were read as in order), and kept
+    beside the new ones ("6 below expected 10"), the same batch was reported twice."""
+    from tests.pipeline.logs import commit, plain_batches, write_partition
+
+    batches = plain_batches([[commit("g", "t", 0, r)] for r in range(12)])
+    size = len(batches[0])
+    data = tmp_path / "data"
+    log = [*batches[:10], batches[3], batches[7], batches[6], *batches[10:]]
+    positions = write_partition(data / "__consumer_offsets-0", log)
+    read = read_offsets_log(spark, [str(data)], split_bytes=10 * size)
+    assert [s.start for s in read.splits] == [0, positions[10]]  # the repeat of offset 3 starts the second split
+    assert read.df.count() == 14 and (again := read.cut_read()) is not None  # 6 skipped: below 8
+    assert again.df.count() == 12 and again.cut_read() is None
+    assert [(d.position, d.reason) for d in again.damages()] == [
+        (positions[10], "batch offset 3 below expected 10"), (positions[11], "batch offset 7 below expected 10"),
+        (positions[12], "batch offset 6 below expected 10")]
