@@ -27,6 +27,7 @@ import coordinator
 from coordinator.config import Config
 from coordinator.gateway import rewrite
 from coordinator.gateway.upstream import LinkOwner, UpstreamLink, upstream_reached_again
+from protocol.framing import FrameError
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ class Cluster:
             # and an answer from its old address is not its new one's.
             if node in self.live and self.brokers.get(node) == addr:
                 self.node_versions[node] = answer
-        except (TimeoutError, ConnectionError, rewrite.RewriteError) as exc:
+        except (TimeoutError, ConnectionError, FrameError, rewrite.RewriteError) as exc:
             log.debug("upstream broker %d at %s:%d did not answer ApiVersions: %r", node, *addr, exc)
         finally:
             link.close()
@@ -278,7 +279,7 @@ class Cluster:
                 versions = await self._api_versions(link)
                 reply = await asyncio.wait_for(link.request(METADATA_V1_NO_TOPICS), timeout)
                 _, body = rewrite.decode_reply(rewrite.METADATA_RESPONSE, reply, 1)
-            except (TimeoutError, ConnectionError, rewrite.RewriteError) as exc:
+            except (TimeoutError, ConnectionError, FrameError, rewrite.RewriteError) as exc:
                 log.debug("upstream %s:%d did not answer discovery: %r", *addr, exc)
                 continue
             finally:

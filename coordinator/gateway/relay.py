@@ -106,8 +106,10 @@ class Gateway:
         self.stopping = False
 
     async def start(self, wait_s: float = 10.0) -> None:
-        """First discovery (bounded: an upstream that is down at start-up is retried in the background,
-        while kcoord already serves groups and offsets), then the refresher and the timeout sweeper."""
+        """The timeout sweeper, then the first discovery (bounded: an upstream that is down at start-up is
+        retried in the background, while kcoord already serves groups and offsets), then the refresher.
+        The sweeper first: a discovery round also asks every listed broker its API versions, and relayed
+        requests may already wait on a broker that is slow to answer."""
         loop = asyncio.get_running_loop()
         if self.config.broker_port_base is None or self.config.coordinator_port == 0:
             log.warning("gateway listeners on ports chosen at this start (no --broker-port-base or "
@@ -115,10 +117,11 @@ class Gateway:
                         "they learned (aiokafka, kafka-python) reconnect to the old ones and stop consuming; "
                         "fix both for a service that restarts")
         self.cluster.listen_coordinator()
+        self._tasks = [loop.create_task(self._sweep())]
         deadline = loop.time() + wait_s
         while not await self.cluster.refresh() and loop.time() < deadline:
             await asyncio.sleep(0.5)
-        self._tasks = [loop.create_task(self.cluster.run()), loop.create_task(self._sweep())]
+        self._tasks.append(loop.create_task(self.cluster.run()))
 
     def stop(self) -> None:
         """Called just before the server's stop (which then starts no request): relayed requests still
