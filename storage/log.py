@@ -56,6 +56,7 @@ from storage.segments import (
     finish_interrupted_swaps,
     fsync_existing,
     fsync_path,
+    kept_journal_end,
     list_segments,
     prune_aside,
     read_segment,
@@ -143,6 +144,11 @@ class PartitionLog:
             self.journal.recovering(self.partition)
         run = self._journal_run()
         rewrite_from = batch_offsets(run[0])[0] if run else None
+        # Acknowledged batches the log must hold: all before the journal's run (a checkpoint synced them
+        # before it deleted their journal segments) and all a failed partition's journal copy holds (its
+        # journal no longer does). Damage below them is corruption, however recent the recovery point.
+        kept_to, kept = kept_journal_end(self.directory)
+        must_reach = max(rewrite_from if rewrite_from is not None else -1, kept_to)
         rewrite_at: tuple[int, int] | None = None  # (segment index, byte position) where the run goes
         self.next_offset = self.segments[0].base_offset if self.segments else 0
         ended_at = 0  # byte where the previous segment's last batch ends
@@ -190,6 +196,12 @@ class PartitionLog:
             )
             if known_durable:
                 raise LogCorruptError(f"{seg.path} at byte {damage.position}: {damage.reason}")
+            if self.next_offset < must_reach:
+                # Not a torn write: raised before anything is cut, so the log stays as found for the repair
+                # (cut, it ended short, and served so once its journal was gone).
+                raise LogCorruptError(f"{seg.path} at byte {damage.position}: {damage.reason}; the batches from "
+                                      f"offset {self.next_offset} to {must_reach - 1} were acknowledged and synced "
+                                      f"({kept or 'the journal continues from ' + str(rewrite_from)})")
             try:
                 cut_aside(seg, damage.position, f"damaged tail past the recovery point ({damage.reason})")
             except OSError as exc:
@@ -221,6 +233,12 @@ class PartitionLog:
         # short of a claim an earlier recovery recorded, and the journal still holds what brings it back.
         if (short := short_of(self.segments, claim)) is not None:
             raise LogCorruptError(f"{self.directory}: {short}")
+        if self.next_offset < kept_to:
+            # The partition failed, and its journal stopped keeping its batches: the copy is what says so.
+            raise LogCorruptError(f"{self.directory}: the log ends at offset {self.next_offset} and {kept}, the "
+                                  f"journal's batches kept when the partition failed, holds them to offset "
+                                  f"{kept_to - 1}: acknowledged batches are missing (repair the log, or remove "
+                                  f"the file to accept their loss)")
         for seg in self.segments:
             if seg.base_offset >= sync_from:
                 fsync_path(seg.path)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
 
-from storage.batch import LOG_OVERHEAD, Batch, BatchError, decode_batch, decode_run, read_head
+from storage.batch import BATCH_HEADER_BYTES, LOG_OVERHEAD, Batch, BatchError, decode_batch, decode_run, read_head
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,7 @@ LOAD_BUFFER_BYTES: Final = 5 * 1024 * 1024
 ASIDE_KEPT: Final = 10
 _SEGMENT_RE: Final = re.compile(r"^(\d{20})\.log$")
 _ASIDE_RE: Final = re.compile(r"^\d{20}\.log\.\d+(?:\.\d+)?\.tr$")
+_JOURNAL_COPY_RE: Final = re.compile(r"^journal-batches\.\d+\.tr$")
 _SWAP_RE: Final = re.compile(r"^(\d{20})-(\d{20})\.swap$")
 
 
@@ -251,6 +252,28 @@ def prune_aside(directory: Path, earlier: set[str], keep: int = ASIDE_KEPT) -> N
         fsync_path(directory)
     if failed is not None:
         raise failed
+
+
+def kept_journal_end(directory: Path) -> tuple[int, str]:
+    """Where the batches of a failed partition's journal copies (``journal-batches.<n>.tr``, storage.journal
+    ``abandon``) end, one past their last offset, and the name of the copy that reaches furthest; (-1, "")
+    without any. Acknowledged batches its journal no longer keeps: the log must hold them to load."""
+    end, name = -1, ""
+    for entry in sorted(directory.iterdir()):
+        if not _JOURNAL_COPY_RE.match(entry.name):
+            continue
+        data = entry.read_bytes()
+        pos = 0
+        while pos + BATCH_HEADER_BYTES <= len(data):
+            size = LOG_OVERHEAD + int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
+            if size < BATCH_HEADER_BYTES or pos + size > len(data):
+                break
+            last = int.from_bytes(data[pos : pos + 8], "big", signed=True) + int.from_bytes(
+                data[pos + 23 : pos + 27], "big", signed=True)
+            if last + 1 > end:
+                end, name = last + 1, entry.name
+            pos += size
+    return end, name
 
 
 def common_prefix(a: bytes, b: bytes) -> int:

@@ -1,0 +1,96 @@
+"""Damage in acknowledged batches a checkpoint synced into the log and deleted from the journal, but past
+the recovery point (recorded at most every 30 s): the journal's run for the partition starts after
+them, so the log lacks acknowledged batches and the partition fails loudly. A fault campaign found
+that recovery first cut the damage aside (the log then ended short), and that the failure did not
+outlast the journal: once its segments were gone (a checkpoint, a clean stop), a restart served the
+short log, offsets older than acknowledged, with no error."""
+
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from protocol.errors import ErrorCode
+from storage.journal import left_over
+from storage.segments import list_segments
+from tests.kcoord_process import KcoordProcess
+from tests.rawclient import RawClient, commit_request, fetch_request
+
+
+def committed(server: KcoordProcess) -> tuple[int, int]:
+    client = RawClient(server.port)
+    reply = client.call(fetch_request("g", {"t": [0]}), 5)
+    client.close()
+    offset = reply.topics[0].partitions[0].committed_offset if reply.topics else -1
+    return reply.error_code, offset
+
+
+def commit(client: RawClient, offset: int) -> None:
+    assert client.call(commit_request("g", {("t", 0): offset}), 8).topics[0].partitions[0].error_code == 0
+
+
+def batch_positions(segment: Path) -> list[tuple[int, int, int]]:
+    """(base offset, byte position, size) of each batch."""
+    data = segment.read_bytes()
+    out, pos = [], 0
+    while pos + 12 <= len(data):
+        base, length = struct.unpack(">qi", data[pos:pos + 12])
+        out.append((base, pos, 12 + length))
+        pos += 12 + length
+    return out
+
+
+def synced_then_journaled(tmp_path: Path) -> KcoordProcess:
+    """Offsets 1-5 committed, one batch each, and checkpointed (in the log only); 6-8 committed and
+    still in the journal when kcoord is killed. Nothing past the recovery point its start recorded."""
+    for attempt in range(5):
+        server = KcoordProcess(tmp_path / f"data{attempt}", "--offsets-partitions", "1").start()
+        client = RawClient(server.port)
+        for offset in range(1, 6):
+            commit(client, offset)
+        time.sleep(1.5)  # checkpoints every 250 ms; a recovery point at most every 30 s
+        for offset in range(6, 9):
+            commit(client, offset)
+        server.kill()
+        client.close()
+        if left_over(server.data_dir):  # else a checkpoint came between the last commit and the kill
+            return server
+    raise AssertionError("no kill -9 left the last commits in the journal")
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_acknowledged_batches_the_journal_no_longer_holds_fail_the_partition_at_every_start(
+        tmp_path: Path, damage: str) -> None:
+    server = synced_then_journaled(tmp_path)
+    directory = server.data_dir / "__consumer_offsets-0"
+    segment = list_segments(directory)[-1].path
+    batches = batch_positions(segment)
+    _, position, size = next(b for b in batches if b[0] == 2)  # commit of offset 3 (log offsets from 0)
+    raw = bytearray(segment.read_bytes())
+    if damage == "flip":
+        raw[position + size // 2] ^= 0xFF
+    else:
+        del raw[position + size // 2:]
+    segment.write_bytes(bytes(raw))
+    server.start()
+    try:
+        assert committed(server)[0] == ErrorCode.NOT_COORDINATOR
+        assert "partition 0: FAILED to load" in server.log_since_start()
+    finally:
+        assert server.stop() == 0
+    # the failing recovery left the log as it found it: the damaged batch and those after it
+    assert segment.read_bytes() == bytes(raw)
+    # Once its journal no longer holds the batches (a checkpoint deletes them: the partition is abandoned),
+    # the failure must outlast it: no start serves offset 2 for offset 8.
+    starts_without_journal = 0
+    for _ in range(4):
+        starts_without_journal += left_over(server.data_dir) == 0
+        server.start()
+        try:
+            time.sleep(0.6)  # a few checkpoints
+            assert committed(server)[0] == ErrorCode.NOT_COORDINATOR
+            assert "journal-batches.0.tr" in server.log_since_start()
+        finally:
+            server.kill()
+    assert starts_without_journal >= 2
