@@ -16,7 +16,7 @@ the upstream's, less those whose protocol the gateway does not offer (``HIDDEN_F
 import struct
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from coordinator.apis import k03_metadata as k03
 from coordinator.apis import k10_find_coordinator as k10
@@ -30,6 +30,7 @@ from protocol.schema import load_message
 
 _SIZE = struct.Struct(">i")
 _NO_ID = uuid.UUID(int=0)
+K = TypeVar("K")  # a key of ranges to intersect: an API key, a feature name
 UNKNOWN_TOPIC_OR_PARTITION = 3
 LEADER_NOT_AVAILABLE = 5  # retriable: clients ask again shortly
 
@@ -266,9 +267,10 @@ def rewrite_find_coordinator(frame: bytes, version: int, address: Address) -> by
     return _encode(codec, body, version, correlation)
 
 
-def common_versions(brokers: list[dict[int, tuple[int, int]]]) -> dict[int, tuple[int, int]]:
-    """The API versions every one of the brokers speaks (each broker's key -> (min, max))."""
-    common: dict[int, tuple[int, int]] = {}
+def _common_ranges(brokers: list[dict[K, tuple[int, int]]]) -> dict[K, tuple[int, int]]:
+    """The (min, max) ranges every one of the brokers has, intersected; a key some broker lacks, or whose
+    ranges do not overlap, is left out."""
+    common: dict[K, tuple[int, int]] = {}
     for key, (lo, hi) in brokers[0].items():
         for other in brokers[1:]:
             found = other.get(key)
@@ -281,20 +283,16 @@ def common_versions(brokers: list[dict[int, tuple[int, int]]]) -> dict[int, tupl
     return common
 
 
+def common_versions(brokers: list[dict[int, tuple[int, int]]]) -> dict[int, tuple[int, int]]:
+    """The API versions every one of the brokers speaks (each broker's key -> (min, max))."""
+    return _common_ranges(brokers)
+
+
 def common_features(brokers: list[Features]) -> Features:
     """What the brokers' features come to for the cluster: those every one supports (the ranges'
     intersection), and the finalized ones of the latest epoch (finalized levels are cluster-wide; a
     broker may not have seen the latest yet)."""
-    supported: dict[str, tuple[int, int]] = {}
-    for name, (lo, hi) in brokers[0].supported.items():
-        for other in brokers[1:]:
-            found = other.supported.get(name)
-            if found is None:
-                break
-            lo, hi = max(lo, found[0]), min(hi, found[1])
-        else:
-            if lo <= hi:
-                supported[name] = (lo, hi)
+    supported = _common_ranges([b.supported for b in brokers])
     latest = max(brokers, key=lambda b: b.epoch)
     return Features(supported, latest.epoch, dict(latest.finalized))
 
