@@ -175,6 +175,13 @@ class PartitionLog:
                     if item.base_offset < rewrite_from:
                         raise LogCorruptError(f"{seg.path} at byte {position}: batch [{item.base_offset}, "
                                               f"{item.last_offset}] spans the journal's first offset {rewrite_from}")
+                    if self.next_offset < rewrite_from < item.base_offset:
+                        # The log jumps over where the run starts: not where it goes, but damage (a batch's
+                        # base offset, which its CRC does not cover, changed), judged as any other. Taken
+                        # for the run's place, every batch from here on was replaced by the run.
+                        damage = Damage(position, f"batch offset {item.base_offset} past the journal's first "
+                                        f"{rewrite_from}, expected {self.next_offset}", torn=False)
+                        break
                     rewrite_at = (i, position)
                     break
                 self.next_offset = item.last_offset + 1

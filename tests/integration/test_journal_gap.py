@@ -94,3 +94,41 @@ def test_acknowledged_batches_the_journal_no_longer_holds_fail_the_partition_at_
         finally:
             server.kill()
     assert starts_without_journal >= 2
+
+
+def test_a_base_offset_changed_below_the_recovery_point_fails_the_partition_instead_of_taking_the_journals_run(
+        tmp_path: Path) -> None:
+    """A batch's base offset is not under its CRC: one changed (here to ~2^40) below the recovery point
+    read as a valid batch past the journal's first offset, so recovery took it for the place of the
+    journal's run and replaced it and every batch after it (acknowledged, below the recovery point) by
+    the run, with warnings only: group a's offsets were gone. A fault campaign's find (pure Python)."""
+    server = KcoordProcess(tmp_path / "data", "--offsets-partitions", "1").start()
+    client = RawClient(server.port)
+    for offset in range(1, 6):
+        assert client.call(commit_request("a", {("t", 0): offset}), 8).topics[0].partitions[0].error_code == 0
+    client.close()
+    assert server.stop() == 0  # the recovery point covers all of a's commits
+    server.extra += ["--checkpoint-interval-ms", "60000"]  # b's commits stay in the journal: a run longer
+    server.start()                                            # than the log the recovery point claims
+    client = RawClient(server.port)
+    for offset in range(1, 10):
+        assert client.call(commit_request("b", {("t", 0): offset}), 8).topics[0].partitions[0].error_code == 0
+    server.kill()
+    client.close()
+    assert left_over(server.data_dir)
+    directory = server.data_dir / "__consumer_offsets-0"
+    segment = list_segments(directory)[-1].path
+    _, position, _ = batch_positions(segment)[1]
+    raw = bytearray(segment.read_bytes())
+    raw[position + 3] ^= 0xFF  # base offset + 0xFF << 32
+    segment.write_bytes(bytes(raw))
+    server.start()
+    try:
+        client = RawClient(server.port)
+        reply = client.call(fetch_request("a", {"t": [0]}), 5)
+        client.close()
+        assert reply.error_code == ErrorCode.NOT_COORDINATOR, reply
+        assert "partition 0: FAILED to load" in server.log_since_start()
+    finally:
+        server.stop()
+    assert segment.read_bytes() == bytes(raw) and list(directory.glob("*.log.*.tr")) == []
