@@ -11,7 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
 
-from storage.batch import BATCH_HEADER_BYTES, LOG_OVERHEAD, Batch, BatchError, decode_batch, decode_run, read_head
+from protocol.hotcodec import int32_at
+from storage.batch import (
+    BATCH_HEADER_BYTES,
+    LAST_DELTA_POSITION,
+    LOG_OVERHEAD,
+    Batch,
+    BatchError,
+    decode_batch,
+    decode_run,
+    read_head,
+)
 
 log = logging.getLogger(__name__)
 
@@ -265,11 +275,10 @@ def kept_journal_end(directory: Path) -> tuple[int, str]:
         data = entry.read_bytes()
         pos = 0
         while pos + BATCH_HEADER_BYTES <= len(data):
-            size = LOG_OVERHEAD + int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
+            base, size = read_head(data, pos)
             if size < BATCH_HEADER_BYTES or pos + size > len(data):
                 break
-            last = int.from_bytes(data[pos : pos + 8], "big", signed=True) + int.from_bytes(
-                data[pos + 23 : pos + 27], "big", signed=True)
+            last = base + int32_at(data, pos + LAST_DELTA_POSITION)
             if last + 1 > end:
                 end, name = last + 1, entry.name
             pos += size
