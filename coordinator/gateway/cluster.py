@@ -257,7 +257,7 @@ class Cluster:
         none has answered yet), and the features they all support, finalized as the latest says."""
         known = [self.node_versions[node] for node in self.live if node in self.node_versions] or [self._discovered]
         self.features = rewrite.gateway_features(rewrite.common_features([features for _, features in known]))
-        versions = rewrite.common_versions([versions for versions, _ in known])
+        versions = rewrite.common_ranges([versions for versions, _ in known])
         if versions == self.upstream_versions:
             return
         if self.offered is not None:

@@ -267,9 +267,9 @@ def rewrite_find_coordinator(frame: bytes, version: int, address: Address) -> by
     return _encode(codec, body, version, correlation)
 
 
-def _common_ranges(brokers: list[dict[K, tuple[int, int]]]) -> dict[K, tuple[int, int]]:
-    """The (min, max) ranges every one of the brokers has, intersected; a key some broker lacks, or whose
-    ranges do not overlap, is left out."""
+def common_ranges(brokers: list[dict[K, tuple[int, int]]]) -> dict[K, tuple[int, int]]:
+    """The (min, max) ranges every one of the brokers has, intersected (the API versions every one speaks,
+    the features every one supports); a key some broker lacks, or whose ranges do not overlap, is left out."""
     common: dict[K, tuple[int, int]] = {}
     for key, (lo, hi) in brokers[0].items():
         for other in brokers[1:]:
@@ -283,16 +283,11 @@ def _common_ranges(brokers: list[dict[K, tuple[int, int]]]) -> dict[K, tuple[int
     return common
 
 
-def common_versions(brokers: list[dict[int, tuple[int, int]]]) -> dict[int, tuple[int, int]]:
-    """The API versions every one of the brokers speaks (each broker's key -> (min, max))."""
-    return _common_ranges(brokers)
-
-
 def common_features(brokers: list[Features]) -> Features:
     """What the brokers' features come to for the cluster: those every one supports (the ranges'
     intersection), and the finalized ones of the latest epoch (finalized levels are cluster-wide; a
     broker may not have seen the latest yet)."""
-    supported = _common_ranges([b.supported for b in brokers])
+    supported = common_ranges([b.supported for b in brokers])
     latest = max(brokers, key=lambda b: b.epoch)
     return Features(supported, latest.epoch, dict(latest.finalized))
 

@@ -37,8 +37,7 @@ def upstream_reached_again() -> None:
     reset per link connected: a stalled upstream accepts every link before it fails.)"""
     _LINK_FAILURES.reset()
 
-_SIZE = struct.Struct(">i")
-_CORRELATION = struct.Struct(">i")
+_INT32 = struct.Struct(">i")  # a frame's size prefix; a header's correlation id
 MAX_UNANSWERED_IDS = 1024  # acks=0 requests remembered per link, in case the broker answers them
 MAX_REPLY_BYTES = 1 << 30  # a Fetch reply is bounded by the client's fetch.max.bytes; this only refuses nonsense
 WRITE_BUFFER_HIGH = 1024 * 1024
@@ -151,7 +150,7 @@ class UpstreamLink(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader
-        if not reader.buffered and len(data) >= 4 and _SIZE.unpack_from(data)[0] + 4 == len(data):
+        if not reader.buffered and len(data) >= 4 and _INT32.unpack_from(data)[0] + 4 == len(data):
             self._deliver(data)  # exactly one reply, the common case for small ones: no copy
             return
         try:
@@ -167,7 +166,7 @@ class UpstreamLink(asyncio.Protocol):
         if len(reply) < 8:
             self.fail(f"upstream {self.addr[0]}:{self.addr[1]} sent a reply of {len(reply) - 4} bytes, no header")
             return
-        correlation = _CORRELATION.unpack_from(reply, 4)[0]  # after the size prefix
+        correlation = _INT32.unpack_from(reply, 4)[0]  # after the size prefix
         if not self._pending or self._pending[0].correlation != correlation:
             seq = self._unanswered_ids.pop(correlation, None)
             if seq is not None:  # an answer to a Produce with acks=0, which Kafka does not send: dropped
@@ -206,9 +205,9 @@ class UpstreamLink(asyncio.Protocol):
         if self.failed is not None:
             raise FrameError(self.failed)
         self._sent += 1
-        waiting = Waiting(on_reply, on_fail, self._loop.time(), _CORRELATION.unpack_from(frame, 4)[0], self._sent)
+        waiting = Waiting(on_reply, on_fail, self._loop.time(), _INT32.unpack_from(frame, 4)[0], self._sent)
         self._pending.append(waiting)
-        head = _SIZE.pack(len(frame))
+        head = _INT32.pack(len(frame))
         if self._transport is None:
             self._out += (head, frame)
         else:
@@ -223,10 +222,10 @@ class UpstreamLink(asyncio.Protocol):
         self._unanswered_seq = self._sent
         self._unanswered_at = self._loop.time()
         ids = self._unanswered_ids
-        ids[_CORRELATION.unpack_from(frame, 4)[0]] = self._sent
+        ids[_INT32.unpack_from(frame, 4)[0]] = self._sent
         if len(ids) > MAX_UNANSWERED_IDS:
             del ids[next(iter(ids))]
-        head = _SIZE.pack(len(frame))
+        head = _INT32.pack(len(frame))
         if self._transport is None:
             self._out += (head, frame)
         else:
