@@ -15,9 +15,10 @@ from pathlib import Path
 from protocol.compiled import PACKAGES
 from protocol.partitioning import partition_for
 from protocol.records import OffsetAndMetadata, OffsetCommitRecord, OffsetKey, encode_record
-from storage.batch import BATCH_HEADER_BYTES, read_head
+from storage.batch import RECORDS_COUNT_POSITION
 from storage.batchwriter import build_batch
 from storage.log import PartitionLog
+from storage.segments import whole_batches
 from tests.kcoord_process import REPO, KcoordProcess, free_port, wait_port
 from tests.tansu_process import tansu_binary as tansu_in_venv
 
@@ -28,7 +29,6 @@ __all__ = [
 
 OFFSETS_TOPIC = "__consumer_offsets"
 COMMIT_TIMESTAMP = 1_700_000_000_000
-_RECORDS_COUNT_AT = 57  # recordsCount int32 in a v2 batch header
 
 
 def offsets_partition(group: str, partitions: int) -> int:
@@ -65,14 +65,9 @@ def log_totals(data_dir: Path) -> tuple[int, int]:
     batches = records = 0
     for seg in data_dir.glob(f"{OFFSETS_TOPIC}-*/*.log"):
         data = seg.read_bytes()
-        pos = 0
-        while pos + BATCH_HEADER_BYTES <= len(data):
-            _, size = read_head(data, pos)
-            if size < BATCH_HEADER_BYTES or pos + size > len(data):
-                break
-            records += int.from_bytes(data[pos + _RECORDS_COUNT_AT : pos + _RECORDS_COUNT_AT + 4], "big")
+        for pos, _, _ in whole_batches(data):
+            records += int.from_bytes(data[pos + RECORDS_COUNT_POSITION : pos + RECORDS_COUNT_POSITION + 4], "big")
             batches += 1
-            pos += size
     return batches, records
 
 

@@ -264,6 +264,18 @@ def prune_aside(directory: Path, earlier: set[str], keep: int = ASIDE_KEPT) -> N
         raise failed
 
 
+def whole_batches(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """``(position, base offset, size)`` of each whole batch in ``data`` (batches back to back, from its
+    start), by their headers alone; it stops at the first length that makes no sense or runs past the end."""
+    pos = 0
+    while pos + BATCH_HEADER_BYTES <= len(data):
+        base, size = read_head(data, pos)
+        if size < BATCH_HEADER_BYTES or pos + size > len(data):
+            return
+        yield pos, base, size
+        pos += size
+
+
 def kept_journal_end(directory: Path) -> tuple[int, str]:
     """Where the batches of a failed partition's journal copies (``journal-batches.<n>.tr``, storage.journal
     ``abandon``) end, one past their last offset, and the name of the copy that reaches furthest; (-1, "")
@@ -273,15 +285,10 @@ def kept_journal_end(directory: Path) -> tuple[int, str]:
         if not _JOURNAL_COPY_RE.match(entry.name):
             continue
         data = entry.read_bytes()
-        pos = 0
-        while pos + BATCH_HEADER_BYTES <= len(data):
-            base, size = read_head(data, pos)
-            if size < BATCH_HEADER_BYTES or pos + size > len(data):
-                break
+        for pos, base, _ in whole_batches(data):
             last = base + int32_at(data, pos + LAST_DELTA_POSITION)
             if last + 1 > end:
                 end, name = last + 1, entry.name
-            pos += size
     return end, name
 
 
