@@ -96,7 +96,10 @@ class Checkpointer:
         ends = [plog.acknowledged_end() for plog in logs]
         boundary = journal.rotate()
         holding = journal.holding
-        drop = journal.droppable(boundary)
+        # Written before the older segments go, for the syncfs to make durable with the logs: how far
+        # each log is on disk once it has, which the journal then always holds (storage.journal).
+        marked = journal.write_synced_ends({plog.partition: end[0] for plog, end in zip(logs, ends, strict=True)})
+        drop = journal.droppable(boundary) if marked else []
         spare = journal.reserve_spare()
         started = time.perf_counter()
         try:

@@ -41,7 +41,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from storage.journalentries import ENTRY_HEADER, entry_crc, read_entries, report_tail, segment_name
+from storage.journalentries import (
+    ENTRY_HEADER,
+    SYNCED_ENDS,
+    batch_offsets,
+    entry_crc,
+    pack_synced_ends,
+    read_entries,
+    report_tail,
+    segment_name,
+    unpack_synced_ends,
+)
 from storage.segments import fsync_existing, fsync_path, write_aside
 
 if TYPE_CHECKING:
@@ -60,7 +70,8 @@ def left_over(data_dir: Path) -> int:
     directory = data_dir / JOURNAL_DIR
     if not directory.is_dir():
         return 0
-    return sum(1 for path in sorted(directory.iterdir()) if _SEGMENT_RE.match(path.name) for _ in read_entries(path))
+    return sum(1 for path in sorted(directory.iterdir()) if _SEGMENT_RE.match(path.name)
+               for partition, _, _ in read_entries(path) if partition != SYNCED_ENDS)
 
 
 def left_over_note(data_dir: Path, logs: str = "the logs") -> str | None:
@@ -85,6 +96,7 @@ class JournalSegment:
     dir_durable: bool  # its directory entry is fsynced
     broken: bool = False  # a write or sync failed: never appended to again
     startup: bool = False  # left by an earlier process: its entries may not be in the logs yet
+    synced_ends: int = 0  # bytes of it that are synced-ends entries, not batches
 
 
 class Journal:
@@ -97,6 +109,10 @@ class Journal:
         self._pending: list[tuple[PartitionLog, int, bytes, LogEnd]] = []  # log, partition, batch, its end
         self._segments: dict[int, JournalSegment] = {}
         self._startup: dict[int, list[bytes]] = {}
+        # Each partition's next offset as the last checkpoint that completed put its log on disk (the
+        # synced-ends entries of storage.journalentries): the log must reach it at recovery.
+        self._synced_ends: dict[int, int] = {}
+        self._marking: dict[int, int] = {}  # the synced-ends of the checkpoint under way
         for entry in sorted(self.directory.iterdir()):
             m = _SEGMENT_RE.match(entry.name)
             if not m:
@@ -105,7 +121,10 @@ class Journal:
             self._segments[int(m.group(1))] = JournalSegment(int(m.group(1)), entry, None, size, size, True, True, True)
             read_to = 0
             for partition, batch, end in read_entries(entry):
-                self._startup.setdefault(partition, []).append(batch)
+                if partition == SYNCED_ENDS:
+                    self._synced_ends.update(unpack_synced_ends(batch))
+                else:
+                    self._startup.setdefault(partition, []).append(batch)
                 read_to = end
             if read_to < size:
                 report_tail(entry, read_to)
@@ -222,9 +241,44 @@ class Journal:
     def rotate(self) -> int:
         """Checkpoint, on the loop: writes go to a new segment from now on; returns its sequence
         number, below which every segment can go once the logs are synced (``droppable``)."""
-        if self.live.size:
+        if self.live.size > self.live.synced_ends:
             self.rotate_live()
         return self.live.seq
+
+    def write_synced_ends(self, ends: dict[int, int]) -> bool:
+        """Checkpoint, on the loop, after ``rotate``: each log's next offset as the checkpoint's syncfs
+        is to put it on disk, written to the live segment for that syncfs to make durable too, before
+        the older segments (holding the last synced-ends entry) go. Why: a log's recovery point is
+        recorded at most every 30 s (coordinator.checkpointer), and damage past it in a log whose journal
+        batches are gone read as a torn tail, cut with acknowledged commits (a fault campaign's find).
+        Only true once the syncfs succeeds, which a start after a crash cannot tell: but until it does,
+        the journal keeps every batch since the last one that did, so a log's run there covers what
+        this entry claims beyond the last. False when it cannot be written: then no segment may go."""
+        seg = self.live
+        if seg.broken or seg.fd is None:
+            return False
+        body = pack_synced_ends(ends)
+        data = ENTRY_HEADER.pack(len(body), SYNCED_ENDS, entry_crc(seg.seq, SYNCED_ENDS, body)) + body
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(seg.fd, view)
+                seg.size += n
+                seg.synced_ends += n
+                view = view[n:]
+        except OSError as exc:
+            seg.broken = True  # the next write rotates past whatever part of it was written
+            log.warning("journal: could not record the logs' synced ends (%s); its segments stay until a "
+                        "checkpoint can", exc.strerror or exc)
+            return False
+        self._marking = ends
+        self.position = (seg.seq, seg.size)
+        return True
+
+    def synced_end(self, partition: int) -> int:
+        """Loader thread: the next offset ``partition``'s log held on disk at the last checkpoint that
+        completed (this process's, or one an earlier process left in its segments); -1 if none."""
+        return self._synced_ends.get(partition, -1)
 
     def reserve_spare(self) -> int:
         """On the loop: the sequence number of the next spare (0: one is ready already)."""
@@ -279,6 +333,8 @@ class Journal:
         ``boundary`` hold, and a recovery never needs them again (nor rewrites into what the cleaner
         may compact once a log is synced: storage.cleaner)."""
         self._synced_from = max(self._synced_from, (boundary, 0))
+        self._synced_ends.update(self._marking)
+        self._marking = {}
 
     def hold(self, partitions: set[int]) -> None:
         """A checkpoint failed: the logs of ``partitions`` may have lost pages the kernel could not write
@@ -310,7 +366,8 @@ class Journal:
 
     @property
     def live_size(self) -> int:
-        return self.live.size
+        """Bytes of batches in the live segment (its synced-ends entry is not something to checkpoint)."""
+        return self.live.size - self.live.synced_ends
 
     @property
     def retained(self) -> int:
@@ -370,23 +427,24 @@ class Journal:
             self._covered[partition] = max(self._covered.get(partition, (0, 0)), self._synced_from)
         self._recovering.add(partition)
 
-    def abandon(self, partition: int, directory: Path) -> Path | None:
+    def abandon(self, partition: int, directory: Path) -> list[Path]:
         """Loader thread: ``partition``'s log is corrupt and it will not serve until repaired. Its journal
         batches are copied next to its log (``journal-batches.<n>.tr``, Kafka v2 batches back to back,
-        for the operator's repair) and the journal stops keeping segments for it. Returns the copy."""
+        for the operator's repair), and so is its synced end when they do not reach it
+        (``journal-synced-end.<n>.tr``, the offset in decimal): what the log must reach at every start
+        (storage.segments ``kept_journal_end``), after the journal stops keeping segments for it (a clean
+        stop removes them all). Returns the files written."""
         batches = self.entries_for(partition)
-        copy = None
+        copies = []
+        batches_end = batch_offsets(batches[-1])[1] + 1 if batches else -1
         if batches:
-            n = 0
-            while (directory / f"journal-batches.{n}.tr").exists():
-                n += 1
-            copy = directory / f"journal-batches.{n}.tr"
-            write_aside(copy, b"".join(batches))
-            fsync_path(directory)
+            copies.append(_copy_aside(directory, "journal-batches", b"".join(batches)))
+        if (synced := self._synced_ends.get(partition, -1)) > batches_end:
+            copies.append(_copy_aside(directory, "journal-synced-end", f"{synced}\n".encode()))
         self._abandoned.add(partition)
         for held in (self._startup_pending, self.unapplied, self._recovering):
             held.discard(partition)
-        return copy
+        return copies
 
     def applied(self, partition: int) -> None:
         """Loader thread, at the end of ``partition``'s recovery: its log now holds (fsynced) every batch
@@ -436,6 +494,20 @@ class Journal:
             if seg.fd is not None and seg is not self.live and seg is not self.in_flight:
                 os.close(seg.fd)
                 seg.fd = None
+
+
+def _copy_aside(directory: Path, stem: str, data: bytes) -> Path:
+    """``data`` in a new ``<stem>.<n>.tr`` beside a failed partition's log, fsynced with its entry; the
+    copy an earlier start made when one holds the same (each start fails the partition again while the
+    journal keeps what the copy holds)."""
+    n = 0
+    while (copy := directory / f"{stem}.{n}.tr").exists():
+        if copy.read_bytes() == data:
+            return copy
+        n += 1
+    write_aside(copy, data)
+    fsync_path(directory)
+    return copy
 
 
 def _discard_segment(seg: JournalSegment) -> None:

@@ -1,7 +1,12 @@
 """The journal's entries on disk (storage.journal has the design): their format, reading a segment
 back, what follows a segment's last valid entry (``report_tail``), and resolving one partition's
 entries to the run of consecutive batches recovery writes into its log (storage.log ``recover``), and
-whether what a log holds past that run only continues it (``continued_to``)."""
+whether what a log holds past that run only continues it (``continued_to``).
+
+A checkpoint also writes one *synced-ends* entry (partition ``SYNCED_ENDS``, not a batch: each
+partition's next offset as the checkpoint's syncfs put its log on disk, ``pack_synced_ends``) into the
+segment it rotates to: the journal always holds, durably, how far each log is known on disk, however
+long ago its own recovery point was recorded (storage.log ``recover``)."""
 
 import logging
 import struct
@@ -21,6 +26,8 @@ _SEQ_PARTITION: Final = struct.Struct(">qi")
 _BASE_OFFSET: Final = struct.Struct(">q")
 _LAST_DELTA: Final = struct.Struct(">i")  # at byte 23 of a v2 batch
 MAX_ENTRY_BYTES: Final = 1 << 30
+SYNCED_ENDS: Final = -1  # the partition field of a checkpoint's synced-ends entry
+_SYNCED_END: Final = struct.Struct(">iq")  # partition, next offset
 
 
 class JournalError(Exception):
@@ -45,14 +52,26 @@ def entry_crc(seq: int, partition: int, batch: bytes) -> int:
 
 
 def _plausible(length: int, partition: int) -> bool:
-    """An entry header that could be one: a whole v2 batch's length (61 bytes at least), a partition."""
+    """An entry header that could be one: a whole v2 batch's length (61 bytes at least) and a partition,
+    or a synced-ends entry's whole pairs."""
+    if partition == SYNCED_ENDS:
+        return 0 < length <= MAX_ENTRY_BYTES and length % _SYNCED_END.size == 0
     return 61 <= length <= MAX_ENTRY_BYTES and partition >= 0
 
 
+def pack_synced_ends(ends: dict[int, int]) -> bytes:
+    """A synced-ends entry's body: (partition, next offset) pairs."""
+    return b"".join(_SYNCED_END.pack(partition, offset) for partition, offset in sorted(ends.items()))
+
+
+def unpack_synced_ends(body: bytes) -> dict[int, int]:
+    return {partition: offset for partition, offset in _SYNCED_END.iter_unpack(body)}
+
+
 def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, bytes, int]]:
-    """A segment's entries in order (partition, batch, the byte the entry ends at), up to its first
-    invalid one (or ``limit`` bytes). What follows is a torn write, zeros, or a recycled segment's
-    older entries."""
+    """A segment's entries in order (partition, batch, the byte the entry ends at; partition
+    ``SYNCED_ENDS``: a synced-ends entry's body), up to its first invalid one (or ``limit`` bytes). What
+    follows is a torn write, zeros, or a recycled segment's older entries."""
     seq = int(path.name[:20])
     with open(path, "rb") as f:
         buf = f.read() if limit is None else f.read(limit)

@@ -17,10 +17,11 @@ On-disk layout (Kafka's own, reference section 8.4):
   fsynced and renamed into place on clean close, before a compaction swap merges segments past it,
   and about once a second while commits arrive: with ``syncfs`` by storage.sync's recorder thread,
   off the commit path; with the journal, at most every 30 s by coordinator.checkpointer; it only
-  ever moves forward). Damage
-  below it is corruption and fails the partition; any damage past it, whatever its shape, is treated
-  as a torn tail and cut aside, as Kafka's log recovery truncates at the first invalid batch after its
-  ``recovery-point-offset-checkpoint``.
+  ever moves forward). Damage below it is corruption and fails the partition; any damage past it,
+  whatever its shape, is treated as a torn tail and cut aside, as Kafka's log recovery truncates at
+  the first invalid batch after its ``recovery-point-offset-checkpoint``. With the journal, the offset
+  its last checkpoint synced the log to (its synced-ends entry, storage.journalentries) counts as a
+  recovery point too: damage before it, or a log ending short of it, fails the partition.
 * ``<base>-<end>.swap``: a compacted replacement for every segment with base offset in [base, end),
   written and fsynced by the cleaner before the originals are removed. Opening the log finishes an
   interrupted swap; a ``.cleaned`` file is an unfinished cleaner output and is deleted.
@@ -145,10 +146,15 @@ class PartitionLog:
         run = self._journal_run()
         rewrite_from = batch_offsets(run[0])[0] if run else None
         # Acknowledged batches the log must hold: all before the journal's run (a checkpoint synced them
-        # before it deleted their journal segments) and all a failed partition's journal copy holds (its
-        # journal no longer does). Damage below them is corruption, however recent the recovery point.
+        # before it deleted their journal segments), all the last checkpoint synced (the journal's
+        # synced-ends entry: a partition idle since has no run), and all a failed partition's journal
+        # copy holds (its journal no longer does). Damage below them is corruption, however recent the
+        # recovery point.
         kept_to, kept = kept_journal_end(self.directory)
-        must_reach = max(rewrite_from if rewrite_from is not None else -1, kept_to)
+        synced_to = self.journal.synced_end(self.partition) if self.journal is not None else -1
+        must_reach, held_by = max((rewrite_from if rewrite_from is not None else -1,
+                                   f"the journal continues from {rewrite_from}"),
+                                  (synced_to, "the journal's last checkpoint synced them"), (kept_to, kept))
         rewrite_at: tuple[int, int] | None = None  # (segment index, byte position) where the run goes
         self.next_offset = self.segments[0].base_offset if self.segments else 0
         ended_at = 0  # byte where the previous segment's last batch ends
@@ -208,7 +214,7 @@ class PartitionLog:
                 # (cut, it ended short, and served so once its journal was gone).
                 raise LogCorruptError(f"{seg.path} at byte {damage.position}: {damage.reason}; the batches from "
                                       f"offset {self.next_offset} to {must_reach - 1} were acknowledged and synced "
-                                      f"({kept or 'the journal continues from ' + str(rewrite_from)})")
+                                      f"({held_by})")
             try:
                 cut_aside(seg, damage.position, f"damaged tail past the recovery point ({damage.reason})")
             except OSError as exc:
@@ -240,6 +246,10 @@ class PartitionLog:
         # short of a claim an earlier recovery recorded, and the journal still holds what brings it back.
         if (short := short_of(self.segments, claim)) is not None:
             raise LogCorruptError(f"{self.directory}: {short}")
+        if self.next_offset < synced_to:
+            raise LogCorruptError(f"{self.directory}: the log ends at offset {self.next_offset}, and the journal's "
+                                  f"last checkpoint synced it to offset {synced_to - 1}: acknowledged batches are "
+                                  f"missing")
         if self.next_offset < kept_to:
             # The partition failed, and its journal stopped keeping its batches: the copy is what says so.
             raise LogCorruptError(f"{self.directory}: the log ends at offset {self.next_offset} and {kept}, the "
@@ -455,9 +465,9 @@ class PartitionLog:
     def durable_end(self) -> LogEnd:
         return (self.durable_offset, self._durable_base, self._durable_size)
 
-    def abandon_journal(self) -> Path | None:
+    def abandon_journal(self) -> list[Path]:
         """The log is corrupt (loader thread): see storage.journal ``abandon``."""
-        return self.journal.abandon(self.partition, self.directory) if self.journal is not None else None
+        return self.journal.abandon(self.partition, self.directory) if self.journal is not None else []
 
     def journaled(self, upto: LogEnd) -> None:
         """The journal holds everything appended up to ``upto`` (an ``end()``), durably: that much may

@@ -33,6 +33,7 @@ ASIDE_KEPT: Final = 10
 _SEGMENT_RE: Final = re.compile(r"^(\d{20})\.log$")
 _ASIDE_RE: Final = re.compile(r"^\d{20}\.log\.\d+(?:\.\d+)?\.tr$")
 _JOURNAL_COPY_RE: Final = re.compile(r"^journal-batches\.\d+\.tr$")
+_SYNCED_END_COPY_RE: Final = re.compile(r"^journal-synced-end\.\d+\.tr$")
 _SWAP_RE: Final = re.compile(r"^(\d{20})-(\d{20})\.swap$")
 
 
@@ -278,10 +279,20 @@ def whole_batches(data: bytes) -> Iterator[tuple[int, int, int]]:
 
 def kept_journal_end(directory: Path) -> tuple[int, str]:
     """Where the batches of a failed partition's journal copies (``journal-batches.<n>.tr``, storage.journal
-    ``abandon``) end, one past their last offset, and the name of the copy that reaches furthest; (-1, "")
-    without any. Acknowledged batches its journal no longer keeps: the log must hold them to load."""
+    ``abandon``) end, one past their last offset, or the synced end kept with them
+    (``journal-synced-end.<n>.tr``), whichever is further, and the name of the copy that reaches furthest;
+    (-1, "") without any. Acknowledged batches its journal no longer keeps: the log must hold them to load."""
     end, name = -1, ""
     for entry in sorted(directory.iterdir()):
+        if _SYNCED_END_COPY_RE.match(entry.name):
+            try:
+                synced = int(entry.read_text())
+            except ValueError:  # empty: a crash in its write (the journal still held the end then), or edited
+                log.warning("%s does not hold an offset: ignored", entry)
+                continue
+            if synced > end:
+                end, name = synced, entry.name
+            continue
         if not _JOURNAL_COPY_RE.match(entry.name):
             continue
         data = entry.read_bytes()

@@ -132,3 +132,38 @@ def test_a_base_offset_changed_below_the_recovery_point_fails_the_partition_inst
     finally:
         server.stop()
     assert segment.read_bytes() == bytes(raw) and list(directory.glob("*.log.*.tr")) == []
+
+
+def test_damage_in_a_synced_tail_of_a_partition_idle_since_its_last_checkpoint_fails_it_at_every_start(
+        tmp_path: Path) -> None:
+    """Acknowledged commits a checkpoint synced into the log and deleted from the journal, the partition
+    idle since: nothing of it is left in the journal to start a run, and its recovery point (recorded at
+    most every 30 s) is older. A fault campaign flipped a byte there: the restart cut the batch aside as a
+    torn tail and served the commit before it, with a WARNING. The journal's synced-ends entry holds the
+    log to them, and so does the file kept beside the log once the partition fails (a clean stop removes
+    the journal)."""
+    server = KcoordProcess(tmp_path / "data", "--offsets-partitions", "1").start()
+    client = RawClient(server.port)
+    for offset in range(1, 6):
+        commit(client, offset)
+    time.sleep(1.5)  # checkpoints every 250 ms; a recovery point at most every 30 s
+    server.kill()
+    client.close()
+    assert left_over(server.data_dir) == 0
+    segment = list_segments(server.data_dir / "__consumer_offsets-0")[-1].path
+    _, position, size = batch_positions(segment)[-1]  # the commit of offset 5
+    raw = bytearray(segment.read_bytes())
+    raw[position + size // 2] ^= 0xFF
+    segment.write_bytes(bytes(raw))
+    for start in range(3):
+        server.start()
+        try:
+            assert committed(server)[0] == ErrorCode.NOT_COORDINATOR
+            said = server.log_since_start()
+            assert "partition 0: FAILED to load" in said and "acknowledged" in said
+            if start:
+                assert "journal-synced-end.0.tr" in said
+        finally:
+            assert server.stop() == 0
+    assert segment.read_bytes() == bytes(raw)
+    assert [p.name for p in segment.parent.glob("journal-*.tr")] == ["journal-synced-end.0.tr"]

@@ -1,0 +1,136 @@
+"""The synced-ends entry a checkpoint writes to the journal (storage.journal ``write_synced_ends``): how
+far each log was on disk once the checkpoint's syncfs completed, which recovery holds the log to. A
+fault campaign found the gap it closes: a partition idle since a checkpoint deleted its journal
+batches, and before its recovery point was next recorded (at most every 30 s), had acknowledged,
+synced bytes past that point and nothing in the journal; a byte flipped there read as a torn tail,
+cut aside with the acknowledged commits in it and a WARNING."""
+
+from pathlib import Path
+
+import pytest
+
+from storage.journal import Journal, left_over
+from storage.journalentries import SYNCED_ENDS, read_entries
+from storage.log import LogCorruptError, PartitionLog
+from storage.segments import kept_journal_end
+from tests.storage.test_journal import P, acknowledged, batch, log_file, opened, recovered
+
+
+def checkpoint(journal: Journal, logs: list[PartitionLog], complete: bool = True) -> None:
+    """What coordinator.checkpointer does around its syncfs (the logs' bytes reach the disk here anyway:
+    nothing below cuts a page); ``complete``: False stops where a crash before the syncfs ends would."""
+    ends = [plog.acknowledged_end() for plog in logs]
+    boundary = journal.rotate()
+    assert journal.write_synced_ends({plog.partition: end[0] for plog, end in zip(logs, ends, strict=True)})
+    if not complete:
+        return
+    drop = journal.droppable(boundary)
+    journal.delete([seg.path for seg in drop])
+    journal.checkpointed(boundary)
+    journal.deleted(drop)
+    for plog, end in zip(logs, ends, strict=True):
+        plog.disk_synced(end)
+
+
+def crashed(journal: Journal, plog: PartitionLog) -> None:
+    plog.close()
+    journal.close(remove=False)
+
+
+def synced_then_idle(tmp_path: Path) -> None:
+    """Offsets 0-2 acknowledged, then checkpointed twice (the second as a later checkpoint for other
+    partitions' commits would: the journal then holds none of this one's batches); the process dies."""
+    journal, plog = opened(tmp_path)
+    acknowledged(journal, plog, [batch(0), batch(1)])
+    acknowledged(journal, plog, [batch(2)])
+    checkpoint(journal, [plog])
+    checkpoint(journal, [plog])
+    assert journal.entries_for(P) == [] and left_over(tmp_path) == 0
+    crashed(journal, plog)
+
+
+def flip_in_last_batch(tmp_path: Path) -> bytes:
+    raw = bytearray(log_file(tmp_path).read_bytes())
+    raw[len(raw) - len(batch(2)) // 2] ^= 0xFF
+    log_file(tmp_path).write_bytes(bytes(raw))
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("damage", ["flip", "cut at a batch boundary"])
+def test_damage_in_a_synced_tail_the_journal_no_longer_holds_fails_the_partition(tmp_path: Path, damage: str) -> None:
+    synced_then_idle(tmp_path)
+    if damage == "flip":
+        raw = flip_in_last_batch(tmp_path)
+    else:
+        raw = log_file(tmp_path).read_bytes()[: -len(batch(2))]
+        log_file(tmp_path).write_bytes(raw)
+    journal, plog = opened(tmp_path, recover=False)
+    with pytest.raises(LogCorruptError, match="acknowledged"):
+        list(plog.recover())
+    assert log_file(tmp_path).read_bytes() == raw  # nothing cut: the log as found, for the repair
+    assert not list(log_file(tmp_path).parent.glob("*.tr"))
+    crashed(journal, plog)
+
+
+def test_a_failed_partitions_synced_end_outlasts_the_journal_until_the_operator_removes_it(tmp_path: Path) -> None:
+    synced_then_idle(tmp_path)
+    flip_in_last_batch(tmp_path)
+    journal, plog = opened(tmp_path, recover=False)
+    with pytest.raises(LogCorruptError):
+        list(plog.recover())
+    [copy] = plog.abandon_journal()  # the journal holds no batch of it: only its synced end is kept
+    assert copy.name == "journal-synced-end.0.tr" and copy.read_text() == "3\n"
+    assert kept_journal_end(copy.parent) == (3, copy.name)
+    plog.close()
+    journal.close(remove=True)  # a clean stop: the journal and its synced-ends entries are gone
+    assert not list((tmp_path / "journal").iterdir())
+    journal, plog = opened(tmp_path, recover=False)
+    with pytest.raises(LogCorruptError, match=r"journal-synced-end\.0\.tr"):
+        list(plog.recover())
+    crashed(journal, plog)
+    copy.unlink()  # the operator accepts the loss: the damaged tail is cut aside as a torn one
+    journal, plog, offsets = recovered(tmp_path)
+    assert offsets == [0, 1] and len(list(log_file(tmp_path).parent.glob("*.log.*.tr"))) == 1
+    crashed(journal, plog)
+
+
+def test_a_checkpoint_that_never_completed_claims_nothing_its_kept_segments_do_not_bring_back(tmp_path: Path) -> None:
+    """The synced-ends entry is written before the syncfs, and may reach the disk without it (the next
+    journal sync): the segments it would have deleted are still there, and their batches are written
+    over whatever the log lost."""
+    journal, plog = opened(tmp_path)
+    acknowledged(journal, plog, [batch(0)])
+    checkpoint(journal, [plog])
+    synced_size = log_file(tmp_path).stat().st_size
+    acknowledged(journal, plog, [batch(1), batch(2)])
+    checkpoint(journal, [plog], complete=False)
+    crashed(journal, plog)
+    with open(log_file(tmp_path), "r+b") as f:  # the syncfs never ran: the log lost its unsynced pages
+        f.truncate(synced_size)
+    journal, plog, offsets = recovered(tmp_path)
+    assert offsets == [0, 1, 2]
+    crashed(journal, plog)
+
+
+def test_synced_ends_are_read_back_at_a_start_and_are_not_batches(tmp_path: Path) -> None:
+    journal, plog = opened(tmp_path)
+    other = PartitionLog(tmp_path / "__consumer_offsets-4")
+    other.journal, other.partition = journal, 4
+    list(other.recover())
+    acknowledged(journal, plog, [batch(0), batch(1, 4)])
+    checkpoint(journal, [plog, other])
+    assert journal.synced_end(P) == 5 and journal.synced_end(4) == 0 and journal.synced_end(7) == -1
+    # a live segment holding only them is not something to checkpoint, nor to rotate away from
+    assert journal.live_size == 0 and journal.live.size > 0
+    live = journal.live.seq
+    checkpoint(journal, [plog, other])
+    assert journal.live.seq == live and journal.retained == 1
+    entries = list(read_entries(journal.live.path))
+    assert [p for p, _, _ in entries] == [SYNCED_ENDS, SYNCED_ENDS]
+    crashed(journal, plog)
+    other.close()
+    assert left_over(tmp_path) == 0
+    journal = Journal(tmp_path)
+    assert journal.synced_end(P) == 5 and journal.synced_end(4) == 0
+    assert journal.unapplied == set() and journal.entries_for(P) == []
+    journal.close(remove=False)
