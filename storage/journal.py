@@ -253,8 +253,12 @@ class Journal:
         batches are gone read as a torn tail, cut with acknowledged commits (a fault campaign's find).
         Only true once the syncfs succeeds, which a start after a crash cannot tell: but until it does,
         the journal keeps every batch since the last one that did, so a log's run there covers what
-        this entry claims beyond the last. False when it cannot be written: then no segment may go."""
+        this entry claims beyond the last. False when it cannot be written: then no segment may go.
+        None to write for no log (all loading, so no segment goes, or failed: they keep theirs aside)."""
         seg = self.live
+        if not ends:
+            self._marking = {}
+            return True
         if seg.broken or seg.fd is None:
             return False
         body = pack_synced_ends(ends)

@@ -55,7 +55,7 @@ def _plausible(length: int, partition: int) -> bool:
     """An entry header that could be one: a whole v2 batch's length (61 bytes at least) and a partition,
     or a synced-ends entry's whole pairs."""
     if partition == SYNCED_ENDS:
-        return 0 < length <= MAX_ENTRY_BYTES and length % _SYNCED_END.size == 0
+        return 0 <= length <= MAX_ENTRY_BYTES and length % _SYNCED_END.size == 0
     return 61 <= length <= MAX_ENTRY_BYTES and partition >= 0
 
 

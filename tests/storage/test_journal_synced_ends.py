@@ -5,12 +5,13 @@ batches, and before its recovery point was next recorded (at most every 30 s), h
 synced bytes past that point and nothing in the journal; a byte flipped there read as a torn tail,
 cut aside with the acknowledged commits in it and a WARNING."""
 
+import os
 from pathlib import Path
 
 import pytest
 
 from storage.journal import Journal, left_over
-from storage.journalentries import SYNCED_ENDS, read_entries
+from storage.journalentries import ENTRY_HEADER, SYNCED_ENDS, entry_crc, read_entries
 from storage.log import LogCorruptError, PartitionLog
 from storage.segments import kept_journal_end
 from tests.storage.test_journal import P, acknowledged, batch, log_file, opened, recovered
@@ -134,3 +135,20 @@ def test_synced_ends_are_read_back_at_a_start_and_are_not_batches(tmp_path: Path
     assert journal.synced_end(P) == 5 and journal.synced_end(4) == 0
     assert journal.unapplied == set() and journal.entries_for(P) == []
     journal.close(remove=False)
+
+
+def test_batches_after_a_synced_ends_entry_for_no_log_are_read_back(tmp_path: Path) -> None:
+    """A checkpoint while every partition loads (a start with segments left over) marks no log: nothing
+    is written then, and an empty entry (which a reader might meet) does not end its segment either, or
+    the acknowledged batches journaled after it would be lost at the next start."""
+    journal, plog = opened(tmp_path)
+    journal.rotate()
+    assert journal.write_synced_ends({}) and journal.live.size == 0
+    os.write(journal.live.fd or -1, ENTRY_HEADER.pack(0, SYNCED_ENDS, entry_crc(journal.live.seq, SYNCED_ENDS, b"")))
+    journal.live.size += ENTRY_HEADER.size
+    acknowledged(journal, plog, [batch(0), batch(1)])
+    crashed(journal, plog)
+    assert left_over(tmp_path) == 2
+    journal, plog, offsets = recovered(tmp_path)
+    assert offsets == [0, 1]
+    crashed(journal, plog)
