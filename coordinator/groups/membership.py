@@ -5,9 +5,10 @@ each an operation run through the shard (reference section 12; Kafka's classic-g
 Responses are version-independent results (``JoinResult``, ``SyncResult``, an error code, ``LeaveResult``);
 the API modules render them per version. A JoinGroup or follower SyncGroup that has to wait is parked on
 the member (``req.wait()``) and completed when the rebalance gets there. GroupMetadata records written at
-generation boundaries are not replayed on the live path (``replay=False``): the group already is what
-they say. A leader's assignments are handed out only once their record is durable, and only if the
-group is still in the same state and generation by then.
+generation boundaries are not replayed on the live path (``replay=False``), whichever request or timer
+ends the generation: the group already is what they say, and replay would build a new one without its
+soft state (pending member ids, the initial-delay flag). A leader's assignments are handed out only once
+their record is durable, and only if the group is still in the same state and generation by then.
 
 Timers, keyed per group: ``heartbeat:<group>:<member>`` (session, or the 5-minute new-member join timeout),
 ``join:<group>`` (initial delay / rebalance timeout), ``sync:<group>`` (members that never sync).
@@ -342,7 +343,7 @@ class Membership:
             group.subscribed = group.compute_subscribed()
             group.transition(GroupState.EMPTY, now)
             log.info("Group %s with generation %d is now empty", group.group_id, group.generation)
-            return OpResult([GroupMetadataRecord(group.group_id, group.to_record())], None)
+            return OpResult([GroupMetadataRecord(group.group_id, group.to_record())], None, replay=False)
         group.protocol = group.select_protocol()
         group.subscribed = group.compute_subscribed()
         group.transition(GroupState.COMPLETING_REBALANCE, now)
