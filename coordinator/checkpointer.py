@@ -79,7 +79,7 @@ class Checkpointer:
             journal = self._sync.journal
             due = time.monotonic() - self._last >= self._interval_s
             if journal.live_size >= CHECKPOINT_BYTES or (due and (journal.live_size or journal.retained > 1
-                                                                  or self._logs_behind())):
+                                                                  or journal.ends_unwritten or self._logs_behind())):
                 await self.checkpoint()
             elif due:  # nothing journaled since the last one: the logs hold everything (age 0, not stalled)
                 self._last = self.synced_at = time.monotonic()
@@ -98,12 +98,12 @@ class Checkpointer:
         holding = journal.holding
         # Written before the older segments go, for the syncfs to make durable with the logs: how far
         # each log is on disk once it has, which the journal then always holds (storage.journal).
-        marked = journal.write_synced_ends({plog.partition: end[0] for plog, end in zip(logs, ends, strict=True)})
-        drop = journal.droppable(boundary) if marked else []
+        journal.write_synced_ends({plog.partition: end[0] for plog, end in zip(logs, ends, strict=True)})
+        drop = journal.droppable(boundary)
         spare = journal.reserve_spare()
         started = time.perf_counter()
         try:
-            made = await _to_its_end(loop.run_in_executor(self._thread, self._sync_and_delete, drop, spare))
+            dropped, made = await _to_its_end(loop.run_in_executor(self._thread, self._sync_and_delete, drop, spare))
         except OSError as exc:
             self.failed += 1
             if _stopping():  # the segments stay: the next start replays them
@@ -115,6 +115,8 @@ class Checkpointer:
         self.synced_at = time.monotonic()
         if made is not None:
             journal.adopt_spare(made)
+        if not dropped:  # a partition began to recover meanwhile: every segment stays
+            drop, holding = [], True
         journal.checkpointed(boundary)
         journal.deleted(drop)
         self._trouble.reset()
@@ -141,23 +143,23 @@ class Checkpointer:
     def _logs_behind(self) -> bool:
         return any(shard.log.disk_behind() for shard in self._shards)
 
-    def _sync_and_delete(self, drop: list[JournalSegment], spare: int) -> JournalSegment | None:
-        """Checkpoint thread: the logs on disk, then the journal segments they make redundant, then
-        the next rotation's segment made ahead (returned, for the loop to adopt)."""
+    def _sync_and_delete(self, drop: list[JournalSegment], spare: int) -> tuple[bool, JournalSegment | None]:
+        """Checkpoint thread: the logs on disk, then the journal segments they make redundant (False: all
+        kept, ``Journal.drop``), then the next rotation's segment made ahead (for the loop to adopt)."""
         self._sync.checkpoint_sync()
         journal = self._sync.journal
         kept = drop[-1] if spare and drop else None  # the newest: the most blocks already written
-        journal.delete([seg.path for seg in drop if seg is not kept])
-        reuse = kept.path if kept is not None else None
+        dropped = journal.drop([seg.path for seg in drop if seg is not kept])
+        reuse = kept.path if kept is not None and dropped else None
         if not spare:
-            return None
+            return dropped, None
         try:
-            return journal.make_spare(spare, reuse)
+            return dropped, journal.make_spare(spare, reuse)
         except OSError as exc:  # the next rotation makes its own (its first cycle on the writer thread)
             log.warning("journal: could not make the next segment ahead (%s)", describe_error(exc))
         if reuse is not None:  # under its old name or the new one: either must go (raises: checkpoint failed)
             journal.delete([reuse, journal.directory / segment_name(spare)])
-        return None
+        return dropped, None
 
     def _synced(self, logs: list[PartitionLog], ends: list[LogEnd], take_claims: bool) -> Claims:
         """On the loop: each log synced to its end at the rotation; with ``take_claims``, the recovery

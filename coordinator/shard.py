@@ -512,17 +512,16 @@ class Shard:
     async def _abandon_journal(self) -> None:
         """A corrupt log: its journal batches are kept beside it, and the journal stops holding them."""
         try:
-            copies = await asyncio.get_running_loop().run_in_executor(self._loader, self.log.abandon_journal)
+            kept = await asyncio.get_running_loop().run_in_executor(self._loader, self.log.abandon_journal)
         except OSError as exc:
             log.error("partition %d: could not copy its journal batches aside (%s); the journal keeps them",
                       self.partition, describe_error(exc))
             return
-        for copy in copies:
-            if copy.name.startswith("journal-batches."):
-                log.error("partition %d: its journal batches are kept in %s for the repair", self.partition, copy)
-            else:
-                log.error("partition %d: the offset its log reached on disk at the last checkpoint is kept in %s: "
-                          "the log must reach it to load", self.partition, copy)
+        if kept is not None and kept.batches is not None:
+            log.error("partition %d: its journal batches are kept in %s for the repair", self.partition, kept.batches)
+        if kept is not None and kept.synced_end is not None:
+            log.error("partition %d: the offset its log reached on disk at the last checkpoint is kept in %s: the "
+                      "log must reach it to load", self.partition, kept.synced_end)
 
     @property
     def compactable(self) -> bool:

@@ -37,6 +37,7 @@ import errno
 import logging
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -86,6 +87,14 @@ def left_over_note(data_dir: Path, logs: str = "the logs") -> str | None:
             f"batches in and sets aside what it replaces)")
 
 
+@dataclass(frozen=True, slots=True)
+class KeptAside:
+    """What a failed partition's ``abandon`` wrote beside its log (storage.segments ``kept_journal_end``)."""
+
+    batches: Path | None  # journal-batches.<n>.tr: its journal batches
+    synced_end: Path | None  # journal-synced-end.<n>.tr: its last checkpoint's synced end, when they end before it
+
+
 @dataclass(slots=True)
 class JournalSegment:
     seq: int
@@ -112,7 +121,9 @@ class Journal:
         # Each partition's next offset as the last checkpoint that completed put its log on disk (the
         # synced-ends entries of storage.journalentries): the log must reach it at recovery.
         self._synced_ends: dict[int, int] = {}
-        self._marking: dict[int, int] = {}  # the synced-ends of the checkpoint under way
+        self._marking: dict[int, int] | None = None  # the synced-ends entry of the checkpoint under way
+        self._written: dict[int, int] | None = None  # the newest synced-ends entry written
+        self._ends_unwritten = False  # the last one could not be written (said once, until one is)
         for entry in sorted(self.directory.iterdir()):
             m = _SEGMENT_RE.match(entry.name)
             if not m:
@@ -121,8 +132,8 @@ class Journal:
             self._segments[int(m.group(1))] = JournalSegment(int(m.group(1)), entry, None, size, size, True, True, True)
             read_to = 0
             for partition, batch, end in read_entries(entry):
-                if partition == SYNCED_ENDS:
-                    self._synced_ends.update(unpack_synced_ends(batch))
+                if partition == SYNCED_ENDS:  # each is complete: the newest replaces those before it
+                    self._synced_ends = unpack_synced_ends(batch)
                 else:
                     self._startup.setdefault(partition, []).append(batch)
                 read_to = end
@@ -140,6 +151,7 @@ class Journal:
         # Partitions recovering now (their log may be cut back, not yet rewritten and fsynced): no
         # segment is deleted meanwhile either. Abandoned ones (corrupt logs) hold nothing.
         self._recovering: set[int] = set()
+        self._recovery_lock = threading.Lock()  # ``recovering`` against a checkpoint's ``drop``
         self._abandoned: set[int] = set()
         if self._startup:
             log.info("journal: %d batches of %d partitions to apply to their logs (the process before did not "
@@ -176,15 +188,8 @@ class Journal:
             data = b"".join([part for plog, partition, batch, _ in pending if not plog.refused
                              for part in (header(len(batch), partition, entry_crc(seq, partition, batch)), batch)])
             try:
-                if seg.fd is None:
-                    raise OSError(errno.EBADF, f"journal segment {seg.path.name} is closed")
-                view = memoryview(data)
-                while view:
-                    n = os.write(seg.fd, view)
-                    seg.size += n
-                    view = view[n:]
+                _append(seg, data)
             except OSError:
-                seg.broken = True
                 self.needs_bytes = max(self.needs_bytes, len(data))
                 raise
             for plog, _, _, end in pending:
@@ -241,43 +246,50 @@ class Journal:
     def rotate(self) -> int:
         """Checkpoint, on the loop: writes go to a new segment from now on; returns its sequence
         number, below which every segment can go once the logs are synced (``droppable``)."""
-        if self.live.size > self.live.synced_ends:
+        if self.live.size > self.live.synced_ends or self.live.broken:
             self.rotate_live()
         return self.live.seq
 
-    def write_synced_ends(self, ends: dict[int, int]) -> bool:
-        """Checkpoint, on the loop, after ``rotate``: each log's next offset as the checkpoint's syncfs
-        is to put it on disk, written to the live segment for that syncfs to make durable too, before
-        the older segments (holding the last synced-ends entry) go. Why: a log's recovery point is
-        recorded at most every 30 s (coordinator.checkpointer), and damage past it in a log whose journal
-        batches are gone read as a torn tail, cut with acknowledged commits (a fault campaign's find).
-        Only true once the syncfs succeeds, which a start after a crash cannot tell: but until it does,
-        the journal keeps every batch since the last one that did, so a log's run there covers what
-        this entry claims beyond the last. False when it cannot be written: then no segment may go.
-        None to write for no log (all loading, so no segment goes, or failed: they keep theirs aside)."""
+    def write_synced_ends(self, ends: dict[int, int]) -> None:
+        """Checkpoint, on the loop, after ``rotate``: each recovered log's next offset as the checkpoint's
+        syncfs is to put it on disk (``ends``), written to the live segment for that syncfs to make
+        durable too, before the older segments (holding the entry before) go. Why: a log's recovery
+        point is recorded at most every 30 s (coordinator.checkpointer), and damage past it in a log
+        whose journal batches are gone read as a torn tail, cut with acknowledged commits (a fault
+        campaign's find). Each entry is complete, the newest replacing those before it: a log loading
+        or reloading now keeps the end known for it (a crash during a start's loads, or a checkpoint
+        meanwhile, lost it: a review's find), a failed one's is kept beside its log instead
+        (``abandon``) and must not outlive that file here. An entry claims more than is on disk until
+        the syncfs succeeds, which a start after a crash cannot tell; but until it does, the journal
+        keeps every batch since the last one that did, and a log's run there covers what the entry
+        claims beyond the one before. The live segment's newest entry is not written again (an idle
+        journal does not grow with every checkpoint). One that cannot be written (a full disk, which
+        a fresh segment needs a block of) is not waited for: the segments still go, and until an entry
+        is written again a start after a crash knows no synced end, as before there were any. Keeping
+        them instead kept every log from counting as synced, so the cleaner could not give a full disk
+        room back (coordinator.checkpointer), nor the journal its segments'."""
         seg = self.live
-        if not ends:
-            self._marking = {}
-            return True
-        if seg.broken or seg.fd is None:
-            return False
+        ends = {p: e for p, e in self._synced_ends.items() if p not in self._abandoned} | ends
+        if seg.synced_ends and seg.size == seg.synced_ends and ends == self._written:
+            self._marking = ends
+            return
         body = pack_synced_ends(ends)
         data = ENTRY_HEADER.pack(len(body), SYNCED_ENDS, entry_crc(seg.seq, SYNCED_ENDS, body)) + body
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(seg.fd, view)
-                seg.size += n
-                seg.synced_ends += n
-                view = view[n:]
-        except OSError as exc:
-            seg.broken = True  # the next write rotates past whatever part of it was written
-            log.warning("journal: could not record the logs' synced ends (%s); its segments stay until a "
-                        "checkpoint can", exc.strerror or exc)
-            return False
-        self._marking = ends
+            _append(seg, data)
+        except OSError as exc:  # the next write or checkpoint rotates past whatever part of it was written
+            if not self._ends_unwritten:
+                log.warning("journal: could not record how far the logs are on disk (%s): until it can, damage the "
+                            "disk does to a log's synced tail past its recovery point reads as a torn write at a "
+                            "start after a crash", exc.strerror or exc)
+            self._ends_unwritten = True
+            return
+        if self._ends_unwritten:
+            log.info("journal: records how far the logs are on disk again")
+            self._ends_unwritten = False
+        seg.synced_ends += len(data)
+        self._marking = self._written = ends
         self.position = (seg.seq, seg.size)
-        return True
 
     def synced_end(self, partition: int) -> int:
         """Loader thread: the next offset ``partition``'s log held on disk at the last checkpoint that
@@ -337,8 +349,8 @@ class Journal:
         ``boundary`` hold, and a recovery never needs them again (nor rewrites into what the cleaner
         may compact once a log is synced: storage.cleaner)."""
         self._synced_from = max(self._synced_from, (boundary, 0))
-        self._synced_ends.update(self._marking)
-        self._marking = {}
+        if self._marking is not None:
+            self._synced_ends, self._marking = self._marking, None
 
     def hold(self, partitions: set[int]) -> None:
         """A checkpoint failed: the logs of ``partitions`` may have lost pages the kernel could not write
@@ -360,6 +372,18 @@ class Journal:
         if paths:
             fsync_path(self.directory)
 
+    def drop(self, paths: list[Path]) -> bool:
+        """Checkpoint thread, after its syncfs: ``delete``s the segments ``droppable`` named on the loop
+        before it, unless a partition began to recover since (``recovering``), in which case all stay
+        (False): its log may be cut back for the rewrite of its journal batches, the syncfs may have put
+        the cut on disk without the rewrite, and these segments are what bring the rewrite back after a
+        crash (a review's find). Decided under the lock ``recovering`` takes."""
+        with self._recovery_lock:
+            if self.holding:
+                return False
+            self.delete(paths)
+        return True
+
     def deleted(self, segments: list[JournalSegment]) -> None:
         """On the loop, after ``delete``."""
         for seg in segments:
@@ -367,6 +391,12 @@ class Journal:
         if not any(s.startup for s in self._segments.values()):
             self._startup.clear()
         self._close_retired()
+
+    @property
+    def ends_unwritten(self) -> bool:
+        """The last checkpoint could not write its synced-ends entry: the next one tries again, though
+        nothing was journaled since."""
+        return self._ends_unwritten
 
     @property
     def live_size(self) -> int:
@@ -427,28 +457,27 @@ class Journal:
         and where it reads from stays put until it has: a recovery that failed half-way through its
         rewrite (a full disk) left its log cut short, and its retry must not start after checkpoints
         that synced the cut (a fault campaign lost acknowledged commits so)."""
-        if partition not in self._recovering and partition not in self.unapplied:
-            self._covered[partition] = max(self._covered.get(partition, (0, 0)), self._synced_from)
-        self._recovering.add(partition)
+        with self._recovery_lock:
+            if partition not in self._recovering and partition not in self.unapplied:
+                self._covered[partition] = max(self._covered.get(partition, (0, 0)), self._synced_from)
+            self._recovering.add(partition)
 
-    def abandon(self, partition: int, directory: Path) -> list[Path]:
+    def abandon(self, partition: int, directory: Path) -> KeptAside:
         """Loader thread: ``partition``'s log is corrupt and it will not serve until repaired. Its journal
         batches are copied next to its log (``journal-batches.<n>.tr``, Kafka v2 batches back to back,
         for the operator's repair), and so is its synced end when they do not reach it
         (``journal-synced-end.<n>.tr``, the offset in decimal): what the log must reach at every start
         (storage.segments ``kept_journal_end``), after the journal stops keeping segments for it (a clean
-        stop removes them all). Returns the files written."""
+        stop removes them all)."""
         batches = self.entries_for(partition)
-        copies = []
         batches_end = batch_offsets(batches[-1])[1] + 1 if batches else -1
-        if batches:
-            copies.append(_copy_aside(directory, "journal-batches", b"".join(batches)))
-        if (synced := self._synced_ends.get(partition, -1)) > batches_end:
-            copies.append(_copy_aside(directory, "journal-synced-end", f"{synced}\n".encode()))
+        kept = KeptAside(_copy_aside(directory, "journal-batches", b"".join(batches)) if batches else None,
+                         _copy_aside(directory, "journal-synced-end", f"{synced}\n".encode())
+                         if (synced := self._synced_ends.get(partition, -1)) > batches_end else None)
         self._abandoned.add(partition)
         for held in (self._startup_pending, self.unapplied, self._recovering):
             held.discard(partition)
-        return copies
+        return kept
 
     def applied(self, partition: int) -> None:
         """Loader thread, at the end of ``partition``'s recovery: its log now holds (fsynced) every batch
@@ -498,6 +527,22 @@ class Journal:
             if seg.fd is not None and seg is not self.live and seg is not self.in_flight:
                 os.close(seg.fd)
                 seg.fd = None
+
+
+def _append(seg: JournalSegment, data: bytes) -> None:
+    """Writes ``data`` at the end of ``seg``. Raises OSError, and ``seg`` is then broken: never appended
+    to again (whatever part of ``data`` reached it is not an entry to write after)."""
+    try:
+        if seg.fd is None:
+            raise OSError(errno.EBADF, f"journal segment {seg.path.name} is closed")
+        view = memoryview(data)
+        while view:
+            n = os.write(seg.fd, view)
+            seg.size += n
+            view = view[n:]
+    except OSError:
+        seg.broken = True
+        raise
 
 
 def _copy_aside(directory: Path, stem: str, data: bytes) -> Path:

@@ -67,7 +67,7 @@ from storage.segments import (
 )
 
 if TYPE_CHECKING:
-    from storage.journal import Journal
+    from storage.journal import Journal, KeptAside
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +252,8 @@ class PartitionLog:
                                   f"missing")
         if self.next_offset < kept_to:
             # The partition failed, and its journal stopped keeping its batches: the copy is what says so.
-            raise LogCorruptError(f"{self.directory}: the log ends at offset {self.next_offset} and {kept}, the "
-                                  f"journal's batches kept when the partition failed, holds them to offset "
+            raise LogCorruptError(f"{self.directory}: the log ends at offset {self.next_offset} and {kept}, kept "
+                                  f"from the journal when the partition failed, says it held offsets to "
                                   f"{kept_to - 1}: acknowledged batches are missing (repair the log, or remove "
                                   f"the file to accept their loss)")
         for seg in self.segments:
@@ -465,9 +465,9 @@ class PartitionLog:
     def durable_end(self) -> LogEnd:
         return (self.durable_offset, self._durable_base, self._durable_size)
 
-    def abandon_journal(self) -> list[Path]:
+    def abandon_journal(self) -> "KeptAside | None":
         """The log is corrupt (loader thread): see storage.journal ``abandon``."""
-        return self.journal.abandon(self.partition, self.directory) if self.journal is not None else []
+        return self.journal.abandon(self.partition, self.directory) if self.journal is not None else None
 
     def journaled(self, upto: LogEnd) -> None:
         """The journal holds everything appended up to ``upto`` (an ``end()``), durably: that much may

@@ -285,11 +285,12 @@ def kept_journal_end(directory: Path) -> tuple[int, str]:
     end, name = -1, ""
     for entry in sorted(directory.iterdir()):
         if _SYNCED_END_COPY_RE.match(entry.name):
-            try:
-                synced = int(entry.read_text())
-            except ValueError:  # empty: a crash in its write (the journal still held the end then), or edited
-                log.warning("%s does not hold an offset: ignored", entry)
+            text = entry.read_text()
+            # Without its newline: a write a crash cut short (the journal still held the end then), or edited.
+            if not text.endswith("\n") or not text[:-1].isdigit():
+                log.warning("%s does not hold an offset and a newline: ignored", entry)
                 continue
+            synced = int(text)
             if synced > end:
                 end, name = synced, entry.name
             continue

@@ -210,8 +210,16 @@ class FaultyJournal(Journal):
         self.faults.at_sync("injected EIO in the journal's fdatasync")
         super().sync(seg)
 
+    def drop(self, paths: list[Path]) -> bool:
+        """The checkpoint's step after its syncfs, whether or not it deletes anything."""
+        self._checkpoint_step()
+        return super().drop(paths)
+
     def delete(self, paths: list[Path]) -> None:
+        self._checkpoint_step()
+        super().delete(paths)
+
+    def _checkpoint_step(self) -> None:
         if self.faults.fail_next_checkpoint:
             self.faults.fail_next_checkpoint = False
             raise OSError(errno.EIO, "injected EIO in a checkpoint")
-        super().delete(paths)

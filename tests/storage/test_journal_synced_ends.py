@@ -5,13 +5,12 @@ batches, and before its recovery point was next recorded (at most every 30 s), h
 synced bytes past that point and nothing in the journal; a byte flipped there read as a torn tail,
 cut aside with the acknowledged commits in it and a WARNING."""
 
-import os
 from pathlib import Path
 
 import pytest
 
 from storage.journal import Journal, left_over
-from storage.journalentries import ENTRY_HEADER, SYNCED_ENDS, entry_crc, read_entries
+from storage.journalentries import SYNCED_ENDS, read_entries
 from storage.log import LogCorruptError, PartitionLog
 from storage.segments import kept_journal_end
 from tests.storage.test_journal import P, acknowledged, batch, log_file, opened, recovered
@@ -22,7 +21,7 @@ def checkpoint(journal: Journal, logs: list[PartitionLog], complete: bool = True
     nothing below cuts a page); ``complete``: False stops where a crash before the syncfs ends would."""
     ends = [plog.acknowledged_end() for plog in logs]
     boundary = journal.rotate()
-    assert journal.write_synced_ends({plog.partition: end[0] for plog, end in zip(logs, ends, strict=True)})
+    journal.write_synced_ends({plog.partition: end[0] for plog, end in zip(logs, ends, strict=True)})
     if not complete:
         return
     drop = journal.droppable(boundary)
@@ -79,7 +78,10 @@ def test_a_failed_partitions_synced_end_outlasts_the_journal_until_the_operator_
     journal, plog = opened(tmp_path, recover=False)
     with pytest.raises(LogCorruptError):
         list(plog.recover())
-    [copy] = plog.abandon_journal()  # the journal holds no batch of it: only its synced end is kept
+    kept = plog.abandon_journal()
+    assert kept is not None and kept.batches is None  # the journal holds no batch of it: only its synced end
+    copy = kept.synced_end
+    assert copy is not None
     assert copy.name == "journal-synced-end.0.tr" and copy.read_text() == "3\n"
     assert kept_journal_end(copy.parent) == (3, copy.name)
     plog.close()
@@ -121,34 +123,81 @@ def test_synced_ends_are_read_back_at_a_start_and_are_not_batches(tmp_path: Path
     acknowledged(journal, plog, [batch(0), batch(1, 4)])
     checkpoint(journal, [plog, other])
     assert journal.synced_end(P) == 5 and journal.synced_end(4) == 0 and journal.synced_end(7) == -1
-    # a live segment holding only them is not something to checkpoint, nor to rotate away from
+    # a live segment holding only them is not something to checkpoint, nor to rotate away from, nor to
+    # write again unchanged
     assert journal.live_size == 0 and journal.live.size > 0
     live = journal.live.seq
     checkpoint(journal, [plog, other])
     assert journal.live.seq == live and journal.retained == 1
-    entries = list(read_entries(journal.live.path))
-    assert [p for p, _, _ in entries] == [SYNCED_ENDS, SYNCED_ENDS]
+    assert [p for p, _, _ in read_entries(journal.live.path)] == [SYNCED_ENDS]
+    # each entry is complete: one for a checkpoint while partition 4 reloads still names it
+    other.recovered = False
+    checkpoint(journal, [plog])
+    assert [p for p, _, _ in read_entries(journal.live.path)] == [SYNCED_ENDS]
+    acknowledged(journal, plog, [batch(5)])
+    checkpoint(journal, [plog])
+    assert journal.live.seq != live and journal.synced_end(P) == 6 and journal.synced_end(4) == 0
     crashed(journal, plog)
     other.close()
     assert left_over(tmp_path) == 0
     journal = Journal(tmp_path)
-    assert journal.synced_end(P) == 5 and journal.synced_end(4) == 0
+    assert journal.synced_end(P) == 6 and journal.synced_end(4) == 0
     assert journal.unapplied == set() and journal.entries_for(P) == []
     journal.close(remove=False)
 
 
 def test_batches_after_a_synced_ends_entry_for_no_log_are_read_back(tmp_path: Path) -> None:
-    """A checkpoint while every partition loads (a start with segments left over) marks no log: nothing
-    is written then, and an empty entry (which a reader might meet) does not end its segment either, or
-    the acknowledged batches journaled after it would be lost at the next start."""
+    """A checkpoint while every partition loads for the first time (a start) marks no log: an empty
+    entry, which must not end its segment, or the acknowledged batches journaled after it would be lost
+    at the next start (it did, the first day)."""
     journal, plog = opened(tmp_path)
     journal.rotate()
-    assert journal.write_synced_ends({}) and journal.live.size == 0
-    os.write(journal.live.fd or -1, ENTRY_HEADER.pack(0, SYNCED_ENDS, entry_crc(journal.live.seq, SYNCED_ENDS, b"")))
-    journal.live.size += ENTRY_HEADER.size
+    journal.write_synced_ends({})
+    assert [(p, body) for p, body, _ in read_entries(journal.live.path)] == [(SYNCED_ENDS, b"")]
     acknowledged(journal, plog, [batch(0), batch(1)])
     crashed(journal, plog)
     assert left_over(tmp_path) == 2
     journal, plog, offsets = recovered(tmp_path)
     assert offsets == [0, 1]
     crashed(journal, plog)
+
+
+Q = 4
+
+
+def other_log(data_dir: Path, journal: Journal) -> PartitionLog:
+    plog = PartitionLog(data_dir / f"__consumer_offsets-{Q}")
+    plog.journal, plog.partition = journal, Q
+    list(plog.recover())
+    return plog
+
+
+def test_a_partition_still_loading_keeps_its_synced_end_through_a_checkpoint_that_drops_the_old_segments(
+        tmp_path: Path) -> None:
+    """A start after a crash: the idle partition P (a big log: the loader takes the smallest first) has not
+    begun its recovery when the first checkpoint runs; nothing is held (no batch was left over), so the
+    checkpoint drops the segment with P's synced end, and its own entry names only the logs recovered so
+    far. Another crash, and the next start knows no synced end for P: the disk's damage to P's synced tail
+    is cut as a torn one, with the acknowledged commit in it: the gap eec520d closes, open again."""
+    journal, plog = opened(tmp_path)
+    other = other_log(tmp_path, journal)
+    acknowledged(journal, plog, [batch(0), batch(1), batch(2)])
+    acknowledged(journal, other, [batch(0)])
+    checkpoint(journal, [plog, other])
+    checkpoint(journal, [plog, other])
+    crashed(journal, plog)
+    other.close()
+    assert left_over(tmp_path) == 0
+    journal = Journal(tmp_path)  # the next start: P is still queued for its load
+    assert journal.synced_end(P) == 3
+    other = other_log(tmp_path, journal)
+    checkpoint(journal, [other])
+    other.close()
+    journal.close(remove=False)  # a crash before P's recovery
+    flip_in_last_batch(tmp_path)  # the disk damages P's synced, acknowledged tail
+    journal, plog = opened(tmp_path, recover=False)
+    try:
+        with pytest.raises(LogCorruptError, match="acknowledged"):
+            list(plog.recover())
+    finally:
+        crashed(journal, plog)
