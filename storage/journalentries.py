@@ -1,7 +1,8 @@
 """The journal's entries on disk (storage.journal has the design): their format, reading a segment
 back, what follows a segment's last valid entry (``report_tail``), and resolving one partition's
 entries to the run of consecutive batches recovery writes into its log (storage.log ``recover``), and
-whether what a log holds past that run only continues it (``continued_to``).
+whether what a log holds past that run only continues it (``continued_to``), and making room for the run
+in the log (``clear_for_run``).
 
 A checkpoint also writes one *synced-ends* entry (partition ``SYNCED_ENDS``, not a batch: each
 partition's next offset as the checkpoint's syncfs put its log on disk, ``pack_synced_ends``) into the
@@ -17,9 +18,10 @@ from typing import Final
 import crc32c
 
 from storage.batch import Batch, decode_run
-from storage.segments import fsync_path, write_aside
+from storage.segments import Segment, aside_path, common_prefix, fsync_path, write_aside
 
 log = logging.getLogger("storage.journal")  # the journal's log lines, wherever they are made
+_log_lines = logging.getLogger("storage.log")  # a partition log's (``clear_for_run``)
 
 ENTRY_HEADER: Final = struct.Struct(">iiI")  # length, partition, crc32c
 _SEQ_PARTITION: Final = struct.Struct(">qi")
@@ -208,3 +210,47 @@ def continued_to(data: bytes, position: int, first_offset: int) -> int | None:
             return None
         expected = batch.last_offset + 1
     return expected
+
+
+def clear_for_run(segments: list[Segment], index: int, position: int, run: list[bytes]) -> None:
+    """Makes room in a partition log (its ``segments``) for the journal's run at segment ``index``'s byte
+    ``position``. What the log holds from there is cut; the part that is not the run's own bytes (batches
+    never written to the journal, so never acknowledged, or an older version of offsets the run writes
+    again) is first kept aside in a ``.tr`` file with a warning. Usually the log holds a prefix of the run,
+    and nothing is kept. Each later segment is compared with the run from its own base offset (after a
+    power cut, one may hold the run's later batches while the segment before lost its earlier)."""
+    seg = segments[index]
+    expected = b"".join(run)
+    starts: dict[int, int] = {}  # a run batch's base offset -> its byte in ``expected``
+    at = 0
+    for batch in run:
+        starts[batch_offsets(batch)[0]] = at
+        at += len(batch)
+    with open(seg.path, "rb") as f:
+        f.seek(position)
+        pieces = [(seg.path, position, f.read(), 0)]
+    for later in segments[index + 1 :]:
+        pieces.append((later.path, 0, later.path.read_bytes(), starts.get(later.base_offset, -1)))
+    follows: int | None = batch_offsets(run[-1])[1] + 1  # where appends past the run would go on
+    for path, start, data, expected_at in pieces:
+        same = common_prefix(data, expected[expected_at:]) if expected_at >= 0 else 0
+        if same < len(data):
+            aside = aside_path(path, start + same)
+            write_aside(aside, data[same:])
+            past_run = expected_at < 0 or same == len(expected) - expected_at
+            follows = continued_to(data, same, follows) if past_run and follows is not None else None
+            if follows is not None:
+                # What a kill -9 usually leaves: appended after the partition's last journal write
+                _log_lines.info("%s: %d bytes from byte %d on are batches appended after the journal's last for "
+                                "this partition (never journaled, so never acknowledged); kept in %s", path,
+                                len(data) - same, start + same, aside.name)
+            else:
+                _log_lines.warning("%s: %d bytes from byte %d on are not what the journal holds (batches never "
+                                   "acknowledged, or an older version of offsets written again), which replaces "
+                                   "them; kept in %s", path, len(data) - same, start + same, aside.name)
+    with open(seg.path, "r+b") as f:
+        f.truncate(position)
+    for later in segments[index + 1 :]:
+        later.path.unlink()
+    del segments[index + 1 :]
+    seg.size = position

@@ -44,15 +44,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from storage.batch import Batch, decode_batch, read_head
-from storage.journalentries import JournalError, batch_offsets, continued_to, resolve
+from storage.journalentries import JournalError, batch_offsets, clear_for_run, resolve
 from storage.recoverypoint import RECOVERY_POINT as RECOVERY_POINT
 from storage.recoverypoint import claim_lock, read_claim, run_reaches, short_of
 from storage.segments import (
     Damage,
     Segment,
     aside_files,
-    aside_path,
-    common_prefix,
     cut_aside,
     finish_interrupted_swaps,
     fsync_existing,
@@ -63,7 +61,6 @@ from storage.segments import (
     read_segment,
     segment_name,
     set_aside,
-    write_aside,
 )
 
 if TYPE_CHECKING:
@@ -289,47 +286,9 @@ class PartitionLog:
             raise LogCorruptError(f"{self.directory}: {exc}") from exc
 
     def _clear_for_run(self, index: int, position: int, run: list[bytes]) -> None:
-        """Makes room for the journal's run at segment ``index``'s byte ``position``. What the log holds
-        from there is cut; the part that is not the run's own bytes (batches never written to the
-        journal, so never acknowledged, or an older version of offsets the run writes again) is first
-        kept aside in a ``.tr`` file with a warning. Usually the log holds a prefix of the run, and
-        nothing is kept. Each later segment is compared with the run from its own base offset (after a
-        power cut, one may hold the run's later batches while the segment before lost its earlier)."""
-        seg = self.segments[index]
-        expected = b"".join(run)
-        starts: dict[int, int] = {}  # a run batch's base offset -> its byte in ``expected``
-        at = 0
-        for batch in run:
-            starts[batch_offsets(batch)[0]] = at
-            at += len(batch)
-        with open(seg.path, "rb") as f:
-            f.seek(position)
-            pieces = [(seg.path, position, f.read(), 0)]
-        for later in self.segments[index + 1 :]:
-            pieces.append((later.path, 0, later.path.read_bytes(), starts.get(later.base_offset, -1)))
-        follows: int | None = batch_offsets(run[-1])[1] + 1  # where appends past the run would go on
-        for path, start, data, expected_at in pieces:
-            same = common_prefix(data, expected[expected_at:]) if expected_at >= 0 else 0
-            if same < len(data):
-                aside = aside_path(path, start + same)
-                write_aside(aside, data[same:])
-                past_run = expected_at < 0 or same == len(expected) - expected_at
-                follows = continued_to(data, same, follows) if past_run and follows is not None else None
-                if follows is not None:
-                    # What a kill -9 usually leaves: appended after the partition's last journal write
-                    log.info("%s: %d bytes from byte %d on are batches appended after the journal's last for this "
-                             "partition (never journaled, so never acknowledged); kept in %s", path,
-                             len(data) - same, start + same, aside.name)
-                else:
-                    log.warning("%s: %d bytes from byte %d on are not what the journal holds (batches never "
-                                "acknowledged, or an older version of offsets written again), which replaces them; "
-                                "kept in %s", path, len(data) - same, start + same, aside.name)
-        with open(seg.path, "r+b") as f:
-            f.truncate(position)
-        for later in self.segments[index + 1 :]:
-            later.path.unlink()
-        del self.segments[index + 1 :]
-        seg.size = position
+        """Makes room for the journal's run at segment ``index``'s byte ``position``
+        (storage.journalentries ``clear_for_run``)."""
+        clear_for_run(self.segments, index, position, run)
         self.next_offset = batch_offsets(run[0])[0]
 
     def _append_run(self, run: list[bytes], servable: bool, replayable: bool) -> Iterator[Batch]:

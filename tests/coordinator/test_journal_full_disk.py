@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import coordinator.shard
-import storage.log
+import storage.journalentries
 from coordinator.request import ShardUnavailable
 from coordinator.shardstate import ShardState
 from protocol.errors import ErrorCode
@@ -121,7 +121,7 @@ def test_a_log_the_recovery_would_find_corrupt_is_not_served(tmp_path: Path, mon
     def no_room(path: Path, data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
-    monkeypatch.setattr(storage.log, "write_aside", no_room)
+    monkeypatch.setattr(storage.journalentries, "write_aside", no_room)  # making room for the run
     journal, plog = opened(tmp_path, recover=False)
     with pytest.raises(OSError) as failed:
         list(plog.recover())
