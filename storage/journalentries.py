@@ -28,8 +28,14 @@ _SEQ_PARTITION: Final = struct.Struct(">qi")
 _BASE_OFFSET: Final = struct.Struct(">q")
 _LAST_DELTA: Final = struct.Struct(">i")  # at byte 23 of a v2 batch
 MAX_ENTRY_BYTES: Final = 1 << 30
-SYNCED_ENDS: Final = -1  # the partition field of a checkpoint's synced-ends entry
+# The partition field of a checkpoint's synced-ends entry: no partition's, and its body padded to a batch's
+# least length, so a kcoord from before these entries (rolled back to after a crash) reads it as a batch
+# of a partition it does not have, and goes on to the batches after it (it then keeps its journal whole,
+# waiting for that partition to load: disk, not commits). -1 (its first form) made that kcoord stop
+# reading each segment there, and lose every acknowledged batch in it.
+SYNCED_ENDS: Final = 0x7FFFFFFF
 _SYNCED_END: Final = struct.Struct(">iq")  # partition, next offset
+_SYNCED_ENDS_BODY: Final = 72  # at least 61, a whole pair count: (-1, -1) pairs pad it
 
 
 class JournalError(Exception):
@@ -57,17 +63,21 @@ def _plausible(length: int, partition: int) -> bool:
     """An entry header that could be one: a whole v2 batch's length (61 bytes at least) and a partition,
     or a synced-ends entry's whole pairs."""
     if partition == SYNCED_ENDS:
-        return 0 <= length <= MAX_ENTRY_BYTES and length % _SYNCED_END.size == 0
+        return _SYNCED_ENDS_BODY <= length <= MAX_ENTRY_BYTES and length % _SYNCED_END.size == 0
     return 61 <= length <= MAX_ENTRY_BYTES and partition >= 0
 
 
 def pack_synced_ends(ends: dict[int, int]) -> bytes:
-    """A synced-ends entry's body: (partition, next offset) pairs."""
-    return b"".join(_SYNCED_END.pack(partition, offset) for partition, offset in sorted(ends.items()))
+    """A synced-ends entry's body: (partition, next offset) pairs, padded (``SYNCED_ENDS``)."""
+    body = b"".join(_SYNCED_END.pack(partition, offset) for partition, offset in sorted(ends.items()))
+    if len(body) < _SYNCED_ENDS_BODY:
+        body += _SYNCED_END.pack(-1, -1) * ((_SYNCED_ENDS_BODY - len(body)) // _SYNCED_END.size)
+    return body
 
 
 def unpack_synced_ends(body: bytes) -> dict[int, int]:
-    return {partition: offset for partition, offset in _SYNCED_END.iter_unpack(body)}
+    """The pairs of a synced-ends entry's body, without its padding."""
+    return {partition: offset for partition, offset in _SYNCED_END.iter_unpack(body) if partition >= 0}
 
 
 def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, bytes, int]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from storage.journal import Journal, left_over
-from storage.journalentries import SYNCED_ENDS, read_entries
+from storage.journalentries import ENTRY_HEADER, SYNCED_ENDS, entry_crc, read_entries, unpack_synced_ends
 from storage.log import LogCorruptError, PartitionLog
 from storage.segments import kept_journal_end
 from tests.storage.test_journal import P, acknowledged, batch, log_file, opened, recovered
@@ -153,7 +153,8 @@ def test_batches_after_a_synced_ends_entry_for_no_log_are_read_back(tmp_path: Pa
     journal, plog = opened(tmp_path)
     journal.rotate()
     journal.write_synced_ends({})
-    assert [(p, body) for p, body, _ in read_entries(journal.live.path)] == [(SYNCED_ENDS, b"")]
+    [(partition, body, _)] = read_entries(journal.live.path)
+    assert partition == SYNCED_ENDS and unpack_synced_ends(body) == {}
     acknowledged(journal, plog, [batch(0), batch(1)])
     crashed(journal, plog)
     assert left_over(tmp_path) == 2
@@ -201,3 +202,25 @@ def test_a_partition_still_loading_keeps_its_synced_end_through_a_checkpoint_tha
             list(plog.recover())
     finally:
         crashed(journal, plog)
+
+
+def test_a_kcoord_from_before_synced_ends_entries_skips_them_and_reads_the_batches_after(tmp_path: Path) -> None:
+    """Rolled back after a crash, a kcoord that predates these entries reads the journal by its own rules
+    (an entry: a length of 61 or more, a partition of 0 or more, the CRC over the segment's number,
+    partition and bytes; the first that is not ends the segment), and replays each partition's entries
+    into that partition: the entry must pass as one of a partition it does not have, or every batch
+    after it in the segment was lost (its first form, partition -1, ended the segment there)."""
+    journal, plog = opened(tmp_path)
+    acknowledged(journal, plog, [batch(0)])
+    checkpoint(journal, [plog])
+    acknowledged(journal, plog, [batch(1), batch(2)])
+    raw, pos, older = journal.live.path.read_bytes(), 0, []
+    while pos + ENTRY_HEADER.size <= len(raw):
+        length, partition, crc = ENTRY_HEADER.unpack_from(raw, pos)
+        body = raw[pos + ENTRY_HEADER.size : pos + ENTRY_HEADER.size + length]
+        if not (61 <= length <= 1 << 30 and partition >= 0 and entry_crc(journal.live.seq, partition, body) == crc):
+            break
+        older.append(partition)
+        pos += ENTRY_HEADER.size + length
+    assert older == [SYNCED_ENDS, P, P] and SYNCED_ENDS == (1 << 31) - 1  # above any partition an int32 count has
+    crashed(journal, plog)
