@@ -79,25 +79,35 @@ class Checkpointer:
             journal = self._sync.journal
             due = time.monotonic() - self._last >= self._interval_s
             if journal.live_size >= CHECKPOINT_BYTES or (due and (journal.live_size or journal.retained > 1
-                                                                  or journal.ends_unwritten or self._logs_behind())):
+                                                                  or journal.entry_due or self._logs_behind())):
                 await self.checkpoint()
             elif due:  # nothing journaled since the last one: the logs hold everything (age 0, not stalled)
                 self._last = self.synced_at = time.monotonic()
 
     async def checkpoint(self) -> bool:
-        """One checkpoint (see the module docstring); False if its sync failed."""
+        """One checkpoint (see the module docstring); False if its sync failed, or it could not start."""
         self._last = time.monotonic()
         loop = asyncio.get_running_loop()
         journal = self._sync.journal
-        logs = [shard.log for shard in self._shards if shard.log.recovered]
+        # Each shard's log read once: a reload replaces it from the writer thread (a fresh log read
+        # second had offset 0 for its end, which the synced-ends entry then claimed: a review's find).
+        # A failed partition's log may still count as recovered (its read-only reload found damage).
+        logs = [plog for shard in self._shards
+                if (plog := shard.log).recovered and shard.state is not ShardState.FAILED]
         # Journaled and acknowledged: a batch whose journal sync is still under way (or will fail)
         # must not count as synced (the cleaner would let it hide the acknowledged record it replaces,
         # and a recovery point could claim bytes a failed sync then cuts).
         ends = [plog.acknowledged_end() for plog in logs]
-        boundary = journal.rotate()
+        try:
+            boundary = journal.rotate()
+        except OSError as exc:  # no segment to rotate to (EMFILE, ENOSPC): nothing synced or deleted
+            self.failed += 1
+            self._trouble.report(logging.ERROR, "checkpoint could not start a journal segment (%s); trying again "
+                                 "in %d ms", describe_error(exc), self._interval_s * 1000)
+            return False
         holding = journal.holding
         # Written before the older segments go, for the syncfs to make durable with the logs: how far
-        # each log is on disk once it has, which the journal then always holds (storage.journal).
+        # each log is on disk once it has (storage.journal ``write_synced_ends``).
         journal.write_synced_ends({plog.partition: end[0] for plog, end in zip(logs, ends, strict=True)})
         drop = journal.droppable(boundary)
         spare = journal.reserve_spare()

@@ -300,9 +300,12 @@ class Runtime:
         self.flusher.close()
         self._loader.shutdown(wait=False, cancel_futures=True)
         if self.journal is not None:
-            # Every log synced and holding its journal batches: the journal has nothing they lack.
+            # Every log synced and holding its journal batches, and its recovery point recorded: the journal
+            # has nothing they lack (its synced ends were the only record of a log's synced tail when a
+            # close could not record the recovery point, a full disk: a review's find).
             self.journal.close(remove=all(closed) and all(
-                s.log.recovered and s.log.synced_offset == s.log.durable_offset for s in self.shards))
+                s.log.recovered and s.log.synced_offset == s.log.durable_offset and s.log.claim_recorded()
+                for s in self.shards))
         if self._lock is not None and all(closed):  # a stuck write keeps it: the process is about to end
             os.close(self._lock)
             self._lock = None

@@ -490,6 +490,9 @@ class Shard:
                 log.exception("partition %d: FAILED to load (unexpected error), not serving its groups",
                               self.partition)
                 self._transition(_SHARD_FAILED)
+                # As for a corrupt log: left recovering, it kept the journal from deleting any segment, and
+                # every other log from counting as synced, for the rest of the run (a review's find).
+                await self._abandon_journal()
                 return
             if self.state is not _SHARD_LOADING:
                 return  # closed meanwhile
@@ -517,9 +520,11 @@ class Shard:
             log.error("partition %d: could not copy its journal batches aside (%s); the journal keeps them",
                       self.partition, describe_error(exc))
             return
-        if kept is not None and kept.batches is not None:
+        if kept is None:
+            return
+        if kept.batches is not None:
             log.error("partition %d: its journal batches are kept in %s for the repair", self.partition, kept.batches)
-        if kept is not None and kept.synced_end is not None:
+        if kept.synced_end is not None:
             log.error("partition %d: the offset its log reached on disk at the last checkpoint is kept in %s: the "
                       "log must reach it to load", self.partition, kept.synced_end)
 

@@ -123,7 +123,7 @@ class Journal:
         self._synced_ends: dict[int, int] = {}
         self._marking: dict[int, int] | None = None  # the synced-ends entry of the checkpoint under way
         self._written: dict[int, int] | None = None  # the newest synced-ends entry written
-        self._ends_unwritten = False  # the last one could not be written (said once, until one is)
+        self._entry_failed = False  # the last one could not be written (said once, until one is)
         for entry in sorted(self.directory.iterdir()):
             m = _SEGMENT_RE.match(entry.name)
             if not m:
@@ -251,45 +251,47 @@ class Journal:
         return self.live.seq
 
     def write_synced_ends(self, ends: dict[int, int]) -> None:
-        """Checkpoint, on the loop, after ``rotate``: each recovered log's next offset as the checkpoint's
-        syncfs is to put it on disk (``ends``), written to the live segment for that syncfs to make
-        durable too, before the older segments (holding the entry before) go. Why: a log's recovery
-        point is recorded at most every 30 s (coordinator.checkpointer), and damage past it in a log
-        whose journal batches are gone read as a torn tail, cut with acknowledged commits (a fault
-        campaign's find). Each entry is complete, the newest replacing those before it: a log loading
-        or reloading now keeps the end known for it (a crash during a start's loads, or a checkpoint
-        meanwhile, lost it: a review's find), a failed one's is kept beside its log instead
-        (``abandon``) and must not outlive that file here. An entry claims more than is on disk until
-        the syncfs succeeds, which a start after a crash cannot tell; but until it does, the journal
-        keeps every batch since the last one that did, and a log's run there covers what the entry
-        claims beyond the one before. The live segment's newest entry is not written again (an idle
-        journal does not grow with every checkpoint). One that cannot be written (a full disk, which
-        a fresh segment needs a block of) is not waited for: the segments still go, and until an entry
-        is written again a start after a crash knows no synced end, as before there were any. Keeping
-        them instead kept every log from counting as synced, so the cleaner could not give a full disk
-        room back (coordinator.checkpointer), nor the journal its segments'."""
+        """Checkpoint, on the loop, after ``rotate``: the recovered logs' next offsets as its syncfs is to
+        put them on disk (``ends``), in an entry of the live segment, which that syncfs makes durable
+        before the older segments go. Why: recovery points are recorded at most every 30 s, and damage
+        past one, in a log whose journal batches were gone, read as a torn tail (a fault campaign's find).
+
+        Each entry is complete, the newest replacing those before it: logs loading or reloading keep the
+        end known for them, failed ones are left out (``abandon`` keeps theirs beside the log). One that
+        the live segment's newest entry says already is not written again. An entry claims more than is
+        on disk until the syncfs succeeds, which a start after a crash cannot tell; until it does, the
+        journal keeps every batch since the last one that did, which covers the difference. One that
+        cannot be written (a full disk) is not waited for: the segments still go, and the next
+        checkpoint is due to try again (``entry_due``); holding them kept a full disk full."""
         seg = self.live
-        ends = {p: e for p, e in self._synced_ends.items() if p not in self._abandoned} | ends
-        if seg.synced_ends and seg.size == seg.synced_ends and ends == self._written:
-            self._marking = ends
+        entry = {p: e for p, e in (self._synced_ends | ends).items() if p not in self._abandoned}
+        if seg.synced_ends and seg.size == seg.synced_ends and entry == self._written:
+            self._marking = entry
             return
-        body = pack_synced_ends(ends)
+        body = pack_synced_ends(entry)
         data = ENTRY_HEADER.pack(len(body), SYNCED_ENDS, entry_crc(seg.seq, SYNCED_ENDS, body)) + body
         try:
             _append(seg, data)
         except OSError as exc:  # the next write or checkpoint rotates past whatever part of it was written
-            if not self._ends_unwritten:
+            if not self._entry_failed:
                 log.warning("journal: could not record how far the logs are on disk (%s): until it can, damage the "
                             "disk does to a log's synced tail past its recovery point reads as a torn write at a "
                             "start after a crash", exc.strerror or exc)
-            self._ends_unwritten = True
+            self._entry_failed = True
             return
-        if self._ends_unwritten:
+        if self._entry_failed:
             log.info("journal: records how far the logs are on disk again")
-            self._ends_unwritten = False
+            self._entry_failed = False
         seg.synced_ends += len(data)
-        self._marking = self._written = ends
+        self._marking = self._written = entry
         self.position = (seg.seq, seg.size)
+
+    @property
+    def entry_due(self) -> bool:
+        """A checkpoint is due for the synced-ends entry alone, though nothing was journaled since: the
+        last one could not be written, or names a partition that has failed since (its end is kept beside
+        its log, and a claim left in the journal kept failing it after the operator removed that file)."""
+        return self._entry_failed or (self._written is not None and not self._abandoned.isdisjoint(self._written))
 
     def synced_end(self, partition: int) -> int:
         """Loader thread: the next offset ``partition``'s log held on disk at the last checkpoint that
@@ -358,11 +360,9 @@ class Journal:
         deleted until each has."""
         partitions = partitions - self._abandoned
         for partition in partitions:
-            # One recovering, or yet to, reads from where it did already: its log may lack more than
-            # what the failed checkpoint covers (a rewrite that failed half-way left it cut short).
-            if partition not in self._recovering and partition not in self.unapplied:
-                self._covered[partition] = max(self._covered.get(partition, (0, 0)), self._synced_from)
+            self._cover_from_synced(partition)
         self.unapplied |= partitions
+        self._written = None  # its page may be among those lost: the next checkpoint writes it again
 
     def delete(self, paths: list[Path]) -> None:
         """Checkpoint thread: unlinks segment files and makes that durable (a deleted segment that came
@@ -391,12 +391,6 @@ class Journal:
         if not any(s.startup for s in self._segments.values()):
             self._startup.clear()
         self._close_retired()
-
-    @property
-    def ends_unwritten(self) -> bool:
-        """The last checkpoint could not write its synced-ends entry: the next one tries again, though
-        nothing was journaled since."""
-        return self._ends_unwritten
 
     @property
     def live_size(self) -> int:
@@ -458,9 +452,15 @@ class Journal:
         rewrite (a full disk) left its log cut short, and its retry must not start after checkpoints
         that synced the cut (a fault campaign lost acknowledged commits so)."""
         with self._recovery_lock:
-            if partition not in self._recovering and partition not in self.unapplied:
-                self._covered[partition] = max(self._covered.get(partition, (0, 0)), self._synced_from)
+            self._cover_from_synced(partition)
             self._recovering.add(partition)
+
+    def _cover_from_synced(self, partition: int) -> None:
+        """``partition`` recovers from the last checkpoint on, unless it recovers (or has yet to) already:
+        then it reads from where it did, as its log may lack more (a rewrite that failed half-way left it
+        cut short)."""
+        if partition not in self._recovering and partition not in self.unapplied:
+            self._covered[partition] = max(self._covered.get(partition, (0, 0)), self._synced_from)
 
     def abandon(self, partition: int, directory: Path) -> KeptAside:
         """Loader thread: ``partition``'s log is corrupt and it will not serve until repaired. Its journal
@@ -470,10 +470,12 @@ class Journal:
         (storage.segments ``kept_journal_end``), after the journal stops keeping segments for it (a clean
         stop removes them all)."""
         batches = self.entries_for(partition)
-        batches_end = batch_offsets(batches[-1])[1] + 1 if batches else -1
-        kept = KeptAside(_copy_aside(directory, "journal-batches", b"".join(batches)) if batches else None,
-                         _copy_aside(directory, "journal-synced-end", f"{synced}\n".encode())
-                         if (synced := self._synced_ends.get(partition, -1)) > batches_end else None)
+        batches_copy = _copy_aside(directory, "journal-batches", b"".join(batches)) if batches else None
+        synced = self._synced_ends.get(partition, -1)
+        synced_copy = None
+        if synced > (batch_offsets(batches[-1])[1] + 1 if batches else -1):
+            synced_copy = _copy_aside(directory, "journal-synced-end", f"{synced}\n".encode())
+        kept = KeptAside(batches_copy, synced_copy)
         self._abandoned.add(partition)
         for held in (self._startup_pending, self.unapplied, self._recovering):
             held.discard(partition)
@@ -552,9 +554,11 @@ def _copy_aside(directory: Path, stem: str, data: bytes) -> Path:
     n = 0
     while (copy := directory / f"{stem}.{n}.tr").exists():
         if copy.read_bytes() == data:
-            return copy
+            fsync_path(copy)  # the process that wrote it may have died before its sync
+            break
         n += 1
-    write_aside(copy, data)
+    else:
+        write_aside(copy, data)
     fsync_path(directory)
     return copy
 

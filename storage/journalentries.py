@@ -34,6 +34,7 @@ MAX_ENTRY_BYTES: Final = 1 << 30
 # waiting for that partition to load: disk, not commits). -1 (its first form) made that kcoord stop
 # reading each segment there, and lose every acknowledged batch in it.
 SYNCED_ENDS: Final = 0x7FFFFFFF
+_FIRST_SYNCED_ENDS: Final = -1  # still read: a journal a kcoord with the first form left at a crash
 _SYNCED_END: Final = struct.Struct(">iq")  # partition, next offset
 _SYNCED_ENDS_BODY: Final = 72  # at least 61, a whole pair count: (-1, -1) pairs pad it
 
@@ -64,6 +65,8 @@ def _plausible(length: int, partition: int) -> bool:
     or a synced-ends entry's whole pairs."""
     if partition == SYNCED_ENDS:
         return _SYNCED_ENDS_BODY <= length <= MAX_ENTRY_BYTES and length % _SYNCED_END.size == 0
+    if partition == _FIRST_SYNCED_ENDS:
+        return 0 <= length <= MAX_ENTRY_BYTES and length % _SYNCED_END.size == 0
     return 61 <= length <= MAX_ENTRY_BYTES and partition >= 0
 
 
@@ -97,7 +100,7 @@ def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, by
         if entry_crc(seq, partition, batch) != crc:
             break
         pos = start + length
-        yield partition, batch, pos
+        yield (SYNCED_ENDS if partition == _FIRST_SYNCED_ENDS else partition), batch, pos
 
 
 def report_tail(path: Path, stop: int) -> None:

@@ -147,7 +147,10 @@ class PartitionLog:
         # synced-ends entry: a partition idle since has no run), and all a failed partition's journal
         # copy holds (its journal no longer does). Damage below them is corruption, however recent the
         # recovery point.
-        kept_to, kept = kept_journal_end(self.directory)
+        try:
+            kept_to, kept = kept_journal_end(self.directory)
+        except ValueError as exc:  # a damaged copy: what the log must reach is unknown
+            raise LogCorruptError(str(exc)) from exc
         synced_to = self.journal.synced_end(self.partition) if self.journal is not None else -1
         must_reach, held_by = max((rewrite_from if rewrite_from is not None else -1,
                                    f"the journal continues from {rewrite_from}"),
@@ -481,6 +484,12 @@ class PartitionLog:
                 os.fsync(f.fileno())
             self.install_checkpoint(tmp)
         fsync_path(self.directory)
+
+    def claim_recorded(self) -> bool:
+        """The recovery point on disk is the current claim (a clean close recorded it), or there is none
+        to record: what lets a clean stop remove the journal, whose synced ends it replaces."""
+        claim = self.claim()
+        return claim is None or read_claim(self.directory) == claim
 
     def claim(self) -> tuple[int, int] | None:
         """How far the log is durable now, as a recovery point records it; None before anything is."""

@@ -34,6 +34,7 @@ _SEGMENT_RE: Final = re.compile(r"^(\d{20})\.log$")
 _ASIDE_RE: Final = re.compile(r"^\d{20}\.log\.\d+(?:\.\d+)?\.tr$")
 _JOURNAL_COPY_RE: Final = re.compile(r"^journal-batches\.\d+\.tr$")
 _SYNCED_END_COPY_RE: Final = re.compile(r"^journal-synced-end\.\d+\.tr$")
+_SYNCED_END_TEXT: Final = re.compile(rb"[0-9]+\n")
 _SWAP_RE: Final = re.compile(r"^(\d{20})-(\d{20})\.swap$")
 
 
@@ -281,16 +282,22 @@ def kept_journal_end(directory: Path) -> tuple[int, str]:
     """Where the batches of a failed partition's journal copies (``journal-batches.<n>.tr``, storage.journal
     ``abandon``) end, one past their last offset, or the synced end kept with them
     (``journal-synced-end.<n>.tr``), whichever is further, and the name of the copy that reaches furthest;
-    (-1, "") without any. Acknowledged batches its journal no longer keeps: the log must hold them to load."""
+    (-1, "") without any. Acknowledged batches its journal no longer keeps: the log must hold them to load.
+    Raises ValueError for a synced-end copy that holds neither an offset nor what a crash in its write
+    leaves (damaged: ignored, it let the log load short of it)."""
     end, name = -1, ""
     for entry in sorted(directory.iterdir()):
         if _SYNCED_END_COPY_RE.match(entry.name):
-            text = entry.read_text()
-            # Without its newline: a write a crash cut short (the journal still held the end then), or edited.
-            if not text.endswith("\n") or not text[:-1].isdigit():
-                log.warning("%s does not hold an offset and a newline: ignored", entry)
-                continue
-            synced = int(text)
+            data = entry.read_bytes()
+            if _SYNCED_END_TEXT.fullmatch(data) is None:
+                if data.strip(b"\0").isdigit() or not data.strip(b"\0"):
+                    # Digits without their newline, or nothing: a write a crash cut short (the journal
+                    # still held the end then, and the next failure writes it again).
+                    log.warning("%s holds no whole offset (%r): ignored", entry, data[:24])
+                    continue
+                raise ValueError(f"{entry} holds {data[:24]!r}, not an offset: damaged (repair the log, or remove "
+                                 f"the file to accept the loss of what it held)")
+            synced = int(data)
             if synced > end:
                 end, name = synced, entry.name
             continue

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from storage.journal import Journal, left_over
-from storage.journalentries import ENTRY_HEADER, SYNCED_ENDS, entry_crc, read_entries, unpack_synced_ends
+from storage.journalentries import ENTRY_HEADER, SYNCED_ENDS, entry_crc, read_entries, segment_name, unpack_synced_ends
 from storage.log import LogCorruptError, PartitionLog
 from storage.segments import kept_journal_end
 from tests.storage.test_journal import P, acknowledged, batch, log_file, opened, recovered
@@ -224,3 +224,21 @@ def test_a_kcoord_from_before_synced_ends_entries_skips_them_and_reads_the_batch
         pos += ENTRY_HEADER.size + length
     assert older == [SYNCED_ENDS, P, P] and SYNCED_ENDS == (1 << 31) - 1  # above any partition an int32 count has
     crashed(journal, plog)
+
+
+def test_a_segment_written_with_the_first_form_of_the_entry_is_read_past_it(tmp_path: Path) -> None:
+    """The entry's first form (partition -1, unpadded), which a kcoord of a few hours left in journals:
+    read as synced ends, not as the end of its segment (the batches after it were dropped)."""
+    directory = tmp_path / "journal"
+    directory.mkdir()
+    seq = 2
+    old_body = (P).to_bytes(4, "big", signed=True) + (1).to_bytes(8, "big", signed=True)  # (partition, next offset)
+    entry = ENTRY_HEADER.pack(len(old_body), -1, entry_crc(seq, -1, old_body)) + old_body
+    acknowledged = [batch(1), batch(2)]
+    data = entry + b"".join(ENTRY_HEADER.pack(len(b), P, entry_crc(seq, P, b)) + b for b in acknowledged)
+    (directory / segment_name(seq)).write_bytes(data)
+    read = [partition for partition, _, _ in read_entries(directory / segment_name(seq))]
+    journal = Journal(tmp_path)
+    replayed, synced = journal.entries_for(P), journal.synced_end(P)
+    journal.close(remove=False)
+    assert (left_over(tmp_path), replayed, synced) == (2, acknowledged, 1), f"entries read: {read}"
