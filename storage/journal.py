@@ -267,7 +267,11 @@ class Journal:
         entry = {p: e for p, e in (self._synced_ends | ends).items() if p not in self._abandoned}
         if seg.synced_ends and seg.size == seg.synced_ends and entry == self._written:
             self._marking = entry
-            return
+        elif self._append_entry(seg, entry):
+            self._marking = entry
+
+    def _append_entry(self, seg: JournalSegment, entry: dict[int, int]) -> bool:
+        """Writes a synced-ends entry at the end of ``seg`` (not synced); False if it could not be."""
         body = pack_synced_ends(entry)
         data = ENTRY_HEADER.pack(len(body), SYNCED_ENDS, entry_crc(seg.seq, SYNCED_ENDS, body)) + body
         try:
@@ -278,20 +282,22 @@ class Journal:
                             "disk does to a log's synced tail past its recovery point reads as a torn write at a "
                             "start after a crash", exc.strerror or exc)
             self._entry_failed = True
-            return
+            return False
         if self._entry_failed:
             log.info("journal: records how far the logs are on disk again")
             self._entry_failed = False
         seg.synced_ends += len(data)
-        self._marking = self._written = entry
+        self._written = entry
         self.position = (seg.seq, seg.size)
+        return True
 
     @property
     def entry_due(self) -> bool:
         """A checkpoint is due for the synced-ends entry alone, though nothing was journaled since: the
         last one could not be written, or names a partition that has failed since (its end is kept beside
         its log, and a claim left in the journal kept failing it after the operator removed that file)."""
-        return self._entry_failed or (self._written is not None and not self._abandoned.isdisjoint(self._written))
+        newest = self._written if self._written is not None else self._synced_ends  # a start's: the segments'
+        return self._entry_failed or not self._abandoned.isdisjoint(newest)
 
     def synced_end(self, partition: int) -> int:
         """Loader thread: the next offset ``partition``'s log held on disk at the last checkpoint that
@@ -494,7 +500,18 @@ class Journal:
 
     def close(self, remove: bool) -> None:
         """Closes the descriptors; ``remove``: every log is synced and applied, so the journal holds
-        nothing they lack, and the next start has nothing to replay."""
+        nothing they lack, and the next start has nothing to replay. A journal kept whose newest
+        synced-ends entry names a partition that failed since gets one without it first (synced): a
+        stop before the next checkpoint left that claim to fail the partition again at the next start,
+        after the operator had removed the copy beside its log (a fault campaign's find)."""
+        if (not remove or self.unapplied) and self.entry_due and not self.live.broken and self.live.fd is not None:
+            entry = {p: e for p, e in self._synced_ends.items() if p not in self._abandoned}
+            try:
+                if self._append_entry(self.live, entry):
+                    os.fdatasync(self.live.fd)
+            except OSError as exc:
+                log.warning("journal: could not record how far the logs are on disk at the stop (%s)",
+                            exc.strerror or exc)
         spare, self._spare = self._spare, None
         if spare is not None:
             _discard_segment(spare)

@@ -190,6 +190,13 @@ class PartitionLog:
                         break
                     rewrite_at = (i, position)
                     break
+                if self.next_offset < must_reach <= item.last_offset and item.base_offset > self.next_offset:
+                    # A gap before a batch reaching what the log must hold. Appends leave none, and the
+                    # cleaner compacts no segment at or past the synced end: a base offset changed (its CRC
+                    # does not cover it), and the batch after it, "below expected", read as a torn tail.
+                    damage = Damage(position, f"batch offset {item.base_offset} past expected {self.next_offset}, "
+                                    f"below {must_reach} ({held_by})", torn=False)
+                    break
                 self.next_offset = item.last_offset + 1
                 position += item.size
                 yield item
@@ -247,9 +254,9 @@ class PartitionLog:
         if (short := short_of(self.segments, claim)) is not None:
             raise LogCorruptError(f"{self.directory}: {short}")
         if self.next_offset < synced_to:
-            raise LogCorruptError(f"{self.directory}: the log ends at offset {self.next_offset}, and the journal's "
-                                  f"last checkpoint synced it to offset {synced_to - 1}: acknowledged batches are "
-                                  f"missing")
+            raise LogCorruptError(f"{self.directory}: the log holds offsets below {self.next_offset} only, and the "
+                                  f"journal's last checkpoint synced it through offset {synced_to - 1}: acknowledged "
+                                  f"batches are missing")
         if self.next_offset < kept_to:
             # The partition failed, and its journal stopped keeping its batches: the copy is what says so.
             raise LogCorruptError(f"{self.directory}: the log ends at offset {self.next_offset} and {kept}, kept "

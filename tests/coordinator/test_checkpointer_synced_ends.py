@@ -133,51 +133,6 @@ async def test_an_idle_live_segment_does_not_grow_with_every_checkpoint(tmp_path
     assert grown == 0, f"the idle live segment grew by {grown} bytes in 20 checkpoints"
 
 
-async def test_removing_the_synced_end_copy_accepts_the_loss_after_a_clean_stop(tmp_path: Path) -> None:
-    """README: a failed partition's ``journal-synced-end.<n>.tr`` keeps it failed 'while the log ends
-    before' it: 'remove the file to accept the loss'. A partition that fails in-process while the server is
-    idle (its reload after a failed write meets damage the disk did to its synced tail) leaves its claim
-    in the live segment: that segment holds only synced-ends entries, so no checkpoint rotates away from it
-    (``rotate``), and a later entry that leaves the partition out does not take the claim back (readers
-    ``update`` a dict). A clean stop with a failed partition keeps the journal (coordinator.runtime
-    ``stop``), so after the operator removes the copy the next start fails the partition again from the
-    journal's claim, and writes the copy again: the documented repair does not work."""
-    from tests.coordinator.harness import Faults, wait_state
-
-    faults = Faults()
-    data = tmp_path / "d"
-    runtime = await started(journal_config(data, partitions=2), faults)
-    failing, other = runtime.shards
-    for offset in (1, 2, 3):
-        assert await append(failing, [commit("g", 0, offset)]) == OK
-    assert await append(other, [commit("h", 0, 1)]) == OK
-    assert runtime.checkpointer is not None
-    assert await runtime.checkpointer.checkpoint()
-    assert await runtime.checkpointer.checkpoint()  # idle: the live segment holds synced-ends entries only
-    directory = data / "__consumer_offsets-0"
-    segment = directory / "00000000000000000000.log"
-    raw = bytearray(segment.read_bytes())
-    raw[-20] ^= 0xFF  # the disk damages the last (synced, acknowledged) batch
-    segment.write_bytes(bytes(raw))
-    faults.fail_next_append = True  # a write fails: the partition reloads and meets the damage
-    assert await append(failing, [commit("g", 0, 4)]) != OK
-    await wait_state(failing, ShardState.FAILED)
-    copy = directory / "journal-synced-end.0.tr"
-    for _ in range(200):
-        if copy.exists():
-            break
-        await asyncio.sleep(0.01)
-    assert copy.read_text() == "3\n"
-    assert await runtime.checkpointer.checkpoint()  # the other partition's checkpoints go on
-    await stop(runtime)  # a clean stop
-    copy.unlink()  # the operator accepts the loss of offset 3
-    again = await started(journal_config(data, partitions=2))
-    state = again.shards[0].state
-    await stop(again)
-    assert state is ShardState.ACTIVE, f"still {state} from the journal's claim; files: " \
-        f"{sorted(p.name for p in directory.iterdir())}"
-
-
 async def test_a_partition_that_begins_to_recover_during_a_checkpoints_syncfs_keeps_every_segment(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a checkpoint deletes is decided on the loop before its syncfs; a partition whose reload

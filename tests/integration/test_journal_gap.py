@@ -167,3 +167,36 @@ def test_damage_in_a_synced_tail_of_a_partition_idle_since_its_last_checkpoint_f
             assert server.stop() == 0
     assert segment.read_bytes() == bytes(raw)
     assert [p.name for p in segment.parent.glob("journal-*.tr")] == ["journal-synced-end.0.tr"]
+
+
+def test_removing_the_synced_end_copy_accepts_the_loss_even_after_a_start_that_stopped_at_once(
+        tmp_path: Path) -> None:
+    """A start that fails the partition and stops before its first checkpoint kept the crash's journal
+    (a failed partition keeps it at a clean stop) and its synced-ends entry: removing the copy beside
+    the log did not let the next start load it, which failed it again from the journal and wrote the
+    copy again (a fault campaign's find). The stop now writes an entry without the failed partition."""
+    server = KcoordProcess(tmp_path / "data", "--offsets-partitions", "1").start()
+    client = RawClient(server.port)
+    for offset in range(1, 6):
+        commit(client, offset)
+    time.sleep(1.5)
+    server.kill()
+    client.close()
+    segment = list_segments(server.data_dir / "__consumer_offsets-0")[-1].path
+    _, position, size = batch_positions(segment)[-1]
+    raw = bytearray(segment.read_bytes())
+    raw[position + size // 2] ^= 0xFF
+    segment.write_bytes(bytes(raw))
+    server.extra += ["--checkpoint-interval-ms", "60000"]  # no checkpoint before the stop
+    server.start()
+    try:
+        assert committed(server)[0] == ErrorCode.NOT_COORDINATOR
+    finally:
+        assert server.stop() == 0
+    copy = segment.parent / "journal-synced-end.0.tr"
+    copy.unlink()  # the operator accepts the loss of offset 5
+    server.start()
+    try:
+        assert committed(server) == (ErrorCode.NONE, 4)
+    finally:
+        assert server.stop() == 0
