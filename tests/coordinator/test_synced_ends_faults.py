@@ -251,3 +251,31 @@ async def test_a_log_reopened_between_the_checkpointers_two_reads_lowers_its_syn
     fresh.close()
     await stop(runtime)
     assert after >= before, f"synced end {before} -> {after}; the newest entry claims {claimed}"
+
+
+async def test_a_load_that_fails_unexpectedly_lets_the_journal_go(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load ending in an unexpected error (a bug) FAILED the partition without abandoning its journal:
+    left recovering, it kept every segment from deletion and every other log from counting as synced
+    (the cleaner compacted nothing) for the rest of the run. It is abandoned now, as a corrupt log is."""
+    data = tmp_path / "d"
+    runtime = await started(journal_config(data, partitions=2))
+    await stop(runtime)
+    journal_run = PartitionLog._journal_run
+
+    def broken_for_partition_0(self: PartitionLog) -> list[bytes]:
+        if self.partition == 0:
+            raise RuntimeError("injected: a bug in partition 0's load")
+        return journal_run(self)
+
+    monkeypatch.setattr(PartitionLog, "_journal_run", broken_for_partition_0)
+    runtime = await started(journal_config(data, partitions=2))
+    assert runtime.checkpointer is not None and runtime.journal is not None
+    failing, other = runtime.shards
+    for offset in (1, 2, 3):
+        assert await append(other, [commit("h", 1, offset)]) == OK
+        assert await runtime.checkpointer.checkpoint()
+    state, synced, retained = failing.state, other.log.synced_offset, runtime.journal.retained
+    await stop(runtime)
+    assert state is ShardState.FAILED
+    assert (synced, retained) == (3, 1), f"partition 1 synced to {synced}, {retained} journal segments kept"
