@@ -65,9 +65,10 @@ _SEGMENT_RE: Final = re.compile(r"^(\d{20})\.journal$")
 
 
 def left_over(data_dir: Path) -> int:
-    """The entries in ``data_dir``'s journal segments, read without changing anything: what a run in
-    journal mode that did not stop cleanly left for the next start to write into the logs (a clean
-    stop leaves none; an empty segment made ahead holds none)."""
+    """The batches in ``data_dir``'s journal segments, read without changing anything: what a run in
+    journal mode that did not stop cleanly (or stopped with a failed partition) left for the next start
+    to write into the logs (a clean stop with every partition serving leaves none; an empty segment made
+    ahead holds none; synced-ends entries are not counted)."""
     directory = data_dir / JOURNAL_DIR
     if not directory.is_dir():
         return 0
@@ -473,8 +474,8 @@ class Journal:
         batches are copied next to its log (``journal-batches.<n>.tr``, Kafka v2 batches back to back,
         for the operator's repair), and so is its synced end when they do not reach it
         (``journal-synced-end.<n>.tr``, the offset in decimal): what the log must reach at every start
-        (storage.segments ``kept_journal_end``), after the journal stops keeping segments for it (a clean
-        stop removes them all)."""
+        (storage.segments ``kept_journal_end``), after the journal stops keeping segments for it (the
+        next checkpoints delete them, and the stop writes an entry without it)."""
         batches = self.entries_for(partition)
         batches_copy = _copy_aside(directory, "journal-batches", b"".join(batches)) if batches else None
         synced = self._synced_ends.get(partition, -1)
