@@ -303,11 +303,15 @@ def kept_journal_end(directory: Path) -> tuple[int, str]:
             continue
         if not _JOURNAL_COPY_RE.match(entry.name):
             continue
+        # Its last batch's end, not the highest: the journal's batches in their order, where a batch at
+        # offsets already written replaces them from there on (the log cut back after a failed write:
+        # what it replaces was never acknowledged, storage.journalentries ``resolve``).
         data = entry.read_bytes()
+        copy_end = -1
         for pos, base, _ in whole_batches(data):
-            last = base + int32_at(data, pos + LAST_DELTA_POSITION)
-            if last + 1 > end:
-                end, name = last + 1, entry.name
+            copy_end = base + int32_at(data, pos + LAST_DELTA_POSITION) + 1
+        if copy_end > end:
+            end, name = copy_end, entry.name
     return end, name
 
 
