@@ -20,6 +20,7 @@ from storage.cleaner import (
     CleanStats,
     clean,
     cleanable_count,
+    compaction_horizon,
     dirty_ratio,
     record_clean,
     recorded_clean,
@@ -111,7 +112,7 @@ class Compactor:
         dirty = dirty_ratio(plog, self._clean_end) >= MIN_CLEANABLE_DIRTY_RATIO
         if not dirty and (now - self._last_clean_ms < delete_retention_ms or self._nothing_new(plog, now)):
             return None
-        cleaned_to = plog.synced_offset
+        cleaned_to = compaction_horizon(plog)
         stats = clean(plog, now, delete_retention_ms, self._swap_on_writer(plog), lambda: self._stopping)
         record_clean(plog, CleanRecord(stats.clean_end_offset, cleaned_to, stats.tombstone_horizon_ms, now))
         self._clean_end = stats.clean_end_offset
@@ -127,7 +128,7 @@ class Compactor:
         this an idle log was rewritten, to no effect, every backoff once the delete retention was
         short (a campaign's find: 19,704 of 23,023 passes in one run)."""
         horizon = self._tombstone_horizon_ms
-        return plog.synced_offset == self._cleaned_to and (horizon is None or now < horizon)
+        return compaction_horizon(plog) == self._cleaned_to and (horizon is None or now < horizon)
 
     def _swap_on_writer(self, plog: PartitionLog) -> Callable[[Callable[[], None]], None]:
         """Runs a swap on the writer thread, only if ``plog`` is still the live log of an active shard."""
@@ -148,8 +149,10 @@ class Compactor:
 
 
 def _journal_holds(plog: PartitionLog) -> bool:
-    """The journal keeps segments for a partition yet to recover: a crash now would replay them whole,
-    into every log, so none may be compacted (a merged log failed its partition at the next start, "no
-    segment at or after the recovery point": a fault campaign's find, once the cleaner ran within a
-    second of a start on a full disk)."""
-    return plog.journal is not None and plog.journal.holding
+    """The journal keeps segments for a partition yet to recover, or an earlier process's (until the
+    first checkpoint after every partition recovered deletes them): a crash now would replay them
+    whole, into every log, so none may be compacted (a merged log failed its partition at the next
+    start, "no segment at or after the recovery point": a fault campaign's find, once the cleaner ran
+    within a second of a start on a full disk; and a review's, the cleaner run between the last
+    recovery and that checkpoint)."""
+    return plog.journal is not None and (plog.journal.holding or plog.journal.keeps_earlier_segments)

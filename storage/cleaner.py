@@ -77,9 +77,21 @@ class CleanAborted(Exception):
 
 def cleanable_count(log: PartitionLog) -> int:
     """How many leading segments ``clean`` may rewrite: those followed by a segment that starts below
-    ``synced_offset``, which keeps out the active segment and the one the synced end lies in (with a
-    journal, the batches a restart may write again from it start there: storage.journal)."""
-    return _cleanable(list(log.segments), log.synced_offset)
+    the ``compaction_horizon``, which keeps out the active segment and the one the horizon lies in
+    (with a journal, the batches a restart may write again from it start there: storage.journal)."""
+    return _cleanable(list(log.segments), compaction_horizon(log))
+
+
+def compaction_horizon(log: PartitionLog) -> int:
+    """How far the cleaner may look: the log's synced end, and with a journal no further than the synced
+    end it holds for the log (storage.journal ``synced_end``), which can lag (a synced-ends entry that
+    could not be written, a start before its first checkpoint). Recovery takes a gap before a batch
+    reaching that end for damage (storage.log ``recover``): a compaction past it made a healthy log read
+    as damaged (a review's find)."""
+    horizon = log.synced_offset
+    if log.journal is not None and (held := log.journal.synced_end(log.partition)) >= 0:
+        horizon = min(horizon, held)
+    return horizon
 
 
 def _cleanable(segs: list[Segment], durable_offset: int) -> int:
@@ -168,7 +180,7 @@ def clean(
     that changes live files and ``log.segments``, is handed to ``swap_in``, which runs it where the
     log's owner serialises it with appends (and may refuse by raising). ``stop()`` is polled between
     batches. If a swap raises, reopen the log: opening completes or discards an unfinished swap."""
-    durable = log.synced_offset  # on disk in the log itself (with a journal, the durable end runs ahead)
+    durable = compaction_horizon(log)  # on disk in the log itself (with a journal, the durable end runs ahead)
     snap = list(log.segments)
     count = _cleanable(snap, durable)
     if count == 0:

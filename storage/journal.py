@@ -400,6 +400,11 @@ class Journal:
         self._close_retired()
 
     @property
+    def keeps_earlier_segments(self) -> bool:
+        """Segments an earlier process left are still here: a start after a crash now replays them."""
+        return any(seg.startup for seg in list(self._segments.values()))
+
+    @property
     def live_size(self) -> int:
         """Bytes of batches in the live segment (its synced-ends entry is not something to checkpoint)."""
         return self.live.size - self.live.synced_ends

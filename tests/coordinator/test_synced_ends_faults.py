@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import storage.journal
+from coordinator.compaction import _journal_holds
 from coordinator.shard import Shard
 from coordinator.shardstate import ShardState
 from storage.journalentries import SYNCED_ENDS, read_entries, unpack_synced_ends
@@ -279,3 +280,24 @@ async def test_a_load_that_fails_unexpectedly_lets_the_journal_go(
     await stop(runtime)
     assert state is ShardState.FAILED
     assert (synced, retained) == (3, 1), f"partition 1 synced to {synced}, {retained} journal segments kept"
+
+
+async def test_no_compaction_while_an_earlier_processs_segments_are_kept(tmp_path: Path) -> None:
+    """After a crash every partition recovers from the journal's segments, which stay until the next
+    checkpoint: a crash before it replays them whole again, into logs the cleaner must not have compacted
+    meanwhile (a review's find: the replay then met a compacted log and failed the partition)."""
+    data = tmp_path / "d"
+    runtime = await started(journal_config(data))
+    for offset in (1, 2, 3):
+        assert await append(runtime.shards[0], [commit("g", 0, offset)]) == OK
+    crashed = tmp_path / "crashed"
+    shutil.copytree(data, crashed)  # kill -9: the journal holds the commits
+    await stop(runtime)
+    runtime = await started(journal_config(crashed))
+    assert runtime.checkpointer is not None
+    plog = runtime.shards[0].log
+    held_before = _journal_holds(plog)
+    assert await runtime.checkpointer.checkpoint()
+    held_after = _journal_holds(plog)
+    await stop(runtime)
+    assert (held_before, held_after) == (True, False)

@@ -243,11 +243,3 @@ def test_a_segment_written_with_the_first_form_of_the_entry_is_read_past_it(tmp_
     journal.close(remove=False)
     assert (left_over(tmp_path), replayed, synced) == (2, acknowledged, 1), f"entries read: {read}"
 
-
-def test_a_journal_copy_holds_the_log_to_its_run_not_to_offsets_a_failed_write_left(tmp_path: Path) -> None:
-    """A failed partition's journal batches, in journal order, can hold offsets written again lower (the
-    log cut back to its durable end after a failed write: the first ones were never acknowledged). The
-    log must reach the run's end, not the highest offset in the copy: a repaired log holding every
-    acknowledged batch stayed failed (a review's find)."""
-    (tmp_path / "journal-batches.0.tr").write_bytes(batch(0) + batch(1, 4) + batch(1, 2))
-    assert kept_journal_end(tmp_path) == (3, "journal-batches.0.tr")
