@@ -159,26 +159,33 @@ def test_a_journal_batches_copy_ends_where_its_resolved_run_ends(tmp_path: Path)
     assert kept_journal_end(directory)[0] == 13  # 20 before the fix
 
 
-def test_compaction_between_a_recovery_and_the_first_checkpoint_fails_the_next_start(tmp_path: Path) -> None:
-    """Pre-existing (not the synced-ends rule): recover() marks the log synced through the journal's run
-    while the segments an earlier process left are kept until the first checkpoint; once every partition
-    has applied them (``holding`` False) the cleaner may compact into the run. A crash then (before the
-    first checkpoint, 250 ms) leaves the run to be replayed into a log whose run start was compacted away:
-    the jump over the journal's first offset is damage below the recovery point the recovery recorded."""
+def restarted_after_a_run(tmp_path: Path) -> tuple[Journal, PartitionLog]:
+    """Offset 0 checkpointed; then a run the journal holds when the process is killed: 1 (partition 0's
+    key again), 2, 3 (partition 0's again: 1 is superseded), 4 (rolls a segment). Then the next start,
+    which applies the run and marks the log synced to 5."""
     journal = Journal(tmp_path)
     plog = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
     plog.journal, plog.partition = journal, P
     list(plog.recover())
     acknowledged(journal, plog, [kbatch(0, 0, 10)])
     checkpoint(journal, [plog])
-    # the run: 1 (partition 0 again), 2, 3 (partition 0 again: 1 is superseded), 4 rolls a segment
     acknowledged(journal, plog, [kbatch(1, 0, 11), kbatch(2, 1, 10), kbatch(3, 0, 12), kbatch(4, 2, 10)])
     plog.close()
     journal.close(remove=False)  # kill -9
-    journal = Journal(tmp_path)  # start 2: the run is applied, the log synced to 5
+    journal = Journal(tmp_path)
     plog = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
     plog.journal, plog.partition = journal, P
     list(plog.recover())
+    return journal, plog
+
+
+def test_compaction_between_a_recovery_and_the_first_checkpoint_fails_the_next_start(tmp_path: Path) -> None:
+    """Pre-existing (not the synced-ends rule): recover() marks the log synced through the journal's run
+    while the segments an earlier process left are kept until the first checkpoint; once every partition
+    has applied them (``holding`` False) the cleaner may compact into the run. A crash then (before the
+    first checkpoint, 250 ms) leaves the run to be replayed into a log whose run start was compacted away:
+    the jump over the journal's first offset is damage below the recovery point the recovery recorded."""
+    journal, plog = restarted_after_a_run(tmp_path)
     assert not journal.holding and plog.synced_offset == 5
     clean(plog, T + DAY, DAY)  # before the fix: offsets 0 and 1 dropped
     plog.close()
@@ -195,19 +202,7 @@ def test_a_reload_before_the_first_checkpoint_holds_a_compacted_log_to_the_start
     process's (1) while recover() marked the log synced through the run it wrote (5); the cleaner compacts
     segment 0 (offsets 0, 1 superseded); a reload of the partition before the first checkpoint (a write
     failure) has no run left (``applied`` covered it) and holds the healthy log to offset 1: FAILED."""
-    journal = Journal(tmp_path)
-    plog = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
-    plog.journal, plog.partition = journal, P
-    list(plog.recover())
-    acknowledged(journal, plog, [kbatch(0, 0, 10)])
-    checkpoint(journal, [plog])
-    acknowledged(journal, plog, [kbatch(1, 0, 11), kbatch(2, 1, 10), kbatch(3, 0, 12), kbatch(4, 2, 10)])
-    plog.close()
-    journal.close(remove=False)  # kill -9
-    journal = Journal(tmp_path)
-    plog = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
-    plog.journal, plog.partition = journal, P
-    list(plog.recover())
+    journal, plog = restarted_after_a_run(tmp_path)
     assert journal.synced_end(P) == 1 and plog.synced_offset == 5
     clean(plog, T + DAY, DAY)
     plog.close()
