@@ -39,6 +39,20 @@ async def wait_for(path: Path) -> None:
     raise AssertionError(f"{path} never written")
 
 
+async def partition_0_fails_and_1_goes_on(data: Path) -> tuple[ShardState, int, int]:
+    """A start on ``data`` (two partitions), then three commits to partition 1, each checkpointed: partition
+    0's state after it, how far partition 1's log counts as synced, and how many journal segments are kept."""
+    runtime = await started(journal_config(data, partitions=2))
+    assert runtime.checkpointer is not None and runtime.journal is not None
+    failing, other = runtime.shards
+    for offset in (1, 2, 3):
+        assert await append(other, [commit("h", 1, offset)]) == OK
+        assert await runtime.checkpointer.checkpoint()
+    state, synced, retained = failing.state, other.log.synced_offset, runtime.journal.retained
+    await stop(runtime)
+    return state, synced, retained
+
+
 async def test_a_partition_failing_on_an_idle_server_keeps_its_claim_in_the_journal(tmp_path: Path) -> None:
     """The periodic checkpoints (not the test) are all there is: on an idle server none is due after the
     partition fails (nothing journaled, one segment, no log behind), so the live segment's newest entry,
@@ -130,14 +144,7 @@ async def test_a_damaged_synced_end_copy_fails_its_partition_without_holding_eve
     runtime = await started(journal_config(data, partitions=2))
     await stop(runtime)
     (data / "__consumer_offsets-0" / "journal-synced-end.0.tr").write_bytes(b"\xb3\n")
-    runtime = await started(journal_config(data, partitions=2))
-    assert runtime.checkpointer is not None and runtime.journal is not None
-    failing, other = runtime.shards
-    for offset in (1, 2, 3):
-        assert await append(other, [commit("h", 1, offset)]) == OK
-        assert await runtime.checkpointer.checkpoint()
-    state, synced, retained = failing.state, other.log.synced_offset, runtime.journal.retained
-    await stop(runtime)
+    state, synced, retained = await partition_0_fails_and_1_goes_on(data)
     assert state is ShardState.FAILED  # loud, as it should be
     assert (synced, retained) == (3, 1), f"partition 1 synced to {synced}, {retained} journal segments kept"
 
@@ -270,14 +277,7 @@ async def test_a_load_that_fails_unexpectedly_lets_the_journal_go(
         return journal_run(self)
 
     monkeypatch.setattr(PartitionLog, "_journal_run", broken_for_partition_0)
-    runtime = await started(journal_config(data, partitions=2))
-    assert runtime.checkpointer is not None and runtime.journal is not None
-    failing, other = runtime.shards
-    for offset in (1, 2, 3):
-        assert await append(other, [commit("h", 1, offset)]) == OK
-        assert await runtime.checkpointer.checkpoint()
-    state, synced, retained = failing.state, other.log.synced_offset, runtime.journal.retained
-    await stop(runtime)
+    state, synced, retained = await partition_0_fails_and_1_goes_on(data)
     assert state is ShardState.FAILED
     assert (synced, retained) == (3, 1), f"partition 1 synced to {synced}, {retained} journal segments kept"
 
