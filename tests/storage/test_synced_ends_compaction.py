@@ -51,11 +51,19 @@ def checkpoint(journal: Journal, logs: list[PartitionLog], entry_fails: bool = F
         plog.disk_synced(end)
 
 
-def test_a_compaction_gap_below_a_stale_synced_end_fails_a_healthy_partition_at_its_reload(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def log_on(journal: Journal, tmp_path: Path, partition: int = P) -> PartitionLog:
+    """``partition``'s log in ``tmp_path``, journaled in ``journal``, not yet recovered."""
+    plog = PartitionLog(tmp_path / f"__consumer_offsets-{partition}", SEGMENT_BYTES)
+    plog.journal, plog.partition = journal, partition
+    return plog
+
+
+def compacted_past_a_stale_synced_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Journal:
+    """Offsets 0, 1 checkpointed (the entry: the log reaches 2); 2, 3 supersede them and 4 rolls a
+    segment; a checkpoint whose entry cannot be written (a full disk) marks the log synced to 5 while the
+    journal's synced end stays 2; the cleaner compacts segment 0. Returns the journal, the log closed."""
     journal = Journal(tmp_path)
-    plog = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
-    plog.journal, plog.partition = journal, P
+    plog = log_on(journal, tmp_path)
     list(plog.recover())
     # offsets 0, 1: commits of partitions 0 and 1; checkpointed: the entry says the log reaches 2
     acknowledged(journal, plog, [kbatch(0, 0, 10), kbatch(1, 1, 10)])
@@ -71,11 +79,16 @@ def test_a_compaction_gap_below_a_stale_synced_end_fails_a_healthy_partition_at_
     assert plog.synced_offset == 5 and journal.synced_end(P) == 2
     # the cleaner compacts segment 0 (segment 4 starts below the synced end): offsets 0 and 1 go
     clean(plog, T + DAY, DAY)  # before the fix: offsets 0 and 1 dropped
+    plog.close()
+    return journal
+
+
+def test_a_compaction_gap_below_a_stale_synced_end_fails_a_healthy_partition_at_its_reload(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    journal = compacted_past_a_stale_synced_end(tmp_path, monkeypatch)
     # a reload of the partition (what a write failing on the full disk does: coordinator.shard
     # fail_write -> _recover -> _load) reads a healthy, compacted log
-    plog.close()
-    again = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
-    again.journal, again.partition = journal, P
+    again = log_on(journal, tmp_path)
     offsets = [r.offset for b in again.recover() for r in b.records]  # raised LogCorruptError before the fix
     assert offsets[-3:] == [2, 3, 4]
     again.close()
@@ -86,19 +99,8 @@ def test_the_false_failure_then_outlives_every_restart(tmp_path: Path, monkeypat
     """Failed, the partition is abandoned (coordinator.shard ``_abandon_journal``): the stale synced end is
     kept beside the log, and every later start fails the healthy log again, the journal long gone."""
     from storage.log import LogCorruptError
-    journal = Journal(tmp_path)
-    plog = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
-    plog.journal, plog.partition = journal, P
-    list(plog.recover())
-    acknowledged(journal, plog, [kbatch(0, 0, 10), kbatch(1, 1, 10)])
-    checkpoint(journal, [plog])
-    acknowledged(journal, plog, [kbatch(2, 0, 11), kbatch(3, 1, 11)])
-    acknowledged(journal, plog, [kbatch(4, 2, 10)])
-    checkpoint(journal, [plog], entry_fails=True, monkeypatch=monkeypatch)
-    clean(plog, T + DAY, DAY)
-    plog.close()
-    again = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
-    again.journal, again.partition = journal, P
+    journal = compacted_past_a_stale_synced_end(tmp_path, monkeypatch)
+    again = log_on(journal, tmp_path)
     try:
         list(again.recover())
     except LogCorruptError:  # before the fix (the first test): the partition failed and was abandoned
@@ -117,11 +119,8 @@ def test_the_close_time_entry_writes_the_stale_synced_end_back_and_the_restart_f
     a failed entry, the segment holding them went, and the close writes them back, stale, for a start to
     hold the compacted log to (a journal kept at the stop: a claim a full disk kept from being recorded)."""
     journal = Journal(tmp_path)
-    plog = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
-    plog.journal, plog.partition = journal, P
+    plog, other = log_on(journal, tmp_path), log_on(journal, tmp_path, 4)
     list(plog.recover())
-    other = PartitionLog(tmp_path / "__consumer_offsets-4", SEGMENT_BYTES)
-    other.journal, other.partition = journal, 4
     list(other.recover())
     acknowledged(journal, plog, [kbatch(0, 0, 10), kbatch(1, 1, 10)])
     checkpoint(journal, [plog, other])
@@ -137,8 +136,7 @@ def test_the_close_time_entry_writes_the_stale_synced_end_back_and_the_restart_f
     journal.close(remove=False)
     journal = Journal(tmp_path)  # the next start
     assert journal.synced_end(P) == 2  # stale: the log was synced (and compacted) past it
-    fresh = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
-    fresh.journal, fresh.partition = journal, P
+    fresh = log_on(journal, tmp_path)
     offsets = [r.offset for b in fresh.recover() for r in b.records]  # raised LogCorruptError before the fix
     assert offsets[-3:] == [2, 3, 4]
 
@@ -164,8 +162,7 @@ def restarted_after_a_run(tmp_path: Path) -> tuple[Journal, PartitionLog]:
     key again), 2, 3 (partition 0's again: 1 is superseded), 4 (rolls a segment). Then the next start,
     which applies the run and marks the log synced to 5."""
     journal = Journal(tmp_path)
-    plog = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
-    plog.journal, plog.partition = journal, P
+    plog = log_on(journal, tmp_path)
     list(plog.recover())
     acknowledged(journal, plog, [kbatch(0, 0, 10)])
     checkpoint(journal, [plog])
@@ -173,8 +170,7 @@ def restarted_after_a_run(tmp_path: Path) -> tuple[Journal, PartitionLog]:
     plog.close()
     journal.close(remove=False)  # kill -9
     journal = Journal(tmp_path)
-    plog = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
-    plog.journal, plog.partition = journal, P
+    plog = log_on(journal, tmp_path)
     list(plog.recover())
     return journal, plog
 
@@ -191,8 +187,7 @@ def test_compaction_between_a_recovery_and_the_first_checkpoint_fails_the_next_s
     plog.close()
     journal.close(remove=False)  # kill -9 before the first checkpoint
     journal = Journal(tmp_path)  # start 3
-    plog = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
-    plog.journal, plog.partition = journal, P
+    plog = log_on(journal, tmp_path)
     offsets = [r.offset for b in plog.recover() for r in b.records]  # raised LogCorruptError before the fix
     assert offsets[-3:] == [2, 3, 4]
 
@@ -206,7 +201,6 @@ def test_a_reload_before_the_first_checkpoint_holds_a_compacted_log_to_the_start
     assert journal.synced_end(P) == 1 and plog.synced_offset == 5
     clean(plog, T + DAY, DAY)
     plog.close()
-    again = PartitionLog(tmp_path / f"__consumer_offsets-{P}", SEGMENT_BYTES)
-    again.journal, again.partition = journal, P
+    again = log_on(journal, tmp_path)
     offsets = [r.offset for b in again.recover() for r in b.records]  # raised LogCorruptError before the fix
     assert offsets[-3:] == [2, 3, 4]
