@@ -265,11 +265,14 @@ class Journal:
         cannot be written (a full disk) is not waited for: the segments still go, and the next
         checkpoint is due to try again (``entry_due``); holding them kept a full disk full."""
         seg = self.live
-        entry = {p: e for p, e in (self._synced_ends | ends).items() if p not in self._abandoned}
-        if seg.synced_ends and seg.size == seg.synced_ends and entry == self._written:
+        entry = self._complete_entry(ends)
+        said_already = seg.synced_ends and seg.size == seg.synced_ends and entry == self._written
+        if said_already or self._append_entry(seg, entry):
             self._marking = entry
-        elif self._append_entry(seg, entry):
-            self._marking = entry
+
+    def _complete_entry(self, ends: dict[int, int]) -> dict[int, int]:
+        """``ends`` over the ends known for the logs not in it, the failed partitions' left out."""
+        return {p: e for p, e in (self._synced_ends | ends).items() if p not in self._abandoned}
 
     def _append_entry(self, seg: JournalSegment, entry: dict[int, int]) -> bool:
         """Writes a synced-ends entry at the end of ``seg`` (not synced); False if it could not be."""
@@ -395,7 +398,7 @@ class Journal:
         """On the loop, after ``delete``."""
         for seg in segments:
             self._segments.pop(seg.seq, None)
-        if not any(s.startup for s in self._segments.values()):
+        if not self.keeps_earlier_segments:
             self._startup.clear()
         self._close_retired()
 
@@ -511,9 +514,8 @@ class Journal:
         stop before the next checkpoint left that claim to fail the partition again at the next start,
         after the operator had removed the copy beside its log (a fault campaign's find)."""
         if (not remove or self.unapplied) and self.entry_due and not self.live.broken and self.live.fd is not None:
-            entry = {p: e for p, e in self._synced_ends.items() if p not in self._abandoned}
             try:
-                if self._append_entry(self.live, entry):
+                if self._append_entry(self.live, self._complete_entry({})):
                     os.fdatasync(self.live.fd)
             except OSError as exc:
                 log.warning("journal: could not record how far the logs are on disk at the stop (%s)",
