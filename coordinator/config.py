@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from coordinator.cluster import Node, owner_index
 from coordinator.groups.messages import GroupConfig
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from storage.log import DEFAULT_SEGMENT_BYTES
@@ -69,6 +70,7 @@ class Config:
     coordinator_port: int = 0  # gateway: its listener's port (0: any free port)
     upstream_timeout_ms: int = 30_000
     upstream_refresh_ms: int = 10_000
+    cluster: tuple[Node, ...] = ()  # cluster mode (coordinator.cluster): every node, ascending ids; () standalone
 
     def groups(self) -> GroupConfig:
         return GroupConfig(
@@ -85,6 +87,19 @@ class Config:
         """Where clients are told to find the coordinator (FindCoordinator, Metadata). With ``--listen
         HOST:0`` the server sets ``advertised_port`` to the port it was given once bound."""
         return (self.advertised_host or self.host, self.advertised_port or self.port)
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """Every broker clients are told of: the cluster's nodes, or this one alone."""
+        return self.cluster or (Node(self.node_id, *self.advertised),)
+
+    def owner(self, partition: int) -> Node:
+        """The node coordinating the groups of offsets partition ``partition``."""
+        nodes = self.nodes
+        return nodes[owner_index(partition, len(nodes))]
+
+    def owns(self, partition: int) -> bool:
+        return not self.cluster or self.owner(partition).node_id == self.node_id
 
 
 def parse_host_port(value: str) -> tuple[str, int]:
@@ -129,6 +144,31 @@ def reachable_host_port(value: str) -> tuple[str, int]:
         raise ValueError(f"{host} cannot be advertised: it means every interface, not one "
                          "clients can connect to (give a host name or address they reach kcoord at)")
     return host, port
+
+
+def parse_cluster(value: str) -> tuple[Node, ...]:
+    """``ID@HOST:PORT[,ID@HOST:PORT...]``, every node's advertised listener, sorted by id."""
+    nodes: list[Node] = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        node_id, sep, address = item.partition("@")
+        if not sep:
+            raise ValueError(f"expected ID@HOST:PORT, got {item!r}")
+        try:
+            number = int(node_id)
+        except ValueError:
+            raise ValueError(f"node id {node_id!r} in {item!r} is not an integer") from None
+        if not 0 <= number <= INT31:
+            raise ValueError(f"node id {number} is outside 0-{INT31}")
+        nodes.append(Node(number, *reachable_host_port(address)))
+    if not nodes:
+        raise ValueError("no node given")
+    if len({n.node_id for n in nodes}) != len(nodes):
+        raise ValueError(f"a node id is given twice: {sorted(n.node_id for n in nodes)}")
+    if len({(n.host, n.port) for n in nodes}) != len(nodes):
+        raise ValueError("two nodes are given the same HOST:PORT")
+    return tuple(sorted(nodes))
 
 
 def bounded_int(low: int, high: int = INT31) -> Callable[[str], int]:
@@ -210,6 +250,11 @@ OPTIONS: list[Option] = [
            _field("offsets_partitions"), "partitions of the offsets topic, fixed once data exists (default 50)"),
     Option("--node-id", "KCOORD_NODE_ID", bounded_int(0), _field("node_id"),
            "broker id reported to clients (default 0)"),
+    Option("--cluster", "KCOORD_CLUSTER", parse_cluster, _field("cluster"),
+           "cluster mode: ID@HOST:PORT[,...] of every kcoord node's advertised listener, this one's included "
+           "(--node-id picks it); each node coordinates the groups of the offsets partitions p with p mod N = its "
+           "index in ascending id order, and answers NOT_COORDINATOR for the others' (default: none, one node)",
+           "ID@HOST:PORT,..."),
     Option("--segment-bytes", "KCOORD_SEGMENT_BYTES", bounded_int(1024), _field("segment_bytes"),
            "roll a log segment past this size (default 104857600)"),
     # Record strings carry an int16 length and UTF-8 takes at most 3 bytes per UTF-16 unit, so any
@@ -285,6 +330,26 @@ OPTIONS: list[Option] = [
 ]
 
 
+def _with_cluster(config: Config) -> Config:
+    """Checks a cluster's settings; this node's entry is what it advertises."""
+    if not config.cluster:
+        return config
+    mine = [n for n in config.cluster if n.node_id == config.node_id]
+    if not mine:
+        raise ConfigError(f"--node-id {config.node_id} is not among --cluster's nodes "
+                          f"({', '.join(str(n.node_id) for n in config.cluster)})")
+    if config.upstream:
+        raise ConfigError("--cluster and --upstream cannot be combined: gateway mode runs as one node")
+    if config.offsets_partitions < len(config.cluster):
+        raise ConfigError(f"--offsets-partitions {config.offsets_partitions} is fewer than the cluster's "
+                          f"{len(config.cluster)} nodes: every node must own a partition")
+    node = mine[0]
+    if config.advertised_host is not None and (config.advertised_host, config.advertised_port) != node[1:]:
+        raise ConfigError(f"--advertised-listener {config.advertised_host}:{config.advertised_port} differs from "
+                          f"this node's entry in --cluster ({node.host}:{node.port}): give one of them")
+    return replace(config, advertised_host=node.host, advertised_port=node.port)
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags are kept as strings here and parsed in ``config_from_args``, so a bad value from a flag
     and one from a variable are reported the same way, each under its own name."""
@@ -307,7 +372,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
             values.update(opt.apply(opt.parse(raw)))
         except ValueError as exc:
             raise ConfigError(f"{source}={raw!r}: {exc}") from None
-    config = replace(Config(), **values)
+    config = _with_cluster(replace(Config(), **values))
     if config.group_min_session_timeout_ms > config.group_max_session_timeout_ms:
         raise ConfigError(f"--group-min-session-timeout-ms ({config.group_min_session_timeout_ms}) is above "
                           f"--group-max-session-timeout-ms ({config.group_max_session_timeout_ms})")

@@ -12,15 +12,18 @@ from pathlib import Path
 from typing import Final
 
 from coordinator.checkpointer import Checkpointer
+from coordinator.cluster import layout, layout_refusal, owned_by
 from coordinator.compaction import Compactor
 from coordinator.config import Config
 from coordinator.flusher import Flusher
 from coordinator.groups.hooks import GroupHooks
 from coordinator.metrics import Metrics
+from coordinator.request import ShardUnavailable
 from coordinator.shard import PROBE_INTERVAL_S, Shard
 from coordinator.shardstate import ShardState
 from coordinator.timers import Clock, SystemClock
 from coordinator.writer import WriterThread
+from protocol.errors import ErrorCode
 from protocol.partitioning import partition_for
 from storage.dirlock import DirectoryInUse, lock_directory
 from storage.journal import JOURNAL_DIR, Journal, left_over
@@ -34,6 +37,7 @@ from storage.synchelper import SyncHelper
 _SHARD_ACTIVE: Final = ShardState.ACTIVE
 _SHARD_FAILED: Final = ShardState.FAILED
 _SHARD_READ_ONLY: Final = ShardState.READ_ONLY
+_ERR_NOT_COORDINATOR: Final = ErrorCode.NOT_COORDINATOR
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +57,11 @@ class ConfigMismatch(Exception):
     damaged, in use by another process, or not a directory that can be created. The CLI exits 2."""
 
 
-def check_data_dir(data_dir: Path, partitions: int) -> int | None:
+def check_data_dir(data_dir: Path, partitions: int, cluster: dict[str, object] | None = None) -> int | None:
     """Creates the data directory or checks the one there: not in use by another process (the
     returned descriptor holds its lock, storage.dirlock), writable, and holding the same partition
-    count (recorded in ``kcoord.meta.json``)."""
+    count and, in cluster mode, the same partitions of it (both recorded in ``kcoord.meta.json``;
+    ``cluster``: coordinator.cluster.layout)."""
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # mkdir's "File exists" would not say that it is a file
@@ -71,7 +76,7 @@ def check_data_dir(data_dir: Path, partitions: int) -> int | None:
         raise ConfigMismatch(f"data directory {exc}: two servers on one data directory overwrite each other's "
                              "logs; stop the other one first") from None
     try:
-        _check_contents(data_dir, partitions)
+        _check_contents(data_dir, partitions, cluster)
     except BaseException:
         if lock is not None:
             os.close(lock)
@@ -79,7 +84,7 @@ def check_data_dir(data_dir: Path, partitions: int) -> int | None:
     return lock
 
 
-def _check_contents(data_dir: Path, partitions: int) -> None:
+def _check_contents(data_dir: Path, partitions: int, cluster: dict[str, object] | None) -> None:
     meta = data_dir / META_FILE
     probe = data_dir / ".kcoord-write-probe"
     try:
@@ -100,8 +105,10 @@ def _check_contents(data_dir: Path, partitions: int) -> None:
                                  "kcoord needs to write its logs there") from exc
     if meta.exists():
         try:
-            recorded = int(json.loads(meta.read_text())["offsets_partitions"])
-        except (ValueError, KeyError, TypeError) as damaged:  # compiled: not the OSError's name above
+            content = json.loads(meta.read_text())
+            recorded = int(content["offsets_partitions"])
+            refusal = layout_refusal(content.get("cluster"), cluster, recorded)
+        except (ValueError, KeyError, TypeError, AttributeError) as damaged:  # compiled: not the OSError's name
             raise ConfigMismatch(f"{meta} is damaged ({damaged!r}); restore it or remove it to re-create it") \
                 from damaged
         if recorded != partitions:
@@ -109,6 +116,8 @@ def _check_contents(data_dir: Path, partitions: int) -> None:
                 f"{data_dir} holds an offsets topic of {recorded} partitions; "
                 f"--offsets-partitions {partitions} would re-map every group. Start with {recorded}."
             )
+        if refusal is not None:
+            raise ConfigMismatch(f"{data_dir} {refusal}")
         return
     # Only ``__consumer_offsets-N``: a Kafka directory copied in may carry ``-N.<id>-delete`` ones too.
     existing = [int(n) for p in data_dir.glob(f"{OFFSETS_TOPIC}-*")
@@ -123,9 +132,17 @@ def _check_contents(data_dir: Path, partitions: int) -> None:
         raise ConfigMismatch(f"{data_dir} has no {META_FILE} but holds the logs of an offsets topic of "
                              f"{highest + 1} partitions; --offsets-partitions {partitions} would re-map every "
                              f"group. Start with {highest + 1}.")
+    stranded = sorted(set(existing) - owned_by(cluster, partitions))
+    if stranded:
+        raise ConfigMismatch(f"{data_dir} holds the log of partition {stranded[0]}, which another node of the "
+                             f"cluster coordinates (--cluster): its offsets would not be served; give this node a "
+                             f"directory of its own")
     tmp = meta.with_suffix(".tmp")
+    recorded_now: dict[str, object] = {"offsets_partitions": partitions}
+    if cluster is not None:
+        recorded_now["cluster"] = cluster
     with open(tmp, "w") as f:
-        f.write(json.dumps({"offsets_partitions": partitions}) + "\n")
+        f.write(json.dumps(recorded_now) + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, meta)
@@ -145,8 +162,11 @@ class Runtime:
         self.group_config = config.groups()
         self.metrics = metrics or Metrics()
         self.clock: Clock = clock or SystemClock()
-        self.shards: list[Shard] = []
+        self.shards: list[Shard] = []  # the partitions this node owns (every one but in cluster mode), ascending
         self.groups: list[GroupHooks] = []  # the group side of each shard
+        # by partition: None where another node of the cluster coordinates its groups
+        self._by_partition: list[Shard | None] = []
+        self._groups_by_partition: list[GroupHooks | None] = []
         # gateway mode: whether ListGroups on the listener of a node names kcoord's groups
         self.lists_groups: Callable[[int | None], bool] | None = None
         self._log_factory = log_factory
@@ -170,7 +190,7 @@ class Runtime:
         """Checks the data directory and creates every shard (INITIAL). Separate from ``start`` so a
         server can refuse to start (port in use) before anything is created on disk."""
         cfg = self.config
-        self._lock = check_data_dir(cfg.data_dir, cfg.offsets_partitions)
+        self._lock = check_data_dir(cfg.data_dir, cfg.offsets_partitions, layout(cfg.node_id, cfg.cluster))
         if cfg.sync_mode == "journal":
             if SYNCFS is None:
                 log.warning("--sync-mode journal needs syncfs (Linux 5.8+) for its checkpoints: using per-file "
@@ -190,7 +210,11 @@ class Runtime:
                 f"{cfg.data_dir / JOURNAL_DIR} holds {left} batches that a --sync-mode journal run left (it did not "
                 f"stop cleanly): start once with --sync-mode journal, which writes them into the logs (a clean stop "
                 f"then leaves none), before running without the journal")
+        self._by_partition = [None] * cfg.offsets_partitions
+        self._groups_by_partition = [None] * cfg.offsets_partitions
         for p in range(cfg.offsets_partitions):
+            if not cfg.owns(p):  # cluster mode: another node coordinates its groups (coordinator.cluster)
+                continue
             plog = self._open_log(cfg.data_dir / f"{OFFSETS_TOPIC}-{p}", cfg.segment_bytes)
             shard = Shard(p, plog, self._writer, self.flusher, self._loader, self.metrics, self.clock, None,
                           self._open_log)
@@ -199,6 +223,8 @@ class Runtime:
             shard.wake_cleaner = self._clean_soon.set
             self.shards.append(shard)
             self.groups.append(groups)
+            self._by_partition[p] = shard
+            self._groups_by_partition[p] = groups
             self.compactors.append(Compactor(shard, self._cleaner_thread, self.metrics))
 
     def _open_log(self, directory: Path, segment_bytes: int) -> PartitionLog:
@@ -263,10 +289,20 @@ class Runtime:
         return partition
 
     def shard_for(self, group_id: str) -> Shard:
-        return self.shards[self.partition_of(group_id)]
+        """The shard of ``group_id``; ShardUnavailable(NOT_COORDINATOR) where another node owns it."""
+        return self.shard_at(self.partition_of(group_id))
+
+    def shard_at(self, partition: int) -> Shard:
+        shard = self._by_partition[partition]
+        if shard is None:
+            raise ShardUnavailable(_ERR_NOT_COORDINATOR)
+        return shard
 
     def groups_for(self, group_id: str) -> GroupHooks:
-        return self.groups[self.partition_of(group_id)]
+        groups = self._groups_by_partition[self.partition_of(group_id)]
+        if groups is None:
+            raise ShardUnavailable(_ERR_NOT_COORDINATOR)
+        return groups
 
     async def wait_loaded(self) -> None:
         await asyncio.gather(*self._loads)

@@ -98,6 +98,10 @@ class Server:
                         self.loop.create_task(self._collect_when_overdue())]
         log.info("kcoord listening on %s:%d (node %d, %d offsets partitions, data in %s)",
                  sock[0], sock[1], cfg.node_id, cfg.offsets_partitions, cfg.data_dir)
+        if cfg.cluster:
+            log.info("cluster mode: node %d of nodes %s, coordinating the groups of %d of the %d partitions",
+                     cfg.node_id, ",".join(f"{n.node_id}@{n.host}:{n.port}" for n in cfg.cluster),
+                     len(self.runtime.shards), cfg.offsets_partitions)
         return sock[0], sock[1]
 
     async def add_listener(self, sock: Any, node: int) -> None:

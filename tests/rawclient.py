@@ -82,6 +82,12 @@ class RawClient:
     def close(self) -> None:
         self.sock.close()
 
+    def __enter__(self) -> "RawClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def response_class_for(api_key: int) -> Any:
     """kafka-python's response class for an API key."""

@@ -4,7 +4,8 @@ v0: brokers + topics (an empty topic list means all topics). v1: rack, controlle
 a null topic list means all topics, an empty one none. v2: cluster id. v3: throttle time. v5: offline
 replicas. v7: leader epoch. v8: authorized operations. v9: first flexible version. v10: topic ids.
 v11: drops cluster authorized operations. v12: topic name nullable (lookup by id).
-kcoord is a one-node cluster hosting only ``__consumer_offsets``; any other topic is answered
+kcoord is a cluster (of one node, but in cluster mode: coordinator.cluster) hosting only
+``__consumer_offsets``, each partition led by the node coordinating its groups; any other topic is answered
 UNKNOWN_TOPIC_OR_PARTITION, never invented. Topic ids as Kafka's KafkaApis.handleTopicMetadataRequest
 takes them: from v12 a request naming any id is answered by id (UNKNOWN_TOPIC_ID for an id not known,
 with a null name; the names it carries are then not looked at), and before v12 a request naming an id
@@ -37,11 +38,13 @@ Partition = Topic.MetadataResponsePartition
 
 
 def _offsets_topic(runtime: Runtime) -> Any:
-    node = runtime.config.node_id
+    """Each partition led by the node coordinating its groups (this one, but in cluster mode)."""
+    config = runtime.config
+    leaders = [config.owner(p).node_id for p in range(config.offsets_partitions)]
     partitions = [
         Partition(error_code=0, partition_index=p, leader_id=node, leader_epoch=0,
                   replica_nodes=[node], isr_nodes=[node], offline_replicas=[])
-        for p in range(runtime.config.offsets_partitions)
+        for p, node in enumerate(leaders)
     ]
     return Topic(error_code=0, name=OFFSETS_TOPIC, topic_id=OFFSETS_TOPIC_ID, is_internal=True,
                  partitions=partitions)
@@ -126,8 +129,6 @@ def metadata(runtime: Runtime, req: Request, body: Any) -> Any:
 
 
 def _answer(runtime: Runtime, version: int, body: Any) -> Any:
-    host, port = runtime.config.advertised
-    node = runtime.config.node_id
     asked = lookup(body, version)
     if asked.invalid:
         return error_response(body, version, ErrorCode.INVALID_REQUEST)
@@ -139,9 +140,12 @@ def _answer(runtime: Runtime, version: int, body: Any) -> Any:
         topics = [_offsets_topic(runtime) if name == OFFSETS_TOPIC else _unknown(name, None, version)
                   for name in asked.names]
     cluster_operations = authorized_operations(body, version, topics)
-    broker = MetadataResponse.MetadataResponseBroker(node_id=node, host=host, port=port, rack=None)
-    return MetadataResponse(throttle_time_ms=0, brokers=[broker], cluster_id=CLUSTER_ID, controller_id=node,
-                            topics=topics, cluster_authorized_operations=cluster_operations)
+    nodes = runtime.config.nodes  # in cluster mode every node, each answering for its partitions' groups
+    brokers = [MetadataResponse.MetadataResponseBroker(node_id=n.node_id, host=n.host, port=n.port, rack=None)
+               for n in nodes]
+    return MetadataResponse(throttle_time_ms=0, brokers=brokers, cluster_id=CLUSTER_ID,
+                            controller_id=nodes[0].node_id, topics=topics,
+                            cluster_authorized_operations=cluster_operations)
 
 
 def _topic_ids(requested: Any) -> tuple[uuid.UUID, ...]:

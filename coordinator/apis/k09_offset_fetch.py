@@ -353,7 +353,7 @@ def _read_shard(runtime: Runtime, req: Request, groups: _Groups, partition: int,
                 members: list[tuple[int, str, Requested]], stable: bool) -> None:
     indexes = [i for i, _, _ in members]
     try:
-        fetched = runtime.shards[partition].read(req, groups.fail(indexes), _fetch_many, members, stable)
+        fetched = runtime.shard_at(partition).read(req, groups.fail(indexes), _fetch_many, members, stable)
     except ShardUnavailable as exc:
         groups.fail(indexes)(exc.error)
         return

@@ -36,7 +36,7 @@ def delete_group_ids(runtime: Runtime, req: Request, body: Any) -> Any:
         for group_id in names[start:end]:
             if group_id not in entries:  # named twice: one result, as before
                 entries[group_id] = Result(group_id=group_id, error_code=ErrorCode.NONE)
-                by_shard.setdefault(runtime.shard_for(group_id).partition, []).append(group_id)
+                by_shard.setdefault(runtime.partition_of(group_id), []).append(group_id)
         for partition, group_ids in by_shard.items():
             _delete_on(runtime, req, partition, group_ids, entries)
 
@@ -55,7 +55,7 @@ def _delete_on(runtime: Runtime, req: Request, partition: int, group_ids: list[s
                 entry.error_code = error
 
     try:
-        deleted = runtime.shards[partition].write(req, _delete, group_ids, fail)
+        deleted = runtime.shard_at(partition).write(req, _delete, group_ids, fail)
     except ShardUnavailable as exc:
         for entry in written:
             entry.error_code = exc.error

@@ -1,0 +1,83 @@
+"""Cluster mode: kcoord as N processes, each a broker of its own coordinating a share of the offsets
+topic's partitions, as Kafka spreads group coordinators over its brokers (a group's coordinator is the
+leader of its offsets partition). One Python process tops out at about one core; N of them, one per
+core, make N cores' worth of commits (bench/README.md measured two at 1.41x one on two cores).
+
+Every node is given the same list of nodes (``--cluster 0@host:9092,1@host:9093``) and its own
+``--node-id``; partition p belongs to the node at index ``p % N`` of the ids in ascending order, a
+fixed rule every node computes alike, so no node needs to ask another. Nodes share nothing: each has
+its own data directory, journal and sync helper, and answers NOT_COORDINATOR for the groups of
+partitions it does not own, as a Kafka broker does for partitions it does not lead. The data directory
+records the node and the ids it was written for (coordinator.runtime), because a changed list would
+move partitions to nodes whose directories do not hold their offsets.
+"""
+
+from typing import NamedTuple
+
+
+class Node(NamedTuple):
+    """One broker as clients are told of it (Metadata, FindCoordinator)."""
+
+    node_id: int
+    host: str
+    port: int
+
+
+def owner_index(partition: int, nodes: int) -> int:
+    """Index (in ascending id order) of the node owning ``partition``."""
+    return partition % nodes
+
+
+def owned_partitions(node_ids: list[int], node_id: int, partitions: int) -> list[int]:
+    """The partitions ``node_id`` owns among ``partitions`` when the nodes are ``node_ids``."""
+    ordered = sorted(node_ids)
+    index = ordered.index(node_id)
+    return [p for p in range(partitions) if owner_index(p, len(ordered)) == index]
+
+
+def layout(node_id: int, nodes: tuple[Node, ...]) -> dict[str, object] | None:
+    """What a data directory's meta file records of the cluster it serves (None: one node, every partition)."""
+    if not nodes:
+        return None
+    return {"node_id": node_id, "node_ids": sorted(n.node_id for n in nodes)}
+
+
+def owned_by(recorded: object, partitions: int) -> set[int]:
+    """The partitions a recorded layout owns; ValueError if it is not one."""
+    if recorded is None:
+        return set(range(partitions))
+    if not isinstance(recorded, dict):
+        raise ValueError(f"cluster is {recorded!r}, not an object")
+    node_id, node_ids = recorded.get("node_id"), recorded.get("node_ids")
+    if not isinstance(node_id, int) or not isinstance(node_ids, list) or node_id not in node_ids \
+            or not all(isinstance(i, int) for i in node_ids):
+        raise ValueError(f"cluster {recorded!r} does not name a node among its node ids")
+    return set(owned_partitions(node_ids, node_id, partitions))
+
+
+def describe(recorded: object) -> str:
+    if recorded is None:
+        return "a single node (every partition)"
+    assert isinstance(recorded, dict)
+    return f"node {recorded['node_id']} of the cluster of nodes {recorded['node_ids']}"
+
+
+def layout_refusal(recorded: object, wanted: dict[str, object] | None, partitions: int) -> str | None:
+    """Why a data directory written for ``recorded`` cannot serve ``wanted``: another set of partitions
+    would strand the offsets of those this node no longer owns, and leave empty the ones it gains
+    (they are in another node's directory). None when the two own the same partitions."""
+    had, has = owned_by(recorded, partitions), owned_by(wanted, partitions)
+    if had == has:
+        return None
+    parts = []
+    if lost := sorted(had - has):
+        parts.append(f"the offsets it holds of partitions {_few(lost)} would no longer be served")
+    if gained := sorted(has - had):
+        parts.append(f"partitions {_few(gained)}, whose offsets it does not hold, would be served empty")
+    return (f"was written as {describe(recorded)} and this start makes it {describe(wanted)}: {' and '.join(parts)}. "
+            f"kcoord does not move partitions between nodes: start it with the --node-id and --cluster it was "
+            f"written for")
+
+
+def _few(partitions: list[int]) -> str:
+    return ", ".join(map(str, partitions[:8])) + (", ..." if len(partitions) > 8 else "")

@@ -1,0 +1,117 @@
+"""Cluster mode's settings, partition ownership and the data directory's record of it (coordinator.cluster)."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from coordinator.cluster import Node, layout, layout_refusal, owned_by, owned_partitions
+from coordinator.config import ConfigError, parse_cluster
+from coordinator.runtime import META_FILE, ConfigMismatch, check_data_dir
+from protocol.partitioning import partition_for
+from tests.coordinator.test_cli import parse
+
+TWO = "1@127.0.0.1:9093,0@127.0.0.1:9092"
+
+
+def test_cluster_is_parsed_sorted_by_id_and_gives_this_node_its_entry_as_advertised() -> None:
+    cfg = parse(["--cluster", TWO, "--node-id", "1", "--listen", "0.0.0.0:9093"])
+    assert cfg.cluster == (Node(0, "127.0.0.1", 9092), Node(1, "127.0.0.1", 9093))
+    assert cfg.advertised == ("127.0.0.1", 9093)  # a wildcard listener is fine: the entry is what is advertised
+    assert cfg.nodes == cfg.cluster
+    assert parse(["--node-id", "4", "--listen", "127.0.0.1:1234"]).nodes == (Node(4, "127.0.0.1", 1234),)
+
+
+def test_each_partition_has_one_owner_by_index_in_ascending_ids() -> None:
+    cfg = parse(["--cluster", "7@h:1,3@h:2,5@h:3", "--node-id", "5"])
+    assert [cfg.owner(p).node_id for p in range(7)] == [3, 5, 7, 3, 5, 7, 3]
+    assert [p for p in range(50) if cfg.owns(p)] == owned_partitions([7, 3, 5], 5, 50)
+    every = [owned_partitions([3, 5, 7], n, 50) for n in (3, 5, 7)]
+    assert sorted(p for ps in every for p in ps) == list(range(50))
+    standalone = parse([])
+    assert all(standalone.owns(p) for p in range(50))
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("0@h:1,0@g:2", "given twice"),
+    ("0@h:1,1@h:1", "same HOST:PORT"),
+    ("x@h:1", "not an integer"),
+    ("0h:1", "ID@HOST:PORT"),
+    ("0@0.0.0.0:1", "every interface"),
+    ("0@h:0", "port 0"),
+    (",", "no node"),
+])
+def test_a_bad_cluster_list_says_what_is_wrong(value: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        parse_cluster(value)
+    with pytest.raises(ConfigError, match="--cluster"):
+        parse(["--cluster", value])
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--cluster", TWO, "--node-id", "2"], "--node-id 2 is not among"),
+    (["--cluster", TWO, "--upstream", "127.0.0.1:9"], "cannot be combined"),
+    (["--cluster", TWO, "--offsets-partitions", "1"], "every node must own a partition"),
+    (["--cluster", TWO, "--advertised-listener", "other:9092"], "differs from this node's entry"),
+])
+def test_cluster_settings_that_cannot_work_are_refused(argv: list[str], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        parse(argv)
+
+
+def test_the_same_entry_given_as_advertised_listener_is_accepted() -> None:
+    assert parse(["--cluster", TWO, "--advertised-listener", "127.0.0.1:9092"]).advertised == ("127.0.0.1", 9092)
+
+
+def test_layouts_that_own_the_same_partitions_agree_and_others_are_refused() -> None:
+    zero = layout(0, parse_cluster(TWO))
+    assert zero == {"node_id": 0, "node_ids": [0, 1]}
+    assert layout(0, ()) is None
+    assert layout_refusal(zero, {"node_id": 5, "node_ids": [5, 9]}, 50) is None  # renumbered, same partitions
+    assert layout_refusal(None, None, 50) is None
+    moved = layout_refusal(zero, {"node_id": 1, "node_ids": [0, 1]}, 50)
+    assert moved is not None and "would no longer be served" in moved and "served empty" in moved
+    alone = layout_refusal(zero, None, 50)
+    assert alone is not None and "would no longer" not in alone and "served empty" in alone
+    assert owned_by(None, 3) == {0, 1, 2}
+    with pytest.raises(ValueError):
+        owned_by({"node_id": 2, "node_ids": [0, 1]}, 50)
+
+
+def test_the_data_directory_records_its_node_and_refuses_another(tmp_path: Path) -> None:
+    data = tmp_path / "node0"
+    zero = layout(0, parse_cluster(TWO))
+    close(check_data_dir(data, 50, zero))
+    assert json.loads((data / META_FILE).read_text()) == {"offsets_partitions": 50, "cluster": zero}
+    for other in ({"node_id": 1, "node_ids": [0, 1]}, None):
+        with pytest.raises(ConfigMismatch, match="does not move partitions between nodes"):
+            check_data_dir(data, 50, other)
+    close(check_data_dir(data, 50, zero))  # the layout it was written for still starts
+
+
+def close(lock: int | None) -> None:
+    assert lock is not None
+    os.close(lock)
+
+
+def test_a_damaged_cluster_record_is_reported_as_damage(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / META_FILE).write_text(json.dumps({"offsets_partitions": 50, "cluster": {"node_id": "x"}}))
+    with pytest.raises(ConfigMismatch, match="is damaged"):
+        check_data_dir(data, 50, None)
+
+
+def test_a_directory_without_record_holding_another_nodes_partition_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    (data / "__consumer_offsets-1").mkdir(parents=True)  # node 1's partition, placed by hand
+    with pytest.raises(ConfigMismatch, match="partition 1, which another node"):
+        check_data_dir(data, 50, layout(0, parse_cluster(TWO)))
+    assert not (data / META_FILE).exists()
+
+
+def test_a_groups_coordinator_is_the_owner_of_its_partition() -> None:
+    cfg = parse(["--cluster", TWO])
+    owners = {cfg.owner(partition_for(f"group-{i}", 50)).node_id for i in range(20)}
+    assert owners == {0, 1}
