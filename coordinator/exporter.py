@@ -94,6 +94,12 @@ class KcoordCollector(Collector):
         info = GaugeMetricFamily("kcoord_build_info", "kcoord build: always 1.", labels=list(self.build))
         info.add_metric(list(self.build.values()), 1)
         yield info
+        config = self.runtime.config
+        node = GaugeMetricFamily("kcoord_node_info", "This node's id and the cluster's node count (1 but in cluster "
+                                 "mode) and the offsets partitions it coordinates: always 1.",
+                                 labels=["node_id", "nodes", "partitions"])
+        node.add_metric([str(config.node_id), str(len(config.nodes)), str(len(self.runtime.shards))], 1)
+        yield node
         yield from self._requests(m)
         yield from self._groups(m)
         yield from self._partitions(m)

@@ -3,8 +3,10 @@ coordinating half of the offsets partitions; clients bootstrapped at either node
 coordinator and commit, fetch, join and administer there, as against a Kafka cluster."""
 
 import asyncio
+import json
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -228,6 +230,15 @@ def test_kcoord_groups_lists_and_deletes_across_the_nodes(cluster: Cluster) -> N
     assert raw_offset(cluster.nodes[1], victim, "t", 0) == (0, -1)
     after = _groups_cli(cluster.nodes[1], "list")
     assert victim not in after and all(g in after for g in groups if g != victim)
+
+
+def test_each_node_says_which_it_is_in_its_metrics_and_readiness(cluster: Cluster) -> None:
+    for i, node in enumerate(cluster.nodes):
+        with urllib.request.urlopen(node.metrics_url + "/metrics", timeout=TIMEOUT) as r:
+            text = r.read().decode()
+        assert f'kcoord_node_info{{node_id="{i}",nodes="2",partitions="25"}} 1.0' in text
+        with urllib.request.urlopen(node.metrics_url + "/readyz", timeout=TIMEOUT) as r:
+            assert json.loads(r.read())["partitions"] == 25
 
 
 def test_a_killed_node_leaves_the_other_serving_and_keeps_its_acknowledged_commits(cluster: Cluster) -> None:
