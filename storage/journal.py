@@ -516,7 +516,7 @@ class Journal:
         if (not remove or self.unapplied) and self.entry_due and not self.live.broken and self.live.fd is not None:
             try:
                 if self._append_entry(self.live, self._complete_entry({})):
-                    os.fdatasync(self.live.fd)
+                    self.sync(self.live)  # its directory entry too, when the segment is new since the last sync
             except OSError as exc:
                 log.warning("journal: could not record how far the logs are on disk at the stop (%s)",
                             exc.strerror or exc)

@@ -243,3 +243,24 @@ def test_a_segment_written_with_the_first_form_of_the_entry_is_read_past_it(tmp_
     journal.close(remove=False)
     assert (left_over(tmp_path), replayed, synced) == (2, acknowledged, 1), f"entries read: {read}"
 
+
+
+def test_the_stops_entry_in_a_segment_created_since_the_last_sync_makes_its_directory_entry_durable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop's entry (one without a partition failed since) is the only thing that keeps that claim
+    from failing the partition again after its repair: in a segment whose directory entry was never
+    fsynced, a power cut could take the segment, entry and all (a review's find)."""
+    journal, plog = opened(tmp_path)
+    acknowledged(journal, plog, [batch(0)])
+    checkpoint(journal, [plog])  # an entry names P
+    (tmp_path / "aside").mkdir()
+    journal.abandon(P, tmp_path / "aside")
+    assert journal.entry_due
+    live = journal.rotate_live()  # as a failed write rotates: a new segment, its directory entry not synced
+    assert not live.dir_durable
+    synced_dirs: list[Path] = []
+    monkeypatch.setattr("storage.journal.fsync_path", lambda path: synced_dirs.append(Path(path)))
+    plog.close()
+    journal.close(remove=False)
+    assert journal.directory in synced_dirs
+    assert unpack_synced_ends(next(b for p, b, _ in read_entries(live.path) if p == SYNCED_ENDS)) == {}
