@@ -137,6 +137,15 @@ def _check_contents(data_dir: Path, partitions: int, cluster: dict[str, object] 
         raise ConfigMismatch(f"{data_dir} holds the log of partition {stranded[0]}, which another node of the "
                              f"cluster coordinates (--cluster): its offsets would not be served; give this node a "
                              f"directory of its own")
+    owned = owned_by(cluster, partitions)
+    if cluster is not None and existing and set(existing) != owned:
+        # A cluster node's first start makes the directory of every partition it owns, right after the
+        # meta file: without the file, only that full set tells that the directory was written for this
+        # layout. A subset of it was written for another partition count or another cluster (every group
+        # re-mapped, or partitions whose offsets are in another node's directory served empty).
+        raise ConfigMismatch(f"{data_dir} has no {META_FILE} and its partitions ({len(existing)}) are not the "
+                             f"{len(owned)} this node owns with --offsets-partitions {partitions} and this --cluster:"
+                             f" it was written for another layout; restore {META_FILE} (or start it as it was)")
     tmp = meta.with_suffix(".tmp")
     recorded_now: dict[str, object] = {"offsets_partitions": partitions}
     if cluster is not None:

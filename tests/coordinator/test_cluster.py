@@ -115,3 +115,38 @@ def test_a_groups_coordinator_is_the_owner_of_its_partition() -> None:
     cfg = parse(["--cluster", TWO])
     owners = {cfg.owner(partition_for(f"group-{i}", 50)).node_id for i in range(20)}
     assert owners == {0, 1}
+
+
+def _cluster_node_directory(data: Path, node_id: int, nodes: str, partitions: int) -> None:
+    """A cluster node's directory as its first start leaves it (the meta file, then the directory of each
+    partition it owns, coordinator.runtime), with its meta file then removed: what an operator does when
+    told the file is damaged ("restore it or remove it to re-create it")."""
+    cluster = parse_cluster(nodes)
+    close(check_data_dir(data, partitions, layout(node_id, cluster)))
+    for p in owned_partitions([n.node_id for n in cluster], node_id, partitions):
+        (data / f"__consumer_offsets-{p}").mkdir()
+    (data / META_FILE).unlink()
+
+
+@pytest.mark.parametrize(("partitions", "node_id", "nodes", "what"), [
+    (51, 0, TWO, "another --offsets-partitions (every group re-mapped)"),
+    (50, 0, "", "standalone on a cluster node's directory (gains the other node's partitions)"),
+    (50, 0, "0@127.0.0.1:9092", "a one-node cluster (gains the other node's partitions)"),
+])
+def test_a_cluster_directory_whose_meta_file_was_removed_refuses_another_layout(
+        tmp_path: Path, partitions: int, node_id: int, nodes: str, what: str) -> None:
+    """Without its meta file a standalone directory still tells its partition count (the full set of
+    partition directories); a cluster node's sparse set must tell its layout as surely, or the re-created
+    meta file records whatever the next start says and the offsets it holds are re-mapped or joined by
+    partitions whose offsets are on another node, without a refusal."""
+    data = tmp_path / "node0"
+    _cluster_node_directory(data, 0, TWO, 50)
+    with pytest.raises(ConfigMismatch):
+        check_data_dir(data, partitions, layout(node_id, parse_cluster(nodes)) if nodes else None)
+
+
+def test_a_cluster_directory_whose_meta_file_was_removed_restarts_as_the_same_node(tmp_path: Path) -> None:
+    data = tmp_path / "node0"
+    _cluster_node_directory(data, 0, TWO, 50)
+    close(check_data_dir(data, 50, layout(0, parse_cluster(TWO))))
+    assert json.loads((data / META_FILE).read_text())["cluster"] == {"node_id": 0, "node_ids": [0, 1]}
