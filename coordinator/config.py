@@ -344,6 +344,9 @@ def _with_cluster(config: Config) -> Config:
         raise ConfigError(f"--offsets-partitions {config.offsets_partitions} is fewer than the cluster's "
                           f"{len(config.cluster)} nodes: every node must own a partition")
     node = mine[0]
+    if config.port == 0:
+        raise ConfigError(f"--listen {config.host}:0 with --cluster: the node would listen on a port the system "
+                          f"picks while clients are sent to its entry's ({node.host}:{node.port}); listen on that port")
     if config.advertised_host is not None and (config.advertised_host, config.advertised_port) != node[1:]:
         raise ConfigError(f"--advertised-listener {config.advertised_host}:{config.advertised_port} differs from "
                           f"this node's entry in --cluster ({node.host}:{node.port}): give one of them")

@@ -150,3 +150,12 @@ def test_a_cluster_directory_whose_meta_file_was_removed_restarts_as_the_same_no
     _cluster_node_directory(data, 0, TWO, 50)
     close(check_data_dir(data, 50, layout(0, parse_cluster(TWO))))
     assert json.loads((data / META_FILE).read_text())["cluster"] == {"node_id": 0, "node_ids": [0, 1]}
+
+
+def test_a_cluster_node_listening_on_port_0_is_refused() -> None:
+    """In cluster mode a node advertises its --cluster entry, never the port the system picks for
+    ``--listen HOST:0``: such a node listens where no client is ever sent (FindCoordinator and Metadata
+    name the entry's port), so every group it owns is unreachable. Standalone, port 0 is advertised as
+    the port bound, which stays accepted."""
+    with pytest.raises(ConfigError, match="--listen"):
+        parse(["--cluster", TWO, "--node-id", "0", "--listen", "127.0.0.1:0"])
