@@ -138,6 +138,8 @@ def reachable_host_port(value: str) -> tuple[str, int]:
     """``parse_host_port`` for an address clients are given: port 0 and a wildcard host are where no
     client can connect."""
     host, port = parse_host_port(value)
+    if not host.strip() or any(c.isspace() for c in host):
+        raise ValueError(f"host {host!r} has spaces: no client can resolve it")
     if port == 0:
         raise ValueError("port 0 cannot be advertised (give the port clients connect to)")
     if is_wildcard(host):
@@ -152,7 +154,7 @@ def parse_cluster(value: str) -> tuple[Node, ...]:
     for item in (part.strip() for part in value.split(",")):
         if not item:
             continue
-        node_id, sep, address = item.partition("@")
+        node_id, sep, address = (side.strip() for side in item.partition("@"))
         if not sep:
             raise ValueError(f"expected ID@HOST:PORT, got {item!r}")
         try:

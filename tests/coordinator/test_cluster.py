@@ -159,3 +159,14 @@ def test_a_cluster_node_listening_on_port_0_is_refused() -> None:
     the port bound, which stays accepted."""
     with pytest.raises(ConfigError, match="--listen"):
         parse(["--cluster", TWO, "--node-id", "0", "--listen", "127.0.0.1:0"])
+
+
+@pytest.mark.parametrize("value", ["0 @ h:1,1 @ g:2", "0@ h:1,1@ g:2", "0@h :1,1@g :2"])
+def test_spaces_in_a_cluster_entry_never_reach_an_advertised_host(value: str) -> None:
+    """Spaces around the items are stripped ("0@h:1, 1@g:2"); spaces around the '@' or the ':' made the
+    advertised host ' h' / 'h ', which every client then fails to resolve. Stripped or refused, never sent."""
+    try:
+        nodes = parse_cluster(value)
+    except ValueError:
+        return
+    assert [n.host for n in nodes] == ["h", "g"]
