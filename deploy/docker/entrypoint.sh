@@ -8,7 +8,12 @@
 # instead (Kafka advertises its canonical hostname the same way). Set it explicitly whenever clients
 # reach kcoord under another name: a Kubernetes pod's DNS name, a published port, a load balancer.
 set -eu
-if [ -z "${KCOORD_ADVERTISED_LISTENER:-}" ]; then
+# In cluster mode (KCOORD_CLUSTER or --cluster) a node advertises its own --cluster entry: no default then.
+cluster=${KCOORD_CLUSTER:-}
+for arg in "$@"; do
+    case "$arg" in --cluster|--cluster=*) cluster=yes ;; esac
+done
+if [ -z "${KCOORD_ADVERTISED_LISTENER:-}" ] && [ -z "$cluster" ]; then
     listen=${KCOORD_LISTEN:-}
     case "$listen" in
         0.0.0.0:*|\[::\]:*|\[::0\]:*|\[0:0:0:0:0:0:0:0\]:*|:*)

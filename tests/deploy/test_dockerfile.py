@@ -140,3 +140,22 @@ def test_entrypoint_advertises_the_hostname_only_for_a_wildcard_listener(tmp_pat
     assert entrypoint(tmp_path, KCOORD_LISTEN="0.0.0.0:9092", KCOORD_ADVERTISED_LISTENER="kc.example:19092") \
         .endswith("advertised=kc.example:19092")
     assert entrypoint(tmp_path, KCOORD_LISTEN="127.0.0.1:9092").endswith("advertised=unset")
+
+
+def test_entrypoint_leaves_a_cluster_node_advertising_its_cluster_entry(tmp_path: Path) -> None:
+    """Cluster mode in the image (KCOORD_LISTEN=0.0.0.0:9092, its default, and KCOORD_CLUSTER /
+    KCOORD_NODE_ID): the node advertises its --cluster entry (README, Cluster mode). The entrypoint's
+    hostname default for KCOORD_ADVERTISED_LISTENER must not then make kcoord refuse to start because
+    the two differ ("give one of them": the user gave one)."""
+    fake = tmp_path / "bin" / "kcoord"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'from coordinator.config import config_from_args, "
+                    "add_serve_arguments; import argparse; p = argparse.ArgumentParser(); add_serve_arguments(p); "
+                    "print(config_from_args(p.parse_args([])).advertised)'\n")
+    fake.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KCOORD_")}
+    env = dict(base, PATH=f"{fake.parent}:{os.environ['PATH']}", PYTHONPATH=str(REPO), KCOORD_LISTEN="0.0.0.0:9092",
+               KCOORD_CLUSTER="0@kcoord-0.example:9092,1@kcoord-1.example:9092", KCOORD_NODE_ID="1")
+    result = subprocess.run(["sh", str(ENTRYPOINT), "serve"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-600:]
+    assert result.stdout.strip() == "('kcoord-1.example', 9092)"
