@@ -349,6 +349,10 @@ def _with_cluster(config: Config) -> Config:
     if config.port == 0:
         raise ConfigError(f"--listen {config.host}:0 with --cluster: the node would listen on a port the system "
                           f"picks while clients are sent to its entry's ({node.host}:{node.port}); listen on that port")
+    taken = [n for n in config.cluster if n.node_id != node.node_id and (n.host, n.port) == (config.host, config.port)]
+    if taken:
+        raise ConfigError(f"--listen {config.host}:{config.port} is node {taken[0].node_id}'s entry in --cluster, not "
+                          f"that of --node-id {config.node_id} ({node.host}:{node.port}): check --node-id")
     if config.advertised_host is not None and (config.advertised_host, config.advertised_port) != node[1:]:
         raise ConfigError(f"--advertised-listener {config.advertised_host}:{config.advertised_port} differs from "
                           f"this node's entry in --cluster ({node.host}:{node.port}): give one of them")

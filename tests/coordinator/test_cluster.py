@@ -170,3 +170,12 @@ def test_spaces_in_a_cluster_entry_never_reach_an_advertised_host(value: str) ->
     except ValueError:
         return
     assert [n.host for n in nodes] == ["h", "g"]
+
+
+def test_a_node_listening_on_another_nodes_entry_is_refused() -> None:
+    """Node 1's line copied with --node-id 0 left unchanged: this process listens at node 1's address, so
+    every client sent to node 1 (FindCoordinator for node 1's groups, from any node) reaches it, and it
+    answers NOT_COORDINATOR for them all, for ever. A listener that is exactly another node's entry is a
+    --node-id mistake, refused as Kafka refuses a second broker registering an id."""
+    with pytest.raises(ConfigError, match="--node-id"):
+        parse(["--cluster", TWO, "--node-id", "0", "--listen", "127.0.0.1:9093"])
