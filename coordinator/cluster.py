@@ -81,3 +81,36 @@ def layout_refusal(recorded: object, wanted: dict[str, object] | None, partition
 
 def _few(partitions: list[int]) -> str:
     return ", ".join(map(str, partitions[:8])) + (", ..." if len(partitions) > 8 else "")
+
+
+def unrecorded_refusal(existing: set[int], partitions: int, wanted: dict[str, object] | None) -> str | None:
+    """Why a data directory without its meta file, holding the logs of ``existing`` partitions, cannot be
+    recorded as ``wanted`` (None: one node). A cluster node's first start makes the directory of every
+    partition it owns, right after the meta file: without the file, that set is what tells the layout
+    it was written for (a standalone directory's full set tells its partition count the same way)."""
+    owned = owned_by(wanted, partitions)
+    if stranded := sorted(existing - owned):
+        return (f"holds the log of partition {stranded[0]}, which another node of the cluster coordinates "
+                f"(--cluster): its offsets would not be served; give this node a directory of its own")
+    if wanted is not None and existing and existing != owned:
+        return (f"its partitions ({len(existing)}) are not the {len(owned)} this node owns with --offsets-partitions "
+                f"{partitions} and this --cluster: it was written for another layout; restore the file (or start it "
+                f"as it was)")
+    if wanted is None and (share := _share(sorted(existing), partitions)) is not None:
+        index, nodes = share
+        return (f"holds exactly the partitions the node at index {index} of a cluster of {nodes} nodes owns "
+                f"(every {nodes}th from {index}): a cluster node's directory, whose other partitions are in its "
+                f"peers' directories and would be served empty here; start it with the --node-id and --cluster it "
+                f"was written for, or restore the file")
+    return None
+
+
+def _share(existing: list[int], partitions: int) -> tuple[int, int] | None:
+    """(index, nodes) when ``existing`` is every partition one node of a cluster of 2 or more owns, and
+    at least two of them (one partition alone is a log placed by hand)."""
+    if len(existing) < 2:
+        return None
+    nodes = existing[1] - existing[0]
+    if nodes < 2 or existing[0] >= nodes or existing != list(range(existing[0], partitions, nodes)):
+        return None
+    return existing[0], nodes

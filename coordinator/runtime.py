@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Final
 
 from coordinator.checkpointer import Checkpointer
-from coordinator.cluster import layout, layout_refusal, owned_by
+from coordinator.cluster import layout, layout_refusal, unrecorded_refusal
 from coordinator.compaction import Compactor
 from coordinator.config import Config
 from coordinator.flusher import Flusher
@@ -132,20 +132,9 @@ def _check_contents(data_dir: Path, partitions: int, cluster: dict[str, object] 
         raise ConfigMismatch(f"{data_dir} has no {META_FILE} but holds the logs of an offsets topic of "
                              f"{highest + 1} partitions; --offsets-partitions {partitions} would re-map every "
                              f"group. Start with {highest + 1}.")
-    stranded = sorted(set(existing) - owned_by(cluster, partitions))
-    if stranded:
-        raise ConfigMismatch(f"{data_dir} holds the log of partition {stranded[0]}, which another node of the "
-                             f"cluster coordinates (--cluster): its offsets would not be served; give this node a "
-                             f"directory of its own")
-    owned = owned_by(cluster, partitions)
-    if cluster is not None and existing and set(existing) != owned:
-        # A cluster node's first start makes the directory of every partition it owns, right after the
-        # meta file: without the file, only that full set tells that the directory was written for this
-        # layout. A subset of it was written for another partition count or another cluster (every group
-        # re-mapped, or partitions whose offsets are in another node's directory served empty).
-        raise ConfigMismatch(f"{data_dir} has no {META_FILE} and its partitions ({len(existing)}) are not the "
-                             f"{len(owned)} this node owns with --offsets-partitions {partitions} and this --cluster:"
-                             f" it was written for another layout; restore {META_FILE} (or start it as it was)")
+    refusal = unrecorded_refusal(set(existing), partitions, cluster)
+    if refusal is not None:
+        raise ConfigMismatch(f"{data_dir} has no {META_FILE} and {refusal}")
     tmp = meta.with_suffix(".tmp")
     recorded_now: dict[str, object] = {"offsets_partitions": partitions}
     if cluster is not None:
