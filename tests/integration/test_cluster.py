@@ -269,3 +269,35 @@ def test_a_data_directory_started_as_another_node_is_refused(cluster: Cluster) -
          "--data-dir", str(node0.data_dir.parent / "node1")], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert alone.returncode == 2
     assert "served empty" in alone.stderr
+
+
+def test_a_node_given_another_cluster_list_than_its_peers_does_not_coordinate_their_groups(cluster: Cluster) -> None:
+    """Growing the cluster: a third node is started with a three-node --cluster while nodes 0 and 1 still
+    run with two (they cannot be restarted with three: their directories refuse it). The lists disagree on
+    the owner of every partition p with p % 2 == 0 and p % 3 == 2 (or p % 2 == 1 and p % 3 == 2), and
+    each group there must still have one coordinator: two would each accept a commit (the offsets
+    diverge by which node a client bootstrapped at) and each run a generation of the group (members
+    consuming the same partitions). Either the newcomer is refused, or it or the peers refuse the
+    disputed groups."""
+    node0, node1 = cluster.nodes
+    port2 = free_port()
+    listed = f"0@127.0.0.1:{node0.port},1@127.0.0.1:{node1.port},2@127.0.0.1:{port2}"
+    node2 = KcoordProcess(node0.data_dir.parent / "node2", "--node-id", "2", "--cluster", listed, port=port2)
+    try:
+        node2.start(wait=False)
+        try:
+            node2.wait_listening()
+            node2.wait_loaded()
+        except RuntimeError:
+            return  # refused at start: the disagreement was noticed
+        group = next(g for i in range(100_000) if partition_for(g := f"d{i}", 50) % 6 == 2)  # node 0's, and node 2's
+        accepted = []
+        for node, offset in ((node0, 100), (node2, 200)):
+            with RawClient(node.port) as client:
+                code = client.call(commit_request(group, {("t", 0): offset}), 8).topics[0].partitions[0].error_code
+            if code == 0:
+                accepted.append(node.port)
+        assert len(accepted) <= 1, f"group {group} (partition {partition_for(group, 50)}) has two coordinators"
+    finally:
+        if node2.proc is not None and node2.proc.poll() is None:
+            node2.kill()
