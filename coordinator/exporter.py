@@ -100,6 +100,10 @@ class KcoordCollector(Collector):
                                  labels=["node_id", "nodes", "partitions"])
         node.add_metric([str(config.node_id), str(len(config.nodes)), str(len(self.runtime.shards))], 1)
         yield node
+        check = self.runtime.peer_check
+        yield GaugeMetricFamily("kcoord_cluster_agreed", "1 while every peer that answers shares this node's view of "
+                                "the cluster (always, but in cluster mode); 0: this node coordinates no group.",
+                                value=1 if check is None or check.agreed else 0)
         yield from self._requests(m)
         yield from self._groups(m)
         yield from self._partitions(m)
@@ -332,11 +336,15 @@ class Health:
         gateway = self.server.gateway if self.server is not None else None
         no_upstream = gateway is not None and not gateway.ready  # clients would all be turned away
         serving = any(ShardState(s) in LOADED for s in by_state)  # not when every one failed
-        ok = serving and not not_loaded and not stopping and not no_upstream
+        check = self.runtime.peer_check
+        withheld = check is not None and not check.agreed  # cluster mode: no group coordinated
+        ok = serving and not not_loaded and not stopping and not no_upstream and not withheld
         body: dict[str, Any] = {"status": "ready" if ok else ("stopping" if stopping else "not ready"),
                                 "partitions": len(self.runtime.shards)}
         if no_upstream:
             body["upstream"] = "no broker has answered yet"
+        if check is not None and withheld:
+            body["cluster"] = {str(n): d for n, d in check.disputes.items()} or "peers not checked yet"
         body.update({s: ps for s, ps in sorted(by_state.items()) if s != ShardState.ACTIVE.value})
         return ok, body
 

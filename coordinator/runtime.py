@@ -18,6 +18,7 @@ from coordinator.config import Config
 from coordinator.flusher import Flusher
 from coordinator.groups.hooks import GroupHooks
 from coordinator.metrics import Metrics
+from coordinator.peercheck import PeerCheck
 from coordinator.request import ShardUnavailable
 from coordinator.shard import PROBE_INTERVAL_S, Shard
 from coordinator.shardstate import ShardState
@@ -165,6 +166,9 @@ class Runtime:
         # by partition: None where another node of the cluster coordinates its groups
         self._by_partition: list[Shard | None] = []
         self._groups_by_partition: list[GroupHooks | None] = []
+        self._routes: tuple[list[Shard | None], list[GroupHooks | None]] = ([], [])
+        self.peer_check: PeerCheck | None = None  # cluster mode
+        self._peer_checks: asyncio.Task[None] | None = None
         # gateway mode: whether ListGroups on the listener of a node names kcoord's groups
         self.lists_groups: Callable[[int | None], bool] | None = None
         self._log_factory = log_factory
@@ -223,7 +227,20 @@ class Runtime:
             self.groups.append(groups)
             self._by_partition[p] = shard
             self._groups_by_partition[p] = groups
+        self._routes = (self._by_partition, self._groups_by_partition)
+        if cfg.cluster:  # no group is coordinated until the peers are known to agree (coordinator.peercheck)
+            self.peer_check = PeerCheck(cfg, self._route)
+            self._route(False)
             self.compactors.append(Compactor(shard, self._cleaner_thread, self.metrics))
+
+    def _route(self, agreed: bool) -> None:
+        """Cluster mode: routes requests to this node's shards while its peers agree with its view of the
+        cluster; otherwise every group gets NOT_COORDINATOR (swapped lists: nothing on the request path)."""
+        if agreed:
+            self._by_partition, self._groups_by_partition = self._routes
+        else:
+            self._by_partition = [None] * len(self._routes[0])
+            self._groups_by_partition = [None] * len(self._routes[1])
 
     def _open_log(self, directory: Path, segment_bytes: int) -> PartitionLog:
         """The log factory's log, writing to the journal too when there is one."""
@@ -244,6 +261,8 @@ class Runtime:
         self.flusher.start()
         self._loads = [s.start() for s in order]
         self._cleaner = loop.create_task(self._clean_periodically())
+        if self.peer_check is not None:
+            self._peer_checks = loop.create_task(self.peer_check.run())
         if self.checkpointer is not None:
             self._checkpoints = loop.create_task(self.checkpointer.run())
         self._load_report = loop.create_task(self._report_loaded(loop.time()))
@@ -319,6 +338,8 @@ class Runtime:
             self._cleaner.cancel()
         if self._checkpoints is not None:
             self._checkpoints.cancel()
+        if self._peer_checks is not None:
+            self._peer_checks.cancel()
         for compactor in self.compactors:
             compactor.stop()
         closed = await asyncio.gather(*(s.close(deadline) for s in self.shards))

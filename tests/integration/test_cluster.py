@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -237,6 +238,7 @@ def test_each_node_says_which_it_is_in_its_metrics_and_readiness(cluster: Cluste
         with urllib.request.urlopen(node.metrics_url + "/metrics", timeout=TIMEOUT) as r:
             text = r.read().decode()
         assert f'kcoord_node_info{{node_id="{i}",nodes="2",partitions="25"}} 1.0' in text
+        assert "kcoord_cluster_agreed 1.0" in text
         with urllib.request.urlopen(node.metrics_url + "/readyz", timeout=TIMEOUT) as r:
             assert json.loads(r.read())["partitions"] == 25
 
@@ -259,8 +261,8 @@ def test_a_data_directory_started_as_another_node_is_refused(cluster: Cluster) -
     node1.stop()
     listed = ",".join(f"{i}@127.0.0.1:{n.port}" for i, n in enumerate(cluster.nodes))
     swapped = subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "serve", "--listen", node1.bootstrap, "--metrics-listen", "off",
-         "--data-dir", str(node0.data_dir.parent / "node1"), "--node-id", "0", "--cluster", listed],
+        [sys.executable, "-m", "coordinator.cli", "serve", "--listen", f"127.0.0.1:{free_port()}", "--metrics-listen",
+         "off", "--data-dir", str(node0.data_dir.parent / "node1"), "--node-id", "0", "--cluster", listed],
         cwd=REPO, capture_output=True, text=True, timeout=60)
     assert swapped.returncode == 2
     assert "does not move partitions between nodes" in swapped.stderr
@@ -298,6 +300,13 @@ def test_a_node_given_another_cluster_list_than_its_peers_does_not_coordinate_th
             if code == 0:
                 accepted.append(node.port)
         assert len(accepted) <= 1, f"group {group} (partition {partition_for(group, 50)}) has two coordinators"
+        assert accepted == [node0.port]  # the running nodes go on; the newcomer, which asked them, holds back
+        assert "does not share this node's view of the cluster (it names the nodes 0@" in node2.log_since_start()
+        with urllib.request.urlopen(node2.metrics_url + "/metrics", timeout=TIMEOUT) as r:
+            assert "kcoord_cluster_agreed 0.0" in r.read().decode()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(node2.metrics_url + "/readyz", timeout=TIMEOUT)
+        assert refused.value.code == 503 and set(json.loads(refused.value.read())["cluster"]) == {"0", "1"}
     finally:
         if node2.proc is not None and node2.proc.poll() is None:
             node2.kill()
