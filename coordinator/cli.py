@@ -320,9 +320,21 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
     except ConfigError as exc:
         serve_parser.error(str(exc))
-    configure_logging(config.log_level, config.log_format)
+    if config.processes > 1:
+        from coordinator.supervisor import Supervisor
+
+        configure_logging(config.log_level, config.log_format)
+        log.info("starting kcoord %s as %d processes", _version(), config.processes)
+        return Supervisor(config, run_server).run()
+    return run_server(config)
+
+
+def run_server(config: Config) -> int:
+    """Runs one server until stopped (a node of ``--processes`` in its own process); its exit status. A
+    cluster node's log lines say which node wrote them (the nodes of ``--processes`` share one output)."""
+    configure_logging(config.log_level, config.log_format, config.node_id if config.cluster else None)
     loop_kind = install_event_loop()
-    log.info("starting kcoord %s on %s", _version(), loop_kind)
+    log.info("starting kcoord %s on %s (pid %d)", _version(), loop_kind, os.getpid())
     try:
         code = asyncio.run(serve(config, loop_kind))
     except ConfigMismatch as exc:

@@ -71,6 +71,7 @@ class Config:
     upstream_timeout_ms: int = 30_000
     upstream_refresh_ms: int = 10_000
     cluster: tuple[Node, ...] = ()  # cluster mode (coordinator.cluster): every node, ascending ids; () standalone
+    processes: int = 1  # > 1: a cluster of that many nodes on this host (coordinator.supervisor)
 
     def groups(self) -> GroupConfig:
         return GroupConfig(
@@ -257,6 +258,9 @@ OPTIONS: list[Option] = [
            "(--node-id picks it); each node coordinates the groups of the offsets partitions p with p mod N = its "
            "index in ascending id order, and answers NOT_COORDINATOR for the others' (default: none, one node)",
            "ID@HOST:PORT,..."),
+    Option("--processes", "KCOORD_PROCESSES", bounded_int(1, 1024), _field("processes"),
+           "cluster mode on this host: run N nodes (one per core), node i listening on the --listen port + i, "
+           "its data in DATA_DIR/node-i and its metrics on the metrics port + i (default 1: one process)"),
     Option("--segment-bytes", "KCOORD_SEGMENT_BYTES", bounded_int(1024), _field("segment_bytes"),
            "roll a log segment past this size (default 104857600)"),
     # Record strings carry an int16 length and UTF-8 takes at most 3 bytes per UTF-16 unit, so any
@@ -334,6 +338,8 @@ OPTIONS: list[Option] = [
 
 def _with_cluster(config: Config) -> Config:
     """Checks a cluster's settings; this node's entry is what it advertises."""
+    if config.processes > 1:
+        _check_processes(config)
     if not config.cluster:
         return config
     mine = [n for n in config.cluster if n.node_id == config.node_id]
@@ -357,6 +363,28 @@ def _with_cluster(config: Config) -> Config:
         raise ConfigError(f"--advertised-listener {config.advertised_host}:{config.advertised_port} differs from "
                           f"this node's entry in --cluster ({node.host}:{node.port}): give one of them")
     return replace(config, advertised_host=node.host, advertised_port=node.port)
+
+
+def _check_processes(config: Config) -> None:
+    """--processes N: the nodes take N consecutive ports of each listener."""
+    n = config.processes
+    if config.cluster or config.upstream:
+        raise ConfigError(f"--processes {n} runs a cluster of its own: not with --cluster or --upstream")
+    if config.port == 0:
+        raise ConfigError(f"--processes {n} needs a --listen port (node i listens on it + i), not 0")
+    if config.offsets_partitions < n:
+        raise ConfigError(f"--offsets-partitions {config.offsets_partitions} is fewer than --processes {n}: "
+                          f"every node must own a partition")
+    ports = {"--listen": config.port, "--advertised-listener": config.advertised[1]}
+    if config.metrics_listen is not None and config.metrics_listen[1]:  # port 0: any free port for each node
+        ports["--metrics-listen"] = config.metrics_listen[1]
+    for flag, port in ports.items():
+        if port + n - 1 > 65535:
+            raise ConfigError(f"{flag} port {port} + {n - 1} is beyond 65535 (node i uses the port + i)")
+    if "--metrics-listen" in ports and abs(ports["--metrics-listen"] - config.port) < n \
+            and config.metrics_listen is not None and config.metrics_listen[0] == config.host:
+        raise ConfigError(f"--processes {n}: the metrics ports ({config.metrics_listen[1]} + i) and the listener "
+                          f"ports ({config.port} + i) overlap")
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:

@@ -34,10 +34,25 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, ensure_ascii=False)
 
 
-def configure_logging(level: str, fmt: str) -> None:
+def configure_logging(level: str, fmt: str, node: int | None = None) -> None:
+    """``node``: a cluster node's id (the nodes of ``--processes`` share one output): each line says which
+    (``node-N`` before the logger's name; a ``node`` field in JSON)."""
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    text = TEXT_FORMAT if node is None else TEXT_FORMAT.replace(" %(name)s", f" node-{node} %(name)s")
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(text))
+    if node is not None and fmt == "json":
+        handler.addFilter(_NodeField(node))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+class _NodeField(logging.Filter):
+    def __init__(self, node: int) -> None:
+        super().__init__()
+        self.node = node
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.node = self.node
+        return True
 
 
 class Repeated:
