@@ -95,6 +95,7 @@ class Sample:
     late_after_s: float = PACER_TICK * 2  # two pacing passes of the generator that ran (bench/pacer.c: 0.2 ms)
     held: int = 0  # of the measured requests, how many were due while D were already outstanding on their connection
     client: str = "asyncio"  # the load generator: this module's, or bench/cpacer.py's C program
+    requests_by_route: list[int] = field(default_factory=list)  # measured requests per route (cluster node)
 
 
 class Run:
@@ -111,6 +112,7 @@ class Run:
         self.recording = False
         self.stopping = False
         self.paced = False
+        self.counted = 0  # responses received while recording, this run's share of ``sample.requests``
         self.connections: list[Connection] = []
 
     def check(self, slot: int, body: bytes) -> None:
@@ -203,6 +205,7 @@ class Connection(asyncio.Protocol):
         sample.responses += n
         if recording:
             sample.requests += n
+            run.counted += n
         if n and not run.stopping:
             if run.paced:
                 self.pump(now)
@@ -330,49 +333,85 @@ def client_stat() -> str:
     return f"/proc/self/task/{threading.get_native_id()}/stat"
 
 
+@dataclass(frozen=True)
+class Route:
+    """Where part of a load goes: one server address, the ring positions meant for it and how many of
+    the run's connections are its own. A server of one node gets the whole load; a cluster gets one
+    route per node, each with the requests of the groups that node coordinates (bench/scenarios.py)."""
+
+    host: str
+    port: int
+    load: Load
+    connections: int
+
+
 async def measure(host: str, port: int, load: Load, checker: Checker, *, connections: int, inflight: int,
                   warmup: float, duration: float, server_cpu: Callable[[], float | None],
                   rate: float | None = None) -> Sample:
     """Connects, warms up, measures ``duration`` seconds, stops sending and waits for every answer."""
+    return await measure_routes([Route(host, port, load, connections)], checker, inflight=inflight, warmup=warmup,
+                                duration=duration, server_cpu=server_cpu, rate=rate)
+
+
+async def measure_routes(routes: Sequence[Route], checker: Checker, *, inflight: int, warmup: float,
+                         duration: float, server_cpu: Callable[[], float | None],
+                         rate: float | None = None) -> Sample:
+    """``measure`` over several routes at once, in one window: each route has its own connections and
+    its own ring (correlation ids are positions in it), all of them share the sample, so req/s and the
+    latencies are the sum over the routes; ``Sample.requests_by_route`` keeps each one's count. Paced
+    runs take one route only (their pacer deals to every connection of the run)."""
+    if rate is not None and len(routes) != 1:
+        raise ValueError("a paced run takes one route")
     sample = Sample()
-    run = Run(load, checker, inflight, sample)
-    run.paced = rate is not None
+    runs = [Run(r.load, checker, inflight, sample) for r in routes]
     loop = asyncio.get_running_loop()
-    for k in range(connections):
-        # Each connection starts ``inflight`` ring positions after the one before, so the requests in
-        # flight are for different groups, as many independent consumers' would be. Started together,
-        # connections walked the same groups in step for a while, and how long depended on the run: a
-        # durable server syncing a few partition logs per cycle instead of 20-25 measured up to 1.5x
-        # faster in one run than in the next.
-        _, conn = await loop.create_connection(functools.partial(Connection, run, k * inflight), host, port)
-        run.connections.append(conn)
-    pacer = Pacer(run, rate) if rate is not None else None
+    for route, run in zip(routes, runs, strict=True):
+        run.paced = rate is not None
+        for k in range(route.connections):
+            # Each connection starts ``inflight`` ring positions after the one before, so the requests in
+            # flight are for different groups, as many independent consumers' would be. Started together,
+            # connections walked the same groups in step for a while, and how long depended on the run: a
+            # durable server syncing a few partition logs per cycle instead of 20-25 measured up to 1.5x
+            # faster in one run than in the next.
+            _, conn = await loop.create_connection(functools.partial(Connection, run, k * inflight), route.host,
+                                                   route.port)
+            run.connections.append(conn)
+    pacer = Pacer(runs[0], rate) if rate is not None else None
     if pacer:
         pacer.tick()
     await asyncio.sleep(warmup)
     stat = client_stat()
     server0, client0 = server_cpu(), cpu_seconds(stat)
     late0 = sample.late
-    run.recording = True
+    for run in runs:
+        run.recording = True
     started = time.perf_counter()
     await asyncio.sleep(duration)
-    run.recording = False
+    for run in runs:
+        run.recording = False
     sample.seconds = time.perf_counter() - started
     sample.client_cpu_s = cpu_seconds(stat) - client0
     server1 = server_cpu()
     if server0 is not None and server1 is not None:
         sample.server_cpu_s = server1 - server0
     sample.late -= late0
-    run.stopping = True
+    sample.requests_by_route = [run.counted for run in runs]
+    for run in runs:
+        run.stopping = True
     if pacer and pacer.handle:
         pacer.handle.cancel()
     deadline = time.monotonic() + DRAIN_TIMEOUT
-    while run.outstanding and time.monotonic() < deadline and not any(c.lost for c in run.connections):
+
+    def lost() -> bool:
+        return any(c.lost for run in runs for c in run.connections)
+
+    while any(run.outstanding for run in runs) and time.monotonic() < deadline and not lost():
         await asyncio.sleep(0.005)
-    sample.unanswered = run.outstanding
-    for conn in run.connections:
-        if conn.lost is not None:
-            sample.errors[f"connection lost: {type(conn.lost).__name__}"] += 1
-        elif conn.transport is not None:
-            conn.transport.close()
+    sample.unanswered = sum(run.outstanding for run in runs)
+    for run in runs:
+        for conn in run.connections:
+            if conn.lost is not None:
+                sample.errors[f"connection lost: {type(conn.lost).__name__}"] += 1
+            elif conn.transport is not None:
+                conn.transport.close()
     return sample
