@@ -18,6 +18,7 @@ from kafka.protocol.consumer.group import (
     OffsetFetchResponse,
 )
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
+from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 
 TOPIC = "bench-topic"
 TOPIC_PARTITIONS = 128  # partitions the topic has where a server needs it to exist (mock, Tansu)
@@ -30,7 +31,11 @@ HIGHEST_FETCH_VERSION = 9  # the newest OffsetFetch kafka-python 3.0.12 encodes
 LEADER_EPOCH = 0
 METADATA = "b"  # ditto: one character, so a server that drops metadata is noticed
 CLIENT_ID = "kcoord-bench"
-OFFSET_COMMIT, OFFSET_FETCH, API_VERSIONS = 8, 9, 18
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, API_VERSIONS = 8, 9, 10, 18
+BATCHED_FIND_COORDINATOR = 4  # FindCoordinator v4+ asks for many keys in one request (KIP-699)
+HIGHEST_FIND_COORDINATOR = 4  # what the harness asks with, as a v4 client (the Java client 3.x) does
+FIND_COORDINATOR_KEYS = 1000  # keys per batched request
+GROUP_KEY = 0  # FindCoordinator key type of a consumer group
 RETRYABLE = frozenset({14, 15, 16})  # load in progress, coordinator not available, not coordinator
 SIZE = struct.Struct(">i")
 
@@ -193,6 +198,71 @@ async def create_topic(host: str, port: int, name: str = TOPIC, partitions: int 
     errors = {t.error_code for t in resp.topics} - {0, 36}  # 36: TOPIC_ALREADY_EXISTS
     if errors:
         raise RuntimeError(f"CreateTopics {name}: errors {sorted(errors)}")
+
+
+@dataclass(frozen=True)
+class Broker:
+    """A broker: its node id and the address it advertises (what FindCoordinator answers for a group)."""
+
+    node_id: int
+    host: str
+    port: int
+
+
+def find_coordinator_version(supported: dict[int, tuple[int, int]]) -> int:
+    """The newest FindCoordinator version both the server and the harness (v0-v4) speak."""
+    low, high = supported.get(FIND_COORDINATOR, (0, -1))
+    version = min(high, HIGHEST_FIND_COORDINATOR)
+    if version < low:
+        raise RuntimeError(f"the server does not serve FindCoordinator v0-v{HIGHEST_FIND_COORDINATOR} "
+                           f"(it serves v{low}-v{high})")
+    return version
+
+
+async def find_coordinators(host: str, port: int, groups: list[str], version: int,
+                            timeout: float = 30.0) -> dict[str, Broker]:
+    """Asks the broker at ``host:port`` which broker coordinates each group, as a client does before its
+    first group request: v4+ batches up to ``FIND_COORDINATOR_KEYS`` groups per request, older versions
+    ask one group per request (all pipelined on one connection). Any error code, or an answer for other
+    groups than asked, raises RuntimeError: a cluster that cannot say where a group lives is not run."""
+    if version >= BATCHED_FIND_COORDINATOR:
+        asks = [groups[i : i + FIND_COORDINATOR_KEYS] for i in range(0, len(groups), FIND_COORDINATOR_KEYS)]
+    else:
+        asks = [[g] for g in groups]
+    frames = []
+    for cid, keys in enumerate(asks):
+        if version >= BATCHED_FIND_COORDINATOR:
+            req = FindCoordinatorRequest[version](key_type=GROUP_KEY, coordinator_keys=keys)
+        else:
+            req = FindCoordinatorRequest[version](key=keys[0], key_type=GROUP_KEY) if version >= 1 else \
+                FindCoordinatorRequest[version](key=keys[0])
+        req.with_header(correlation_id=cid, client_id=CLIENT_ID)
+        frames.append(bytes(req.encode(header=True, framed=True)))
+    found: dict[str, Broker] = {}
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    try:
+        writer.write(b"".join(frames))
+        for cid, keys in enumerate(asks):
+            size = SIZE.unpack(await asyncio.wait_for(reader.readexactly(4), timeout))[0]
+            frame = await asyncio.wait_for(reader.readexactly(size), timeout)
+            if SIZE.unpack_from(frame)[0] != cid:
+                raise RuntimeError(f"FindCoordinator: correlation id {SIZE.unpack_from(frame)[0]}, expected {cid}")
+            resp, problem = _body(FindCoordinatorResponse, version, frame[4:])
+            if problem:
+                raise RuntimeError(f"FindCoordinator v{version} from {host}:{port}: {problem}")
+            if version >= BATCHED_FIND_COORDINATOR:
+                answers = [(c.key, c.error_code, Broker(c.node_id, c.host, c.port)) for c in resp.coordinators]
+            else:
+                answers = [(keys[0], resp.error_code, Broker(resp.node_id, resp.host, resp.port))]
+            if sorted(key for key, _, _ in answers) != sorted(keys):
+                raise RuntimeError(f"FindCoordinator v{version} from {host}:{port} answered other groups than asked")
+            for key, error, coordinator in answers:
+                if error:
+                    raise RuntimeError(f"FindCoordinator v{version} from {host}:{port}: error {error} for {key!r}")
+                found[key] = coordinator
+    finally:
+        writer.close()
+    return found
 
 
 def pick_versions(supported: dict[int, tuple[int, int]], fetch_override: int | None = None) -> Versions:
