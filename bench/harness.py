@@ -1,4 +1,5 @@
-"""Side-by-side benchmark: kcoord, the librdkafka mock, Tansu and a Python echo ceiling, in one run.
+"""Side-by-side benchmark: kcoord (one process, and two as a cluster), the librdkafka mock, Tansu and a
+Python echo ceiling, in one run.
 
 Times a wake-up between two processes on one CPU and across CPUs (bench/wakeup.py: on this VM it
 moves with the boot and moves kcoord's ratios), starts every server, runs the same request scenarios
@@ -29,13 +30,25 @@ from typing import Any
 
 from bench import report
 from bench.commit_floor import FloorProbe, group_commit_floor
-from bench.peers import AttachedKcoord, Echo, Kcoord, MissingPeer, Mock, Peer, Tansu, git_commit, tansu_binary
+from bench.peers import (
+    AttachedKcoord,
+    Echo,
+    Kcoord,
+    KcoordCluster,
+    MissingPeer,
+    Mock,
+    Peer,
+    Tansu,
+    git_commit,
+    tansu_binary,
+)
 from bench.restart import RestartResult, restart
 from bench.scenarios import SCENARIOS, FsyncProbe, Measurement, fsync_probe, run_scenario
 from bench.wakeup import describe, probe
 from bench.wire import Versions, api_versions, pick_versions
 
-SERVERS = ("kcoord", "mock", "tansu", "echo")
+SERVERS = ("kcoord", "kcoord-x2", "mock", "tansu", "echo")
+CLUSTER_NODES = {"kcoord-x2": 2}  # kcoord as a cluster of that many processes, each its groups' coordinator
 RESTARTS = {"restart-1m": 1_000_000, "restart-10m": 10_000_000}
 # The paced scenario runs against kcoord and, at the same rate, the mock: an in-memory C server's latency
 # there is what the load generator and the shared cores add to any server's.
@@ -85,6 +98,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"unknown scenario {name!r}; choose from {', '.join([*SCENARIOS, *RESTARTS])}")
     if args.connections < 1 or args.inflight < 1 or args.groups < 1:
         p.error("--connections, --inflight and --groups must be at least 1")
+    for name, nodes in CLUSTER_NODES.items():
+        if name in args.only and args.connections < nodes:
+            p.error(f"{name} splits the connections over its {nodes} nodes: give --connections {nodes} or more")
     args.duration = args.duration or (2.0 if args.quick else 5.0)
     args.warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 1.0)
     return args
@@ -98,6 +114,8 @@ def start_peers(names: list[str], tmp: Path, args: argparse.Namespace) -> list[P
         for name in names:
             if name == "kcoord":
                 peers.append(AttachedKcoord(args.kcoord_at) if args.kcoord_at else Kcoord(tmp))
+            elif name in CLUSTER_NODES:
+                peers.append(KcoordCluster(tmp, CLUSTER_NODES[name]))
             elif name == "mock":
                 peers.append(Mock())
             elif name == "tansu":
@@ -154,6 +172,10 @@ async def bench(args: argparse.Namespace, tmp: Path, meta: dict[str, Any]) -> tu
         chosen: dict[str, Versions] = {}
         for peer in peers:
             chosen[peer.name] = pick_versions(await api_versions(peer.host, peer.port), args.fetch_version)
+            for b in peer.brokers:  # every node of a cluster must serve what its first one does
+                if pick_versions(await api_versions(b.host, b.port), args.fetch_version) != chosen[peer.name]:
+                    raise RuntimeError(f"{peer.name}: node {b.node_id} serves other versions than node "
+                                       f"{peer.brokers[0].node_id}")
             meta["servers"][peer.name] = {"how": peer.how, "version": peer.version,
                                           "offset_commit_version": chosen[peer.name].commit,
                                           "offset_fetch_version": chosen[peer.name].fetch,
@@ -174,8 +196,10 @@ async def bench(args: argparse.Namespace, tmp: Path, meta: dict[str, Any]) -> tu
                                        inflight=args.inflight, warmup=args.warmup, duration=args.duration, rate=rate)
                 measurements.append(m)
                 f = report.figures(m)
-                say(f"  {s.name:<13} {peer.name:<6} {f['req_per_s']:>9,.0f} req/s  p99 {f['p99_ms']:.2f} ms  "
-                    f"errors {f['errors']}  unanswered {f['unanswered']}  (load {f['loadavg_1m']:.2f})")
+                nodes = "".join(f"  node {n['node_id']} {n['requests'] / f['seconds']:,.0f} req/s"
+                                for n in m.by_node or [] if f["seconds"])
+                say(f"  {s.name:<13} {peer.name:<9} {f['req_per_s']:>9,.0f} req/s  p99 {f['p99_ms']:.2f} ms  "
+                    f"errors {f['errors']}  unanswered {f['unanswered']}  (load {f['loadavg_1m']:.2f}){nodes}")
         kcoord = next((p for p in peers if p.name == "kcoord"), None)
         probe_dir = kcoord.data_dir.parent if kcoord and kcoord.data_dir else tmp
         if kcoord or any(s in RESTARTS for s in args.scenarios):
@@ -236,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         failures += [f"restart {rr.records:,}: {p}" for p in rr.problems + [f"wrong offset {w}" for w in rr.wrong]]
     print()
     for name, info in meta.get("servers", {}).items():
-        print(f"{name:<6} {info['version']}: OffsetCommit v{info['offset_commit_version']}, OffsetFetch "
+        print(f"{name:<9} {info['version']}: OffsetCommit v{info['offset_commit_version']}, OffsetFetch "
               f"v{info['offset_fetch_version']}, fetch check {info['fetch_check']}; {info['how']}")
     print()
     report.render(rows, ratio, goals, fsync, restarts, floor, journal=journal)

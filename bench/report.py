@@ -11,6 +11,7 @@ from bench.scenarios import FsyncProbe, Measurement
 
 CLIENT_BOUND = 0.9  # client thread above 90% of a core: the figure says more about the client
 PEERS = ("mock", "tansu", "echo")
+CLUSTER = "kcoord-x2"  # kcoord as a cluster of two processes: its ratios and targets are printed beside kcoord's
 
 
 def percentile(ordered: list[float], q: float) -> float:
@@ -81,6 +82,7 @@ def figures(m: Measurement) -> dict[str, Any]:
         "held": s.held if m.rate_target else None,
         "client": s.client,
         "records_per_fsync": m.records_per_fsync,
+        "by_node": m.by_node,
         "loadavg_1m": m.loadavg[0],
     }
 
@@ -90,7 +92,7 @@ def _num(value: float | None, fmt: str = ",.0f", none: str = "-") -> str:
 
 
 def measurement_table(rows: list[dict[str, Any]]) -> list[str]:
-    cols = [("scenario", 13, "<"), ("server", 6, "<"), ("ver", 5, "<"), ("req/s", 9, ">"), ("offsets/s", 10, ">"),
+    cols = [("scenario", 13, "<"), ("server", 9, "<"), ("ver", 5, "<"), ("req/s", 9, ">"), ("offsets/s", 10, ">"),
             ("p50 ms", 7, ">"), ("p99 ms", 7, ">"), ("p999 ms", 8, ">"), ("srv CPU", 7, ">"), ("us/req", 7, ">"),
             ("client", 7, ">"), ("err", 4, ">"), ("lost", 4, ">"), ("rec/fsync", 9, ">"), ("load", 5, ">")]
     head = " ".join(f"{name:{align}{width}}" for name, width, align in cols)
@@ -109,16 +111,18 @@ def measurement_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """kcoord's req/s over each peer's, per scenario (the same as the partition-offsets/s ratio)."""
+    """kcoord's req/s over each peer's, per scenario (the same as the partition-offsets/s ratio); then
+    the two-process cluster's over each peer's and over kcoord's (what the second process bought)."""
     by = {(r["scenario"], r["server"]): r for r in rows}
     out: dict[str, dict[str, float]] = {}
-    for (scenario, server), r in by.items():
-        if server != "kcoord":
-            continue
-        for peer in PEERS:
-            other = by.get((scenario, peer))
-            if other and other["req_per_s"]:
-                out.setdefault(scenario, {})[f"kcoord/{peer}"] = r["req_per_s"] / other["req_per_s"]
+    for base, others in (("kcoord", PEERS), (CLUSTER, ("kcoord", *PEERS))):
+        for (scenario, server), r in by.items():
+            if server != base:
+                continue
+            for peer in others:
+                other = by.get((scenario, peer))
+                if other and other["req_per_s"]:
+                    out.setdefault(scenario, {})[f"{base}/{peer}"] = r["req_per_s"] / other["req_per_s"]
     return out
 
 
@@ -136,15 +140,20 @@ def targets(rows: list[dict[str, Any]], ratio: dict[str, dict[str, float]], fsyn
             restarts: list[RestartResult], floor: FloorProbe | None = None) -> list[Target]:
     out = []
 
-    def vs(name: str, scenario: str, peer: str, floor: float, unit: str) -> None:
-        got = ratio.get(scenario, {}).get(f"kcoord/{peer}")
+    def vs(name: str, scenario: str, peer: str, floor: float, unit: str, server: str = "kcoord") -> None:
+        got = ratio.get(scenario, {}).get(f"{server}/{peer}")
+        if server != "kcoord":
+            if got is None:
+                return  # the cluster's twins of the targets only where it ran
+            name = f"{name}, {server}"
         out.append(Target(name, f">= {floor:g}x {peer} ({unit})", _num(got, ".3f", "not measured") +
                           ("x" if got is not None else ""), None if got is None else got >= floor))
 
-    vs("durable 1-partition commits", "commit-1", "mock", 0.5, "req/s")
-    vs("durable 1-partition commits", "commit-1", "tansu", 3.0, "req/s")
-    vs("1-partition fetches", "fetch-1", "mock", 0.7, "req/s")
-    vs("100-partition commits", "commit-100", "mock", 0.2, "partition-offsets/s")
+    for server in ("kcoord", CLUSTER):
+        vs("durable 1-partition commits", "commit-1", "mock", 0.5, "req/s", server)
+        vs("durable 1-partition commits", "commit-1", "tansu", 3.0, "req/s", server)
+        vs("1-partition fetches", "fetch-1", "mock", 0.7, "req/s", server)
+        vs("100-partition commits", "commit-100", "mock", 0.2, "partition-offsets/s", server)
     half = next((r for r in rows if r["scenario"] == "commit-1-half" and r["server"] == "kcoord"), None)
     if half and fsync:
         got, bound = half["p99_ms"], 3 * fsync.p99_ms
@@ -191,6 +200,15 @@ def paced_note(r: dict[str, Any]) -> str:
             f"because {r['inflight']} were already outstanding on their connection{_bursts_note(r)}")
 
 
+def cluster_note(r: dict[str, Any]) -> str:
+    """How a cluster row's load was shared: each node's connections and answers."""
+    seconds = r["seconds"] or math.nan
+    nodes = ", ".join(f"node {n['node_id']} {n['requests'] / seconds:,.0f} req/s on {n['connections']} x "
+                      f"{r['inflight']}" for n in r["by_node"])
+    return (f"{r['scenario']} {r['server']}: {nodes} (each group's requests to its coordinator, found by "
+            f"FindCoordinator; the run's connections split over the nodes)")
+
+
 def _bursts_note(r: dict[str, Any]) -> str:
     b = r.get("slow_bursts")
     if not b:
@@ -210,6 +228,8 @@ def render(rows: list[dict[str, Any]], ratio: dict[str, dict[str, float]], goals
         for r in rows:
             if r["rate_target"]:
                 out(paced_note(r))
+            if r.get("by_node"):
+                out(cluster_note(r))
         out("")
     if ratio:
         out("ratios (req/s; the same for partition-offsets/s):")

@@ -12,10 +12,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import cpacer
-from bench.client import Checker, Load, Sample, Slot, measure, prime
+from bench.client import Checker, Load, Route, Sample, Slot, measure, measure_routes, prime
 from bench.kcoord_api import log_totals
 from bench.peers import Peer
-from bench.wire import TOPIC_PARTITIONS, Template, Versions, create_topic
+from bench.wire import (
+    TOPIC_PARTITIONS,
+    Broker,
+    Template,
+    Versions,
+    api_versions,
+    create_topic,
+    find_coordinator_version,
+    find_coordinators,
+)
 
 RING = 4096  # ring positions of the uniform scenarios (correlation ids 0..4095)
 SLICES_PER_GROUP = 16  # 1-partition requests: each group rotates over 16 partitions
@@ -89,33 +98,104 @@ class Measurement:
     sample: Sample
     rate_target: float | None = None  # paced runs: the requests/s asked for
     records_per_fsync: float | None = None  # kcoord commits: records per batch written = commits per fsync
+    # A cluster: per node, its id, the connections it was given and the requests it answered in the window
+    by_node: list[dict[str, int]] | None = None
     loadavg: tuple[float, float, float] = field(default_factory=os.getloadavg)
+
+
+async def coordinators(peer: Peer, groups: list[str]) -> dict[str, Broker]:
+    """Every group's coordinator, asked of every node of a cluster by FindCoordinator (the newest
+    version both speak, v4's batched keys on kcoord), as a client bootstrapped from any node would ask.
+    Fails unless every node gives the same answer and it is the node that owns the group's offsets
+    partition (p % N of the node ids in ascending order, ``Peer.owner``)."""
+    found: dict[str, Broker] | None = None
+    for b in peer.brokers:
+        version = find_coordinator_version(await api_versions(b.host, b.port))
+        answer = await find_coordinators(b.host, b.port, groups, version)
+        if found is not None and answer != found:
+            differ = sorted(g for g in groups if answer[g] != found[g])
+            raise RuntimeError(f"{peer.name}: node {b.node_id} names other coordinators than node "
+                               f"{peer.brokers[0].node_id} for {len(differ)} groups, e.g. {differ[0]!r}: "
+                               f"{answer[differ[0]]} against {found[differ[0]]}")
+        found = answer
+    assert found is not None
+    wrong = [g for g in groups if found[g] != peer.owner(g)]
+    if wrong:
+        raise RuntimeError(f"{peer.name}: FindCoordinator names another coordinator than the owner of the offsets "
+                           f"partition for {len(wrong)} of {len(groups)} groups, e.g. {wrong[0]!r}: "
+                           f"{found[wrong[0]]}, expected {peer.owner(wrong[0])}")
+    return found
+
+
+def split_connections(connections: int, routes: int) -> list[int]:
+    """The run's connections dealt over a cluster's nodes: as even as can be, the first nodes one more
+    where they do not divide. Each keeps the run's in-flight depth, so the cluster as a whole has what a
+    server of one node has (4 x 16 over two nodes: 2 x 16 each)."""
+    if connections < routes:
+        raise ValueError(f"{connections} connections cannot reach {routes} nodes: give --connections {routes} or more")
+    return [connections // routes + (1 if k < connections % routes else 0) for k in range(routes)]
+
+
+async def routes_for(peer: Peer, load: Load, connections: int) -> list[tuple[Broker | None, Route]]:
+    """Where each request of ``load`` goes. A server of one node: all of it to host:port. A cluster:
+    each node gets the ring positions of the groups it coordinates (in the load's order) and its share
+    of the connections; a node that coordinates none of the load's groups gets none."""
+    if not peer.brokers:
+        return [(None, Route(peer.host, peer.port, load, connections))]
+    owner = await coordinators(peer, sorted({t.group for t in load.templates}))
+    orders = {b: tuple(i for i in load.order if owner[load.slots[i].template.group] == b) for b in peer.brokers}
+    used = [b for b in peer.brokers if orders[b]]
+    return [(b, Route(b.host, b.port, Load(load.slots, orders[b]), n))
+            for b, n in zip(used, split_connections(connections, len(used)), strict=True)]
 
 
 async def run_scenario(peer: Peer, versions: Versions, s: Scenario, *, groups: int, connections: int, inflight: int,
                        warmup: float, duration: float, rate: float | None = None) -> Measurement:
-    """Primes (every template committed once, retrying load-in-progress), then measures."""
+    """Primes (every template committed once, retrying load-in-progress), then measures. A cluster is
+    primed and driven node by node: each group's requests go to its coordinator only, so an answer
+    NOT_COORDINATOR during the window is counted as the error it is."""
     load = build_load(s, groups if s.kind != "mixed" else s.groups)
     checker = Checker(load.slots, versions, peer.tolerance)
     if peer.needs_topic:
         await create_topic(peer.host, peer.port)
-    commit_checker = Checker([Slot("commit", t) for t in load.templates], versions, peer.tolerance)
-    await prime(peer.host, peer.port, commit_checker, range(len(load.templates)))
-    logged = log_totals(peer.data_dir) if peer.data_dir else (0, 0)
+    if rate is not None and peer.brokers:
+        raise ValueError(f"{peer.name}: paced runs go to a server of one node")
+    routes = await routes_for(peer, load, connections)
+    templates_ = load.templates
+    commit_checker = Checker([Slot("commit", t) for t in templates_], versions, peer.tolerance)
+    for broker, route in routes:
+        if broker is None:
+            await prime(route.host, route.port, commit_checker, range(len(templates_)))
+        else:  # a node is primed with its own groups only (any other would answer NOT_COORDINATOR)
+            mine = {load.slots[i].template for i in route.load.order}
+            await prime(route.host, route.port, commit_checker, [i for i, t in enumerate(templates_) if t in mine])
+    logged = logs_written(peer)
     program = cpacer.binary() if rate is not None else None
     if program is not None and rate is not None:
         sample = await cpacer.measure(program, peer.host, peer.port, load, checker, connections=connections,
                                       inflight=inflight, warmup=warmup, duration=duration,
                                       server_cpu=peer.cpu_seconds, rate=rate)
-    else:
+    elif routes[0][0] is None:
         sample = await measure(peer.host, peer.port, load, checker, connections=connections, inflight=inflight,
                                warmup=warmup, duration=duration, server_cpu=peer.cpu_seconds, rate=rate)
+    else:
+        sample = await measure_routes([r for _, r in routes], checker, inflight=inflight, warmup=warmup,
+                                      duration=duration, server_cpu=peer.cpu_seconds, rate=rate)
     m = Measurement(s, peer.name, versions, connections, inflight, load.partitions_per_request, sample, rate)
-    if peer.data_dir and s.kind != "fetch":
-        batches, records = log_totals(peer.data_dir)
+    if peer.brokers:
+        m.by_node = [{"node_id": b.node_id, "connections": r.connections, "requests": n}
+                     for (b, r), n in zip(routes, sample.requests_by_route, strict=True) if b is not None]
+    if peer.data_dirs and s.kind != "fetch":
+        batches, records = logs_written(peer)
         if batches > logged[0]:
             m.records_per_fsync = (records - logged[1]) / (batches - logged[0])
     return m
+
+
+def logs_written(peer: Peer) -> tuple[int, int]:
+    """(batches, records) in the server's offsets logs so far, over every node of a cluster."""
+    totals = [log_totals(d) for d in peer.data_dirs]
+    return sum(b for b, _ in totals), sum(r for _, r in totals)
 
 
 @dataclass
