@@ -180,6 +180,9 @@ async def bench(args: argparse.Namespace, tmp: Path, meta: dict[str, Any]) -> tu
                                           "offset_commit_version": chosen[peer.name].commit,
                                           "offset_fetch_version": chosen[peer.name].fetch,
                                           "fetch_check": peer.tolerance.describe()}
+            if peer.brokers:
+                meta["servers"][peer.name]["nodes"] = [{"node_id": b.node_id, "host": b.host, "port": b.port}
+                                                       for b in peer.brokers]
         for s in request_scenarios:
             for peer in peers:
                 if s.paced and peer.name not in PACED_SERVERS:

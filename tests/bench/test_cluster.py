@@ -92,5 +92,6 @@ def test_the_harness_reports_the_cluster_beside_the_mock(tmp_path: Path, capsys:
     assert row["errors"] == 0 and row["unanswered"] == 0 and row["connections"] == 4
     assert [n["connections"] for n in row["by_node"]] == [2, 2] and all(n["requests"] for n in row["by_node"])
     assert "kcoord-x2/mock" in doc["ratios"]["commit-1"]
+    assert [n["node_id"] for n in doc["servers"]["kcoord-x2"]["nodes"]] == [0, 1]
     assert any(t["name"] == "durable 1-partition commits, kcoord-x2" for t in doc["targets"])
     assert "commit-1 kcoord-x2: node 0" in printed
