@@ -227,11 +227,11 @@ class Runtime:
             self.groups.append(groups)
             self._by_partition[p] = shard
             self._groups_by_partition[p] = groups
+            self.compactors.append(Compactor(shard, self._cleaner_thread, self.metrics))
         self._routes = (self._by_partition, self._groups_by_partition)
         if cfg.cluster:  # no group is coordinated until the peers are known to agree (coordinator.peercheck)
             self.peer_check = PeerCheck(cfg, self._route)
             self._route(False)
-            self.compactors.append(Compactor(shard, self._cleaner_thread, self.metrics))
 
     def _route(self, agreed: bool) -> None:
         """Cluster mode: routes requests to this node's shards while its peers agree with its view of the

@@ -25,3 +25,22 @@ def test_a_groups_partition_is_kafkas_and_the_cache_stays_bounded(tmp_path: Path
         assert runtime.partition_of(group) == partition_for(group, 50)  # from the cache
         assert len(runtime._partitions) <= 100
     assert len(hashed) == 1000  # each hashed once
+
+
+def test_every_partition_this_node_owns_gets_a_compactor(tmp_path: Path) -> None:
+    """Compaction (and with it retention's tombstones, a full disk's recovery) runs per partition: every
+    shard needs its compactor, standalone as in cluster mode."""
+    from coordinator.cluster import Node
+
+    standalone = Runtime(config(tmp_path / "alone", partitions=3))
+    standalone.open()
+    assert [c.shard for c in standalone.compactors] == standalone.shards and len(standalone.shards) == 3
+    nodes = (Node(0, "127.0.0.1", 29301), Node(1, "127.0.0.1", 29302))
+    node0 = Runtime(config(tmp_path / "node0", partitions=4, cluster=nodes, node_id=0, port=29301,
+                           advertised_host="127.0.0.1", advertised_port=29301))
+    node0.open()
+    assert [c.shard for c in node0.compactors] == node0.shards and len(node0.shards) == 2
+    for runtime in (standalone, node0):
+        if runtime._lock is not None:
+            import os
+            os.close(runtime._lock)
