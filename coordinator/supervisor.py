@@ -55,10 +55,18 @@ def _die_with_parent() -> None:
         pass
 
 
-def _node_main(run: Callable[[Config], int], config: Config) -> None:
+STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _node_main(run: Callable[[Config], int], config: Config, supervisor: int) -> None:
+    """Forked with the stop signals blocked (Supervisor._start): none may run the supervisor's inherited
+    handler here. Reset to the defaults, then unblocked: one already sent stops the node before it starts."""
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    if os.getppid() != supervisor or signal.sigpending() & set(STOP_SIGNALS):
+        os._exit(0)  # the supervisor died before PR_SET_PDEATHSIG was set, or stops every node: nothing began
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     os._exit(run(config))  # as the single process's exit status; no interpreter teardown of the fork
 
 
@@ -76,9 +84,16 @@ class Supervisor:
         self._stopping = False
 
     def _start(self, i: int) -> None:
-        proc = self._context.Process(target=_node_main, args=(self._run, self.configs[i]), name=f"kcoord-node-{i}")
-        proc.start()
-        self._procs[i], self._started[i] = proc, time.monotonic()
+        proc = self._context.Process(target=_node_main, args=(self._run, self.configs[i], os.getpid()),
+                                     name=f"kcoord-node-{i}")
+        # Blocked from before the fork until the node is known to _stop_all: a stop arriving meanwhile
+        # neither misses the new node here nor runs this process's handler in it (_node_main).
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            proc.start()
+            self._procs[i], self._started[i] = proc, time.monotonic()
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     def _stop_all(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:
         if not self._stopping:
@@ -89,7 +104,7 @@ class Supervisor:
                 os.kill(proc.pid, signal.SIGTERM)
 
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._stop_all)
         log.info("cluster of %d nodes on one host: %s", len(self.configs), ", ".join(
             f"node {c.node_id} at {c.host}:{c.port} (data in {c.data_dir})" for c in self.configs))

@@ -1,6 +1,9 @@
 """The nodes ``--processes`` makes of one setting (coordinator.supervisor.node_configs)."""
 
+import os
 from pathlib import Path
+
+import pytest
 
 from coordinator.cluster import Node
 from coordinator.supervisor import node_configs
@@ -23,3 +26,65 @@ def test_metrics_on_any_free_port_stay_so_for_every_node() -> None:
     assert [c.metrics_listen for c in node_configs(config)] == [("127.0.0.1", 0), ("127.0.0.1", 0)]
     assert [c.metrics_listen for c in node_configs(parse(["--processes", "2", "--metrics-listen", "off"]))] == [
         None, None]
+
+
+def _supervised_slow_start(tmp_path: Path, slow_nodes: str = "0,1") -> "subprocess.Popen[bytes]":
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]), SLOW_NODES=slow_nodes)
+    return subprocess.Popen([sys.executable, str(Path(__file__).parent / "supervised_slow_start.py"), str(tmp_path)],
+                            env=env, stderr=subprocess.PIPE)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_a_stop_during_a_nodes_start_stops_it(tmp_path: Path) -> None:
+    """SIGTERM to the supervisor while a node is between its fork and its own signal handling: the node
+    ran the supervisor's inherited handler instead (swallowing the SIGTERM, signalling its siblings), then
+    served on, and the supervisor waited for it forever."""
+    import signal
+    import subprocess
+    import time
+
+    proc = _supervised_slow_start(tmp_path)
+    try:
+        time.sleep(0.7)  # both nodes forked, neither past the slowed start
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the supervisor still waits 10 s after SIGTERM; nodes ran: "
+                        f"{sorted(p.name for p in tmp_path.glob('*.ran'))}")
+    finally:
+        for child in _children(proc.pid) if proc.poll() is None else []:
+            os.kill(child, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+
+
+def test_a_sighup_to_a_starting_node_does_not_stop_its_siblings(tmp_path: Path) -> None:
+    """A node keeps the supervisor's SIGHUP handler (only SIGINT and SIGTERM are reset): a SIGHUP to it
+    before its server installs its own handlers makes it SIGTERM its elder siblings."""
+    import signal
+    import time
+
+    proc = _supervised_slow_start(tmp_path, slow_nodes="1")  # node 0 runs at once
+    try:
+        time.sleep(0.7)
+        node0, node1 = _children(proc.pid)
+        os.kill(node1, signal.SIGHUP)
+        time.sleep(2.5)
+        assert (tmp_path / "node-0.ran").exists()
+        assert os.path.exists(f"/proc/{node0}"), "node 0 was stopped by node 1's SIGHUP"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except Exception:
+            for child in _children(proc.pid):
+                os.kill(child, signal.SIGKILL)
+            proc.kill()
+            proc.wait()
