@@ -105,6 +105,10 @@ class PeerCheck:
                 if isinstance(answer, asyncio.CancelledError):
                     raise answer
                 log.debug("cluster: node %d at %s:%d did not answer (%r)", peer.node_id, peer.host, peer.port, answer)
+                if isinstance(answer, ConnectionRefusedError) and self.disputes.pop(peer.node_id, None) is not None:
+                    # Nothing listens there any more (a timeout may be a busy peer still serving: kept).
+                    log.info("cluster: node %d at %s:%d, which disagreed, is stopped", peer.node_id, peer.host,
+                             peer.port)
                 continue  # stopped or starting: not a disagreement
             differs = difference(self.mine, answer)
             if differs is None:
