@@ -110,7 +110,12 @@ class PeerCheck:
                     log.info("cluster: node %d at %s:%d, which disagreed, is stopped", peer.node_id, peer.host,
                              peer.port)
                 continue  # stopped or starting: not a disagreement
-            differs = difference(self.mine, answer)
+            try:
+                differs = difference(self.mine, answer)
+            except Exception as exc:  # an answer that decoded into nonsense (null hosts, say): none
+                log.debug("cluster: node %d at %s:%d answered what cannot be compared (%r)", peer.node_id, peer.host,
+                          peer.port, exc)
+                continue
             if differs is None:
                 if self.disputes.pop(peer.node_id, None) is not None:
                     log.info("cluster: node %d at %s:%d agrees with this node's --cluster now", peer.node_id,

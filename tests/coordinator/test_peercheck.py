@@ -42,3 +42,21 @@ async def test_a_disagreeing_peer_that_stops_answering_no_longer_holds_the_node_
     await check.check()
     assert check.agreed, f"still withheld over a peer that no longer answers: {check.disputes}"
 
+
+async def test_an_answer_the_comparison_cannot_handle_does_not_end_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An answer that decodes but breaks ``difference`` (a broker named twice, once with a null host, as a
+    garbage-speaking peer may send) raised out of ``check`` and ended ``run`` for good: the node stayed
+    withheld (its first round never ended) with no line saying why."""
+    monkeypatch.setattr(peercheck, "CHECK_INTERVAL_S", 0.01)
+    routed: list[bool] = []
+    peer = Peer(PeerView({Node(0, None, 29331), Node(0, "127.0.0.1", 29331)}, {}))  # type: ignore[arg-type]
+    check = PeerCheck(node0(), routed.append, peer)
+    task = asyncio.ensure_future(check.run())
+    await asyncio.sleep(0.1)
+    peer.answer = expected_view(node0())  # the peer answers properly now
+    await asyncio.sleep(0.1)
+    try:
+        assert not task.done(), f"the check ended: {task.exception()!r}"
+        assert check.agreed and routed[-1:] == [True]
+    finally:
+        task.cancel()
