@@ -121,8 +121,8 @@ class Supervisor:
                     continue
                 self._procs[i] = None
                 code = proc.exitcode
-                worst = max(worst, 1 if code < 0 else code)
-                if self._stopping:
+                if self._stopping:  # how the stop went; an end the node was restarted from is not one
+                    worst = max(worst, 1 if code < 0 else code)
                     continue
                 if code == REFUSED:
                     log.error("node %d was refused at its start (exit status 2): stopping every node", i)

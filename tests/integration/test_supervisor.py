@@ -135,6 +135,17 @@ def test_a_stop_stops_every_node_cleanly(supervised: Supervised) -> None:
     assert not any(Path(f"/proc/{p}").exists() for p in pids)
 
 
+def test_a_stop_after_a_node_was_restarted_is_clean(supervised: Supervised) -> None:
+    """A node killed and started again (long before the stop) is not a failed stop: every node then stops
+    cleanly, and the status says so (1 would mark a systemd unit or a container failed after a stop)."""
+    assert supervised.proc is not None
+    os.kill(supervised.node_pids()[1], signal.SIGKILL)
+    supervised.wait_for("node-1 coordinator.runtime: all 25 partitions loaded", count=2)
+    supervised.proc.send_signal(signal.SIGTERM)
+    assert supervised.proc.wait(TIMEOUT) == 0
+    assert supervised.log().count("coordinator.server: kcoord stopped") == 2
+
+
 def test_no_node_outlives_a_killed_supervisor(supervised: Supervised) -> None:
     assert supervised.proc is not None
     pids = supervised.node_pids()
