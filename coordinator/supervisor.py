@@ -104,6 +104,14 @@ class Supervisor:
                 os.kill(proc.pid, signal.SIGTERM)
 
     def run(self) -> int:
+        root = self.configs[0].data_dir.parent
+        held = [p.name for p in (root / "kcoord.meta.json", *root.glob("__consumer_offsets-*")) if p.exists()]
+        if held:
+            # A standalone kcoord's directory: the nodes would start empty beside it, serving no offset.
+            log.error("%s holds a standalone kcoord's offsets (%s): the nodes of --processes keep theirs in %s/node-i "
+                      "and would serve none of them; give another --data-dir (the offsets stay with a single "
+                      "process: kcoord does not move partitions between nodes)", root, held[0], root)
+            return REFUSED
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._stop_all)
         log.info("cluster of %d nodes on one host: %s", len(self.configs), ", ".join(

@@ -146,6 +146,31 @@ def test_a_stop_after_a_node_was_restarted_is_clean(supervised: Supervised) -> N
     assert supervised.log().count("coordinator.server: kcoord stopped") == 2
 
 
+def test_processes_on_a_standalone_data_dir_do_not_start_without_its_offsets(tmp_path: Path) -> None:
+    """A standalone kcoord's --data-dir given to --processes 2 (KCOORD_PROCESSES=2 set on a running
+    deployment): the nodes took DATA_DIR/node-i, empty, and served every group with no committed offset
+    while the offsets sat unread in DATA_DIR. As --cluster on a standalone directory: refused (status 2),
+    or the offsets served."""
+    standalone = KcoordProcess(tmp_path / "data").start()
+    group = groups_of(1, 1, "moved")[0]
+    try:
+        assert commit(standalone.port, group, 7) == 0
+    finally:
+        assert standalone.stop() == 0
+    supervised = Supervised(tmp_path)
+    try:
+        supervised.start()
+        assert raw_offset(supervised.nodes[1], group, "t", 0) == (0, 7), "the standalone's offsets are not served"
+    except (AssertionError, RuntimeError):  # RuntimeError: Supervised.start's "exited with 2 before listening"
+        assert supervised.proc is not None
+        if supervised.proc.wait(TIMEOUT) != 2:
+            raise
+    finally:
+        if supervised.proc is not None and supervised.proc.poll() is None:
+            supervised.proc.send_signal(signal.SIGTERM)
+            supervised.proc.wait(TIMEOUT)
+
+
 def test_no_node_outlives_a_killed_supervisor(supervised: Supervised) -> None:
     assert supervised.proc is not None
     pids = supervised.node_pids()
