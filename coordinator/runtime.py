@@ -120,6 +120,10 @@ def _check_contents(data_dir: Path, partitions: int, cluster: dict[str, object] 
         if refusal is not None:
             raise ConfigMismatch(f"{data_dir} {refusal}")
         return
+    nodes = sorted(p.parent.name for p in data_dir.glob(f"node-*/{META_FILE}"))
+    if nodes:  # kcoord serve --processes N kept its nodes' offsets there: a start here would serve none
+        raise ConfigMismatch(f"{data_dir} is the data directory of kcoord serve --processes (its nodes' offsets are "
+                             f"in {', '.join(nodes)}): start it with --processes again, or give another --data-dir")
     # Only ``__consumer_offsets-N``: a Kafka directory copied in may carry ``-N.<id>-delete`` ones too.
     existing = [int(n) for p in data_dir.glob(f"{OFFSETS_TOPIC}-*")
                 if p.is_dir() and (n := p.name.rsplit("-", 1)[1]).isdigit()]

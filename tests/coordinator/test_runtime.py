@@ -44,3 +44,23 @@ def test_every_partition_this_node_owns_gets_a_compactor(tmp_path: Path) -> None
         if runtime._lock is not None:
             import os
             os.close(runtime._lock)
+
+
+def test_a_standalone_start_on_a_processes_data_dir_is_refused(tmp_path: Path) -> None:
+    """Back from --processes 2 to one process with the same --data-dir: the offsets are in DATA_DIR/node-i;
+    a standalone start there served every group without them. Refused, as cluster mode and back is."""
+    import os
+
+    from coordinator.cluster import Node
+    from coordinator.runtime import ConfigMismatch
+
+    nodes = (Node(0, "127.0.0.1", 29301), Node(1, "127.0.0.1", 29302))
+    for i in (0, 1):
+        node = Runtime(config(tmp_path / "data" / f"node-{i}", partitions=4, cluster=nodes, node_id=i,
+                              port=29301 + i, advertised_host="127.0.0.1", advertised_port=29301 + i))
+        node.open()
+        if node._lock is not None:
+            os.close(node._lock)
+    standalone = Runtime(config(tmp_path / "data", partitions=4))
+    with pytest.raises(ConfigMismatch):
+        standalone.open()
