@@ -6,8 +6,9 @@ lines carry ``node-i``.
 
 A node that dies (kill -9, the OOM killer) is started again after a backoff (1 s, doubling to 30 s while
 it keeps dying within a minute); its groups get errors clients retry meanwhile, the other nodes serve on.
-A node refused at its start (exit status 2: a setting or its data directory) stops them all with 2, as
-a single process would. SIGTERM, SIGINT or SIGHUP stop every node (each finishes its pending writes
+A node refused at its first start (exit status 2: a setting or its data directory) stops them all with 2,
+as a single process would; one refused when started again (its port taken meanwhile) is tried again, with
+the backoff, while the others serve on. SIGTERM, SIGINT or SIGHUP stop every node (each finishes its pending writes
 within --shutdown-timeout-ms) and the exit status is the worst of theirs. A node whose supervisor dies
 gets SIGTERM from the kernel (PR_SET_PDEATHSIG), so no node outlives it unwatched.
 """
@@ -79,6 +80,7 @@ class Supervisor:
         self._context: Any = multiprocessing.get_context("fork")  # no thread runs yet: forking is safe
         self._procs: list[Any] = [None] * len(self.configs)
         self._started = [0.0] * len(self.configs)
+        self._restarts = [0] * len(self.configs)  # starts after the first: a refusal then stops no other node
         self._backoff = [RESTART_BACKOFF_S] * len(self.configs)
         self._due: dict[int, float] = {}  # node -> when it starts again
         self._stopping = False
@@ -132,7 +134,7 @@ class Supervisor:
                 if self._stopping:  # how the stop went; an end the node was restarted from is not one
                     worst = max(worst, 1 if code < 0 else code)
                     continue
-                if code == REFUSED:
+                if code == REFUSED and not self._restarts[i]:  # a setting or a directory: wrong for every node
                     log.error("node %d was refused at its start (exit status 2): stopping every node", i)
                     self._stop_all()
                     worst = REFUSED
@@ -144,6 +146,7 @@ class Supervisor:
                     self._due.clear()
                 elif now >= due:
                     del self._due[i]
+                    self._restarts[i] += 1
                     self._start(i)
 
     def _schedule_restart(self, i: int, code: int) -> None:

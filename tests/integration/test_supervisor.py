@@ -171,6 +171,25 @@ def test_processes_on_a_standalone_data_dir_do_not_start_without_its_offsets(tmp
             supervised.proc.wait(TIMEOUT)
 
 
+def test_a_restart_refused_for_a_while_does_not_stop_the_healthy_nodes(supervised: Supervised) -> None:
+    """A node that dies is started again; if that start is refused (its port taken meanwhile, say), the
+    other nodes, which were serving, are not stopped: the node is tried again, with the backoff."""
+    assert supervised.proc is not None
+    os.kill(supervised.node_pids()[1], signal.SIGKILL)
+    supervised.wait_for("ERROR kcoord: node 1 ended (signal 9)")
+    squatter = socket.socket()
+    try:
+        squatter.bind(("127.0.0.1", supervised.port + 1))
+        squatter.listen()
+        supervised.wait_for("node-1 kcoord: cannot start")
+        time.sleep(1)
+        assert supervised.proc.poll() is None, f"the supervisor ended ({supervised.proc.returncode}):\n{supervised.log()}"
+        assert commit(supervised.nodes[0].port, groups_of(0, 1, "healthy")[0], 3) == 0
+    finally:
+        squatter.close()
+    supervised.wait_for("node-1 coordinator.runtime: all 25 partitions loaded", count=2)
+
+
 def test_no_node_outlives_a_killed_supervisor(supervised: Supervised) -> None:
     assert supervised.proc is not None
     pids = supervised.node_pids()
