@@ -1,7 +1,6 @@
 """coordinator.peercheck against fake peers: what each answer (or none) does to the node's routing."""
 
 import asyncio
-from typing import Any
 
 import pytest
 
@@ -21,7 +20,7 @@ def node0() -> Config:
 class Peer:
     """Node 1 as node 0 asks it: ``answer`` is returned (a view) or raised (an exception)."""
 
-    def __init__(self, answer: Any) -> None:
+    def __init__(self, answer: PeerView | BaseException) -> None:
         self.answer = answer
 
     async def __call__(self, node: Node) -> PeerView:

@@ -1,6 +1,8 @@
 """The nodes ``--processes`` makes of one setting (coordinator.supervisor.node_configs)."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,9 +31,6 @@ def test_metrics_on_any_free_port_stay_so_for_every_node() -> None:
 
 
 def _supervised_slow_start(tmp_path: Path, slow_nodes: str = "0,1") -> "subprocess.Popen[bytes]":
-    import subprocess
-    import sys
-
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]), SLOW_NODES=slow_nodes)
     return subprocess.Popen([sys.executable, str(Path(__file__).parent / "supervised_slow_start.py"), str(tmp_path)],
                             env=env, stderr=subprocess.PIPE)

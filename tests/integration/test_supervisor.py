@@ -183,7 +183,8 @@ def test_a_restart_refused_for_a_while_does_not_stop_the_healthy_nodes(supervise
         squatter.listen()
         supervised.wait_for("node-1 kcoord: cannot start")
         time.sleep(1)
-        assert supervised.proc.poll() is None, f"the supervisor ended ({supervised.proc.returncode}):\n{supervised.log()}"
+        ended = supervised.proc.poll()
+        assert ended is None, f"the supervisor ended ({ended}):\n{supervised.log()}"
         assert commit(supervised.nodes[0].port, groups_of(0, 1, "healthy")[0], 3) == 0
     finally:
         squatter.close()
