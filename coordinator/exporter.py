@@ -344,7 +344,8 @@ class Health:
         if no_upstream:
             body["upstream"] = "no broker has answered yet"
         if check is not None and withheld:
-            body["cluster"] = {str(n): d for n, d in check.disputes.items()} or "peers not checked yet"
+            # a copy first: the event loop changes it while this (metrics) thread reads (a review's find)
+            body["cluster"] = {str(n): d for n, d in dict(check.disputes).items()} or "peers not checked yet"
         body.update({s: ps for s, ps in sorted(by_state.items()) if s != ShardState.ACTIVE.value})
         return ok, body
 

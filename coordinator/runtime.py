@@ -246,6 +246,11 @@ class Runtime:
             self._by_partition = [None] * len(self._routes[0])
             self._groups_by_partition = [None] * len(self._routes[1])
 
+    @property
+    def coordinated(self) -> list[Shard]:
+        """The shards whose groups this node coordinates now: none while cluster mode withholds them."""
+        return self.shards if self._by_partition is self._routes[0] else []
+
     def _open_log(self, directory: Path, segment_bytes: int) -> PartitionLog:
         """The log factory's log, writing to the journal too when there is one."""
         plog = self._log_factory(directory, segment_bytes)

@@ -37,7 +37,7 @@ def list_all_groups(runtime: Runtime, req: Request, body: Any) -> Any:
     listed = runtime.lists_groups
     if listed is not None and not listed(getattr(req.sink, "node", None)):
         return response  # gateway mode: an upstream broker's listener; the groups' coordinator is another node
-    for shard in runtime.shards:
+    for shard in runtime.coordinated:  # cluster mode: none while withheld, as a broker leading nothing
         try:
             found = shard.read(req, fail, list_groups, wanted)
         except ShardUnavailable as exc:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition as AioTP
 from kafka import KafkaConsumer, TopicPartition
+from kafka.protocol.admin.groups import ListGroupsRequest
 from kafka.protocol.consumer.group import JoinGroupRequest, OffsetFetchRequest
 from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
 from kafka.structs import OffsetAndMetadata
@@ -310,3 +312,27 @@ def test_a_node_given_another_cluster_list_than_its_peers_does_not_coordinate_th
     finally:
         if node2.proc is not None and node2.proc.poll() is None:
             node2.kill()
+
+
+def test_a_running_node_whose_restarted_peer_disagrees_withholds_its_groups_and_lists_none(cluster: Cluster) -> None:
+    """Node 1 restarted with a list that gives node 0 another address (same ids, so node 1's directory
+    still fits): node 0 finds the difference at its next check and coordinates nothing, ListGroups
+    included (a broker that leads nothing lists nothing); its groups' offsets stay on disk."""
+    node0, node1 = cluster.nodes
+    group = groups_of(0, 1, "w")[0]
+    assert commit(node0.port, group, 5) == 0
+    node1.stop()
+    node1.extra[node1.extra.index("--cluster") + 1] = f"0@127.0.0.1:{free_port()},1@127.0.0.1:{node1.port}"
+    node1.start()
+    deadline = time.monotonic() + 20
+    while "does not share this node's view" not in node0.log_since_start():
+        assert time.monotonic() < deadline, node0.log_since_start()
+        time.sleep(0.1)
+    with RawClient(node0.port) as client:
+        assert client.call(ListGroupsRequest(states_filter=[], types_filter=[]), 5).groups == []
+    assert raw_offset(node0, group, "t", 0)[0] == NOT_COORDINATOR
+
+
+def commit(port: int, group: str, offset: int) -> int:
+    with RawClient(port) as client:
+        return int(client.call(commit_request(group, {("t", 0): offset}), 8).topics[0].partitions[0].error_code)

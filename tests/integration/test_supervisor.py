@@ -16,9 +16,8 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from tests.integration.test_cluster import groups_of, raw_offset
+from tests.integration.test_cluster import commit, groups_of, raw_offset
 from tests.kcoord_process import REPO, KcoordProcess, free_port, wait_port
-from tests.rawclient import RawClient, commit_request
 
 TIMEOUT = 30.0
 
@@ -89,11 +88,6 @@ def supervised(tmp_path: Path) -> Iterator[Supervised]:
     if s.proc is not None and s.proc.poll() is None:
         s.proc.kill()
         s.proc.wait(TIMEOUT)
-
-
-def commit(port: int, group: str, offset: int) -> int:
-    with RawClient(port) as client:
-        return int(client.call(commit_request(group, {("t", 0): offset}), 8).topics[0].partitions[0].error_code)
 
 
 def test_the_nodes_form_a_cluster_that_stock_clients_use(supervised: Supervised) -> None:
