@@ -12,7 +12,9 @@ records the node and the ids it was written for (coordinator.runtime), because a
 move partitions to nodes whose directories do not hold their offsets.
 """
 
-from typing import NamedTuple
+from typing import Final, NamedTuple
+
+OFFSETS_TOPIC: Final = "__consumer_offsets"  # the topic whose partitions the nodes share
 
 
 class Node(NamedTuple):

@@ -99,6 +99,10 @@ class Config:
         nodes = self.nodes
         return nodes[owner_index(partition, len(nodes))]
 
+    def leaders(self) -> list[int]:
+        """Each offsets partition's leader, as Metadata tells it: the node coordinating its groups."""
+        return [self.owner(p).node_id for p in range(self.offsets_partitions)]
+
     def owns(self, partition: int) -> bool:
         return not self.cluster or self.owner(partition).node_id == self.node_id
 

@@ -19,14 +19,13 @@ import struct
 from collections.abc import Callable
 from typing import Any, Final
 
-from coordinator.cluster import Node
+from coordinator.cluster import OFFSETS_TOPIC, Node
 from coordinator.config import Config
 
 log = logging.getLogger(__name__)
 
 CHECK_INTERVAL_S: Final = 5.0
 PEER_TIMEOUT_S: Final = 2.0
-OFFSETS_TOPIC: Final = "__consumer_offsets"
 METADATA_VERSION: Final = 1  # brokers and partition leaders; every Kafka-compatible broker speaks it
 MAX_ANSWER_BYTES: Final = 16 << 20
 
@@ -39,8 +38,8 @@ class PeerView:
 
 
 def expected_view(config: Config) -> PeerView:
-    return PeerView(set(config.cluster),
-                    {p: config.owner(p).node_id for p in range(config.offsets_partitions)})
+    """What this node's own Metadata answers (coordinator.apis.k03_metadata), so what agreeing peers answer."""
+    return PeerView(set(config.cluster), dict(enumerate(config.leaders())))
 
 
 def difference(mine: PeerView, theirs: PeerView) -> str | None:
@@ -90,12 +89,10 @@ class PeerCheck:
         self.agreed = False
         self._on_change = on_change
         self._ask = asker
-        self.first_round = asyncio.Event()
 
     async def run(self) -> None:
         while True:
             await self.check()
-            self.first_round.set()
             await asyncio.sleep(CHECK_INTERVAL_S)
 
     async def check(self) -> None:
@@ -119,7 +116,7 @@ class PeerCheck:
             if differs is None:
                 if self.disputes.pop(peer.node_id, None) is not None:
                     log.info("cluster: node %d at %s:%d agrees with this node's --cluster now", peer.node_id,
-                                peer.host, peer.port)
+                             peer.host, peer.port)
             elif self.disputes.get(peer.node_id) != differs:
                 self.disputes[peer.node_id] = differs
                 log.error("cluster: node %d at %s:%d does not share this node's view of the cluster (%s): this node "

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Final
 
 from coordinator.checkpointer import Checkpointer
+from coordinator.cluster import OFFSETS_TOPIC as OFFSETS_TOPIC  # re-exported: the modules above read it here
 from coordinator.cluster import layout, layout_refusal, unrecorded_refusal
 from coordinator.compaction import Compactor
 from coordinator.config import Config
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 
 LogFactory = Callable[[Path, int], PartitionLog]  # tests pass one that injects faults
 JournalFactory = Callable[[Path], Journal]  # likewise
-OFFSETS_TOPIC: Final = "__consumer_offsets"
 META_FILE: Final = "kcoord.meta.json"
 LOADER_THREADS: Final = 2
 

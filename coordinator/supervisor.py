@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from coordinator.cluster import Node
 from coordinator.config import Config
+from coordinator.runtime import META_FILE, OFFSETS_TOPIC
 
 log = logging.getLogger("kcoord")
 
@@ -107,7 +108,7 @@ class Supervisor:
 
     def run(self) -> int:
         root = self.configs[0].data_dir.parent
-        held = [p.name for p in (root / "kcoord.meta.json", *root.glob("__consumer_offsets-*")) if p.exists()]
+        held = [p.name for p in (root / META_FILE, *root.glob(f"{OFFSETS_TOPIC}-*")) if p.exists()]
         if held:
             # A standalone kcoord's directory: the nodes would start empty beside it, serving no offset.
             log.error("%s holds a standalone kcoord's offsets (%s): the nodes of --processes keep theirs in %s/node-i "

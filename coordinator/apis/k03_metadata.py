@@ -39,12 +39,10 @@ Partition = Topic.MetadataResponsePartition
 
 def _offsets_topic(runtime: Runtime) -> Any:
     """Each partition led by the node coordinating its groups (this one, but in cluster mode)."""
-    config = runtime.config
-    leaders = [config.owner(p).node_id for p in range(config.offsets_partitions)]
     partitions = [
         Partition(error_code=0, partition_index=p, leader_id=node, leader_epoch=0,
                   replica_nodes=[node], isr_nodes=[node], offline_replicas=[])
-        for p, node in enumerate(leaders)
+        for p, node in enumerate(runtime.config.leaders())
     ]
     return Topic(error_code=0, name=OFFSETS_TOPIC, topic_id=OFFSETS_TOPIC_ID, is_internal=True,
                  partitions=partitions)
