@@ -18,10 +18,11 @@ import struct
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
-from bench.client import Checker, Load, Run, Sample
+from bench.client import Checker, Load, Route, Run, Sample
 
 SOURCE = Path(__file__).with_name("pacer.c")
 NAME = "C pacer (bench/pacer.c)"
@@ -64,6 +65,49 @@ async def measure(program: Path, host: str, port: int, load: Load, checker: Chec
                   inflight: int, warmup: float, duration: float, server_cpu: Callable[[], float | None],
                   rate: float) -> Sample:
     """One paced run by the C program; the same Sample the asyncio generator fills."""
+    return await _measure(program, host, port, load, checker, connections=connections, inflight=inflight,
+                          warmup=warmup, duration=duration, server_cpu=server_cpu, rate=rate)
+
+
+async def measure_routes(program: Path, routes: Sequence[Route], checker: Checker, *, inflight: int,
+                         warmup: float, duration: float, server_cpu: Callable[[], float | None],
+                         rate: float) -> Sample:
+    """A paced run over a cluster: one C program per node, started together, each sending its node's
+    groups (``Route.load``) on its own connections at its share of ``rate`` (the share of the load's
+    requests it has), so the cluster as a whole is paced at ``rate`` as a server of one node is. One
+    Sample: the latencies of every node, their counts summed (``requests_by_route`` keeps each node's),
+    the server's CPU from the first window's start to the last one's end."""
+    total = sum(len(r.load.order) for r in routes)
+    marks: list[float | None] = []
+
+    def mark() -> float | None:
+        marks.append(server_cpu())
+        return None
+
+    samples = await asyncio.gather(*(
+        _measure(program, r.host, r.port, r.load, checker, connections=r.connections, inflight=inflight,
+                 warmup=warmup, duration=duration, server_cpu=mark, rate=rate * len(r.load.order) / total)
+        for r in routes))
+    merged = Sample(client=NAME, late_after_s=LATE_AFTER_S)
+    for one in samples:
+        merged.latencies.extend(one.latencies)
+        merged.requests += one.requests
+        merged.responses += one.responses
+        merged.unanswered += one.unanswered
+        merged.late += one.late
+        merged.held += one.held
+        merged.client_cpu_s += one.client_cpu_s
+        merged.errors.update(one.errors)
+        merged.requests_by_route.append(one.requests)
+    merged.seconds = sum(one.seconds for one in samples) / len(samples)
+    if len(marks) == 2 * len(routes) and None not in marks:  # each window's start and end, in time order
+        merged.server_cpu_s = cast(float, marks[-1]) - cast(float, marks[0])
+    return merged
+
+
+async def _measure(program: Path, host: str, port: int, load: Load, checker: Checker, *, connections: int,
+                   inflight: int, warmup: float, duration: float, server_cpu: Callable[[], float | None],
+                   rate: float) -> Sample:
     sample = Sample(client=NAME, late_after_s=LATE_AFTER_S)
     run = Run(load, checker, inflight, sample)
     with tempfile.TemporaryDirectory(prefix="kcoord-pacer-") as tmp:

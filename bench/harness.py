@@ -4,9 +4,9 @@ Python echo ceiling, in one run.
 Times a wake-up between two processes on one CPU and across CPUs (bench/wakeup.py: on this VM it
 moves with the boot and moves kcoord's ratios), starts every server, runs the same request scenarios
 against each (OffsetCommit and OffsetFetch of 1 and 100 partitions, a mixed 80/20 load over 10,000
-groups), then kcoord and the mock at half kcoord's peak commit rate (the mock's latency there is the
-load generator's floor), an fsync probe on kcoord's disk, the floor of a serial group commit there at
-that rate (bench/commit_floor.py) and restarts of a 1M-record (and with --with-10m a 10M-record)
+groups), then kcoord, its cluster of two and the mock at half kcoord's peak commit rate (the mock's
+latency there is the load generator's floor), an fsync probe on kcoord's disk, the floor of a serial
+group commit there at that rate (bench/commit_floor.py) and restarts of a 1M-record (and with --with-10m a 10M-record)
 partition. Reports req/s, partition-offsets/s, p50/p99/p999 latency, server CPU per request, client
 CPU, ratios and the issue's targets as tables and, with --json, as a JSON document. Every response is
 checked; any error, lost answer or wrong offset makes the exit status 1.
@@ -28,7 +28,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import report
+from bench import cpacer, report
 from bench.commit_floor import FloorProbe, group_commit_floor
 from bench.peers import (
     AttachedKcoord,
@@ -50,9 +50,10 @@ from bench.wire import Versions, api_versions, pick_versions
 SERVERS = ("kcoord", "kcoord-x2", "mock", "tansu", "echo")
 CLUSTER_NODES = {"kcoord-x2": 2}  # kcoord as a cluster of that many processes, each its groups' coordinator
 RESTARTS = {"restart-1m": 1_000_000, "restart-10m": 10_000_000}
-# The paced scenario runs against kcoord and, at the same rate, the mock: an in-memory C server's latency
-# there is what the load generator and the shared cores add to any server's.
-PACED_SERVERS = ("kcoord", "mock")
+# The paced scenario runs against kcoord and, at the same rate, its cluster of two (one C pacer per node)
+# and the mock: an in-memory C server's latency there is what the load generator and the shared cores add
+# to any server's.
+PACED_SERVERS = ("kcoord", "kcoord-x2", "mock")
 DEFAULT_SCENARIOS = ("commit-1", "commit-100", "fetch-1", "fetch-100", "mixed", "commit-1-half", "restart-1m")
 QUICK_RESTART_RECORDS = 100_000
 
@@ -194,6 +195,10 @@ async def bench(args: argparse.Namespace, tmp: Path, meta: dict[str, Any]) -> tu
                     rate = args.half_rate or (peak.sample.requests / peak.sample.seconds / 2 if peak else None)
                     if not rate:
                         failures.append(f"{s.name}: no rate (run commit-1 in the same run, or give --half-rate)")
+                        continue
+                    if peer.brokers and cpacer.binary() is None:
+                        say(f"  {s.name:<13} {peer.name:<9} not run: a cluster is paced by bench/pacer.c only, and "
+                            "no C compiler built it")
                         continue
                 m = await run_scenario(peer, chosen[peer.name], s, groups=args.groups, connections=args.connections,
                                        inflight=args.inflight, warmup=args.warmup, duration=args.duration, rate=rate)

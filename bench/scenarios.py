@@ -158,8 +158,9 @@ async def run_scenario(peer: Peer, versions: Versions, s: Scenario, *, groups: i
     checker = Checker(load.slots, versions, peer.tolerance)
     if peer.needs_topic:
         await create_topic(peer.host, peer.port)
-    if rate is not None and peer.brokers:
-        raise ValueError(f"{peer.name}: paced runs go to a server of one node")
+    program = cpacer.binary() if rate is not None else None
+    if rate is not None and peer.brokers and program is None:
+        raise ValueError(f"{peer.name}: a cluster is paced by the C load generator only (bench/pacer.c: no C compiler)")
     routes = await routes_for(peer, load, connections)
     templates_ = load.templates
     commit_checker = Checker([Slot("commit", t) for t in templates_], versions, peer.tolerance)
@@ -170,8 +171,11 @@ async def run_scenario(peer: Peer, versions: Versions, s: Scenario, *, groups: i
             mine = {load.slots[i].template for i in route.load.order}
             await prime(route.host, route.port, commit_checker, [i for i, t in enumerate(templates_) if t in mine])
     logged = logs_written(peer)
-    program = cpacer.binary() if rate is not None else None
-    if program is not None and rate is not None:
+    if program is not None and rate is not None and routes[0][0] is not None:
+        sample = await cpacer.measure_routes(program, [r for _, r in routes], checker, inflight=inflight,
+                                             warmup=warmup, duration=duration, server_cpu=peer.cpu_seconds,
+                                             rate=rate)
+    elif program is not None and rate is not None:
         sample = await cpacer.measure(program, peer.host, peer.port, load, checker, connections=connections,
                                       inflight=inflight, warmup=warmup, duration=duration,
                                       server_cpu=peer.cpu_seconds, rate=rate)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import cpacer
 from bench.client import Checker, Load, Route, Slot, measure_routes
 from bench.harness import main
 from bench.kcoord_api import offsets_partition
@@ -58,6 +59,27 @@ def test_commit_1_is_routed_to_each_groups_coordinator(cluster: KcoordCluster) -
                                  warmup=0.2, duration=0.5))
     assert not f.sample.errors and f.sample.unanswered == 0 and f.by_node is not None
     assert all(n["requests"] > 0 for n in f.by_node)
+
+
+def test_a_paced_run_paces_each_node_at_its_share_of_the_rate(cluster: KcoordCluster) -> None:
+    """commit-1-half against the cluster: one C pacer per node, each with that node's groups, at the
+    node's share of the rate, so the cluster as a whole gets the rate a server of one node gets."""
+    if cpacer.binary() is None:
+        pytest.skip("no C compiler: a cluster is paced by bench/pacer.c only")
+    rate = 2000.0
+    m = asyncio.run(run_scenario(cluster, VERSIONS, SCENARIOS["commit-1-half"], groups=64, connections=4,
+                                 inflight=16, warmup=0.2, duration=1.0, rate=rate))
+    sample = m.sample
+    assert not sample.errors and sample.unanswered == 0 and sample.client == cpacer.NAME
+    assert m.by_node is not None and [n["node_id"] for n in m.by_node] == [0, 1]
+    assert [n["connections"] for n in m.by_node] == [2, 2]
+    load = build_load(SCENARIOS["commit-1-half"], 64)
+    shares = [len(r.load.order) / len(load.order) for _, r in asyncio.run(routes_for(cluster, load, 4))]
+    due = [rate * share * (0.2 + sample.seconds) for share in shares]  # by the window's end, warm-up included
+    for node, share, most in zip(m.by_node, shares, due, strict=True):  # each node at its share, not the rate
+        assert rate * share * sample.seconds * 0.5 <= node["requests"] <= most + 1
+    assert sum(n["requests"] for n in m.by_node) == sample.requests == len(sample.latencies)
+    assert sample.server_cpu_s is not None and sample.server_cpu_s > 0  # both nodes' CPU over the windows
 
 
 def test_requests_sent_to_the_other_node_are_counted_as_errors(cluster: KcoordCluster) -> None:
