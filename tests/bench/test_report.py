@@ -1,8 +1,9 @@
-"""The paced rows' account of their slowest 1%: single slow requests or queues."""
+"""The paced rows' account of their slowest 1% (single slow requests or queues), and their targets."""
 
 import pytest
 
-from bench.report import BURST_MIN, paced_note, slow_bursts
+from bench.report import BURST_MIN, CLUSTER, paced_note, slow_bursts, targets
+from bench.scenarios import FsyncProbe
 
 RATE = 10_000.0  # requests/s: request i is ~i/10 ms into the window
 
@@ -45,3 +46,17 @@ def test_the_paced_note_says_it() -> None:
     note = paced_note({**row, "slow_bursts": slow_bursts(lat, RATE)})
     assert f"100% came in 1 burst of {BURST_MIN} or more" in note and "the longest burst 15 ms" in note
     assert paced_note({**row, "slow_bursts": None}).endswith("outstanding on their connection")
+
+
+def test_the_clusters_p99_target_is_reported_where_it_ran() -> None:
+    probe = FsyncProbe("/tmp", 100, 0.2, 0.5, 1.0, 0.25)  # goal: 3 x 0.5 ms
+
+    def half(server: str, p99_ms: float) -> dict[str, object]:
+        return {"scenario": "commit-1-half", "server": server, "p99_ms": p99_ms}
+
+    found = {t.name: t for t in targets([half("kcoord", 2.0), half(CLUSTER, 1.2)], {}, probe, [])}
+    name = "p99 commit latency at half kcoord's peak"
+    one, two = found[name], found[f"{name}, {CLUSTER}"]
+    assert (one.met, two.met) == (False, True) and two.measured.startswith("1.20 ms")
+    alone = [t.name for t in targets([half("kcoord", 2.0)], {}, probe, []) if t.name.startswith("p99")]
+    assert alone == [name]  # no row for a cluster that did not run
