@@ -21,8 +21,6 @@ import coordinator
 from coordinator import startup  # first: kafka-python's and aiokafka's clients stay unimported
 from coordinator.config import Config, ConfigError, add_serve_arguments, config_from_args
 from coordinator.exporter import Exporter
-from coordinator.groups_cli import add_groups_parser
-from coordinator.groups_cli import run as run_groups
 from coordinator.logfmt import configure_logging
 from coordinator.runtime import OFFSETS_TOPIC, ConfigMismatch, Runtime
 from coordinator.server import Server
@@ -296,6 +294,7 @@ def _add_pipeline_parser(sub: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="kcoord", description="A standalone Kafka group coordinator.")
     parser.add_argument("--version", action="version", version=f"kcoord {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -303,13 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_arguments(serve_parser)
     dump = sub.add_parser("dump-log", help="print the records of an offsets log (segment, partition or data dir)")
     dump.add_argument("target", type=Path, help="a .log segment, a __consumer_offsets-N directory or a data directory")
-    add_groups_parser(sub)
-    _add_pipeline_parser(sub)
+    if argv[:1] != ["serve"]:
+        # The admin and pipeline commands' modules (~20 ms of imports: wcwidth, the admin client's
+        # helpers) are not loaded to serve: a restart answers that much sooner.
+        from coordinator.groups_cli import add_groups_parser
+
+        add_groups_parser(sub)
+        _add_pipeline_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "dump-log":
         return _dump(dump, args.target)
     if args.command == "groups":
+        from coordinator.groups_cli import run as run_groups
+
         return _until_reader_leaves(lambda: run_groups(args))
     if args.command == "pipeline":
         from pipeline.cli import run as run_pipeline

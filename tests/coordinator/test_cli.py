@@ -242,3 +242,17 @@ def test_groups_usage_errors_exit_2_saying_why(argv: list[str], why: str, capsys
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert why in err and "Traceback" not in err, err
+
+
+def test_serving_loads_neither_the_admin_nor_the_pipeline_commands() -> None:
+    """Their modules cost a restart ~20 ms of imports; `kcoord --help` and `kcoord groups` still have them."""
+    probe = ("import sys\nfrom coordinator.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('coordinator.groups_cli', 'pipeline.cli', 'wcwidth') if m in sys.modules))")
+
+    def loaded(*argv: str) -> str:
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=REPO,
+                              timeout=60)
+        return done.stdout.strip().splitlines()[-1]
+
+    assert loaded("serve", "--no-such-flag") == "[]"  # parsed (and refused) without them
+    assert "coordinator.groups_cli" in loaded("--help") and "coordinator.groups_cli" in loaded("groups", "--help")
