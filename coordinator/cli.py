@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 import coordinator
 from coordinator import startup  # first: kafka-python's and aiokafka's clients stay unimported
+from coordinator.cluster import shared_listener
 from coordinator.config import Config, ConfigError, add_serve_arguments, config_from_args
 from coordinator.exporter import Exporter
 from coordinator.logfmt import configure_logging
@@ -339,6 +340,13 @@ def run_server(config: Config) -> int:
     """Runs one server until stopped (a node of ``--processes`` in its own process); its exit status. A
     cluster node's log lines say which node wrote them (the nodes of ``--processes`` share one output)."""
     configure_logging(config.log_level, config.log_format, config.node_id if config.cluster else None)
+    if config.cluster:
+        refusal, notes = shared_listener(config.cluster)
+        for note in notes:
+            log.warning("%s", note)
+        if refusal is not None:
+            log.error("%s", refusal)
+            return 2
     loop_kind = install_event_loop()
     log.info("starting kcoord %s on %s (pid %d)", _version(), loop_kind, os.getpid())
     try:

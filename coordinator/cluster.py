@@ -9,9 +9,14 @@ fixed rule every node computes alike, so no node needs to ask another. Nodes sha
 its own data directory, journal and sync helper, and answers NOT_COORDINATOR for the groups of
 partitions it does not own, as a Kafka broker does for partitions it does not lead. The data directory
 records the node and the ids it was written for (coordinator.runtime), because a changed list would
-move partitions to nodes whose directories do not hold their offsets.
+move partitions to nodes whose directories do not hold their offsets. Two entries naming one listener
+in two spellings (``localhost`` and ``127.0.0.1`` on one port) would make two nodes one: ``shared_listener``
+finds them at the start.
 """
 
+import ipaddress
+import socket
+from collections.abc import Callable, Iterable
 from typing import Final, NamedTuple
 
 OFFSETS_TOPIC: Final = "__consumer_offsets"  # the topic whose partitions the nodes share
@@ -116,3 +121,52 @@ def _share(existing: list[int], partitions: int) -> tuple[int, int] | None:
     if nodes < 2 or existing[0] >= nodes or existing != list(range(existing[0], partitions, nodes)):
         return None
     return existing[0], nodes
+
+
+def resolve(host: str) -> set[str]:
+    """The addresses ``host`` names, each in one spelling (an IPv4-mapped IPv6 address as IPv4); OSError
+    when it does not resolve."""
+    found = set()
+    for *_, sockaddr in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM):
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        mapped = getattr(address, "ipv4_mapped", None)
+        found.add(str(mapped or address))
+    return found
+
+
+def entry(node: Node) -> str:
+    host = f"[{node.host}]" if ":" in node.host else node.host
+    return f"{node.node_id}@{host}:{node.port}"
+
+
+def shared_listener(nodes: Iterable[Node], lookup: Callable[[str], set[str]] = resolve) -> tuple[str | None, list[str]]:
+    """(why two entries are one listener, or None; a note per host that did not resolve). Two entries
+    share a listener when they have the same port and their hosts name a common address. Only hosts
+    sharing a port with another entry's (other) host are resolved, each once: a cluster on distinct
+    ports, or one host, costs no lookup. A host that does not resolve is left unchecked, not refused:
+    in Kubernetes a peer's name is published only once its pod runs."""
+    by_port: dict[int, list[Node]] = {}
+    for node in nodes:
+        by_port.setdefault(node.port, []).append(node)
+    addresses: dict[str, set[str] | None] = {}
+    notes = []
+    for port in sorted(by_port):
+        same_port = by_port[port]
+        if len(same_port) < 2:
+            continue
+        for node in same_port:
+            if node.host not in addresses:
+                try:
+                    addresses[node.host] = lookup(node.host)
+                except OSError as exc:
+                    addresses[node.host] = None
+                    notes.append(f"--cluster entry {entry(node)}: {node.host} does not resolve ({exc}): not "
+                                 f"checked against the other entries on port {port}")
+        for i, first in enumerate(same_port):
+            for second in same_port[i + 1:]:
+                common = (addresses[first.host] or set()) & (addresses[second.host] or set())
+                if common:
+                    return (f"--cluster entries {entry(first)} and {entry(second)} are one listener (both reach "
+                            f"{min(common)} port {port}): two nodes cannot share it; give each node its own "
+                            f"address", notes)
+    return None, notes

@@ -2,11 +2,12 @@
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
 
-from coordinator.cluster import Node, layout, layout_refusal, owned_by, owned_partitions
+from coordinator.cluster import Node, layout, layout_refusal, owned_by, owned_partitions, shared_listener
 from coordinator.config import ConfigError, parse_cluster
 from coordinator.runtime import META_FILE, ConfigMismatch, check_data_dir
 from protocol.partitioning import partition_for
@@ -179,3 +180,48 @@ def test_a_node_listening_on_another_nodes_entry_is_refused() -> None:
     --node-id mistake, refused as Kafka refuses a second broker registering an id."""
     with pytest.raises(ConfigError, match="--node-id"):
         parse(["--cluster", TWO, "--node-id", "0", "--listen", "127.0.0.1:9093"])
+
+
+class Lookups:
+    """A resolver standing in for DNS: each name's addresses, a name missing from it fails as an
+    unpublished one does; records what was asked."""
+
+    def __init__(self, names: dict[str, set[str]]) -> None:
+        self.names = names
+        self.asked: list[str] = []
+
+    def __call__(self, host: str) -> set[str]:
+        self.asked.append(host)
+        if host not in self.names:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return self.names[host]
+
+
+def test_two_entries_resolving_to_one_listener_are_named_together() -> None:
+    """``0@localhost:9092,1@127.0.0.1:9092`` passes the spelling check, and two nodes would be one
+    listener: whichever binds it answers for both, NOT_COORDINATOR for half of every group it is sent."""
+    lookup = Lookups({"localhost": {"127.0.0.1", "::1"}, "127.0.0.1": {"127.0.0.1"}, "::1": {"::1"},
+                      "kc-2.example": {"10.0.0.2"}})
+    refusal, notes = shared_listener(parse_cluster("0@localhost:9092,1@127.0.0.1:9092,2@kc-2.example:9092"), lookup)
+    assert refusal is not None and "0@localhost:9092 and 1@127.0.0.1:9092" in refusal and "127.0.0.1" in refusal
+    assert notes == []
+    ipv6 = shared_listener(parse_cluster("0@[::1]:9092,1@localhost:9092"), lookup)[0]
+    assert ipv6 is not None and "0@[::1]:9092 and 1@localhost:9092" in ipv6
+
+
+def test_only_hosts_sharing_a_port_are_resolved_each_once() -> None:
+    lookup = Lookups({"a": {"10.0.0.1"}, "b": {"10.0.0.2"}, "c": {"10.0.0.1"}})
+    assert shared_listener(parse_cluster("0@a:9092,1@b:9092,2@a:9093,3@c:9094"), lookup) == (None, [])
+    assert sorted(lookup.asked) == ["a", "b"]  # c's port is its own; a is asked once
+    one_host = Lookups({})
+    assert shared_listener(parse_cluster("0@h:9092,1@h:9093,2@h:9094"), one_host) == (None, [])
+    assert one_host.asked == []  # --processes' nodes: one host, consecutive ports
+
+
+def test_a_host_that_does_not_resolve_yet_is_left_unchecked_not_refused() -> None:
+    """In Kubernetes a StatefulSet pod's name is published once the pod runs: a node starting before
+    its peers cannot resolve them, and must start all the same."""
+    lookup = Lookups({"kc-0.example": {"10.0.0.1"}})
+    refusal, notes = shared_listener(parse_cluster("0@kc-0.example:9092,1@kc-1.example:9092"), lookup)
+    assert refusal is None
+    assert len(notes) == 1 and "1@kc-1.example:9092" in notes[0] and "not checked" in notes[0]

@@ -336,3 +336,29 @@ def test_a_running_node_whose_restarted_peer_disagrees_withholds_its_groups_and_
 def commit(port: int, group: str, offset: int) -> int:
     with RawClient(port) as client:
         return int(client.call(commit_request(group, {("t", 0): offset}), 8).topics[0].partitions[0].error_code)
+
+
+def test_two_cluster_entries_naming_one_listener_are_refused_at_start(tmp_path: Path) -> None:
+    """``localhost`` and ``127.0.0.1`` on one port are one listener: node 1 would answer for node 0's
+    groups too (NOT_COORDINATOR for them, for ever). Refused with one ERROR line naming both entries."""
+    port = free_port()
+    listed = f"0@localhost:{port},1@127.0.0.1:{port}"
+    done = subprocess.run(
+        [sys.executable, "-m", "coordinator.cli", "serve", "--listen", f"127.0.0.1:{port}", "--metrics-listen", "off",
+         "--data-dir", str(tmp_path / "node1"), "--node-id", "1", "--cluster", listed],
+        cwd=REPO, capture_output=True, text=True, timeout=30)
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert len(errors) == 1 and f"0@localhost:{port} and 1@127.0.0.1:{port}" in errors[0], done.stderr
+    assert not (tmp_path / "node1").exists()
+
+
+def test_a_peer_whose_name_does_not_resolve_yet_does_not_stop_the_start(tmp_path: Path) -> None:
+    """A peer's name not yet in DNS (a Kubernetes pod not yet running) leaves that entry unchecked."""
+    port = free_port()
+    listed = f"0@127.0.0.1:{port},1@kcoord-1.invalid:{port}"
+    node = KcoordProcess(tmp_path / "node0", "--node-id", "0", "--cluster", listed, port=port).start()
+    try:
+        assert "kcoord-1.invalid does not resolve" in node.log() and "WARNING" in node.log()
+    finally:
+        assert node.stop() == 0
