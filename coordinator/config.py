@@ -154,7 +154,11 @@ def reachable_host_port(value: str) -> tuple[str, int]:
 
 
 def parse_cluster(value: str) -> tuple[Node, ...]:
-    """``ID@HOST:PORT[,ID@HOST:PORT...]``, every node's advertised listener, sorted by id."""
+    """``ID@HOST:PORT[,ID@HOST:PORT...]``, every node's advertised listener, sorted by id; empty (or
+    ``none``, ``off``) for one node, so that ``--cluster ''`` undoes a ``KCOORD_CLUSTER`` the environment
+    sets (an empty variable is an unset one, but a flag given is always read)."""
+    if value.strip().lower() in ("", *OFF):
+        return ()
     nodes: list[Node] = []
     for item in (part.strip() for part in value.split(",")):
         if not item:
@@ -260,7 +264,8 @@ OPTIONS: list[Option] = [
     Option("--cluster", "KCOORD_CLUSTER", parse_cluster, _field("cluster"),
            "cluster mode: ID@HOST:PORT[,...] of every kcoord node's advertised listener, this one's included "
            "(--node-id picks it); each node coordinates the groups of the offsets partitions p with p mod N = its "
-           "index in ascending id order, and answers NOT_COORDINATOR for the others' (default: none, one node)",
+           "index in ascending id order, and answers NOT_COORDINATOR for the others'; '' or none: one node, whatever "
+           "KCOORD_CLUSTER says (default: none, one node)",
            "ID@HOST:PORT,..."),
     Option("--processes", "KCOORD_PROCESSES", bounded_int(1, 1024), _field("processes"),
            "cluster mode on this host: run N nodes (one per core), node i listening on the --listen port + i, "

@@ -9,10 +9,23 @@
 # reach kcoord under another name: a Kubernetes pod's DNS name, a published port, a load balancer.
 set -eu
 # In cluster mode (KCOORD_CLUSTER or --cluster) a node advertises its own --cluster entry: no default then.
+# The last --cluster flag wins over the variable, as in kcoord; '' (or none, off, disabled) is one node.
 cluster=${KCOORD_CLUSTER:-}
+value_next=
 for arg in "$@"; do
-    case "$arg" in --cluster|--cluster=*) cluster=yes ;; esac
+    if [ -n "$value_next" ]; then
+        cluster=$arg
+        value_next=
+        continue
+    fi
+    case "$arg" in
+        --cluster) value_next=yes ;;
+        --cluster=*) cluster=${arg#--cluster=} ;;
+    esac
 done
+case "$(printf '%s' "$cluster" | tr -d ' \t' | tr '[:upper:]' '[:lower:]')" in
+    ''|none|off|disabled) cluster= ;;
+esac
 if [ -z "${KCOORD_ADVERTISED_LISTENER:-}" ] && [ -z "$cluster" ]; then
     listen=${KCOORD_LISTEN:-}
     case "$listen" in

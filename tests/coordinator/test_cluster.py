@@ -65,6 +65,18 @@ def test_the_same_entry_given_as_advertised_listener_is_accepted() -> None:
     assert parse(["--cluster", TWO, "--advertised-listener", "127.0.0.1:9092"]).advertised == ("127.0.0.1", 9092)
 
 
+
+@pytest.mark.parametrize("value", ["", " ", "none", "OFF"])
+def test_an_empty_cluster_flag_undoes_the_environments_cluster(value: str) -> None:
+    """KCOORD_CLUSTER set in the environment (a container image's, a unit file's) and a one-node run
+    wanted: ``--cluster ''`` is one node, as ``--metrics-listen off`` undoes KCOORD_METRICS_LISTEN."""
+    env = {"KCOORD_CLUSTER": TWO, "KCOORD_NODE_ID": "1", "KCOORD_LISTEN": "127.0.0.1:9093"}
+    assert parse([], env).cluster == parse_cluster(TWO)
+    alone = parse(["--cluster", value, "--listen", "127.0.0.1:9500"], env)
+    assert alone.cluster == () and alone.nodes == (Node(1, "127.0.0.1", 9500),)
+    assert all(alone.owns(p) for p in range(50))
+    assert parse([], {"KCOORD_CLUSTER": value}).cluster == ()
+
 def test_layouts_that_own_the_same_partitions_agree_and_others_are_refused() -> None:
     zero = layout(0, parse_cluster(TWO))
     assert zero == {"node_id": 0, "node_ids": [0, 1]}

@@ -159,3 +159,27 @@ def test_entrypoint_leaves_a_cluster_node_advertising_its_cluster_entry(tmp_path
     result = subprocess.run(["sh", str(ENTRYPOINT), "serve"], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr[-600:]
     assert result.stdout.strip() == "('kcoord-1.example', 9092)"
+
+
+@pytest.mark.parametrize("args", [["--cluster", ""], ["--cluster="], ["--cluster", "none"],
+                                  ["--cluster", "0@kc-0.example:9092", "--cluster", ""]])
+def test_entrypoint_advertises_the_hostname_when_a_flag_undoes_the_environments_cluster(
+        tmp_path: Path, args: list[str]) -> None:
+    """``--cluster ''`` (kcoord: one node, whatever KCOORD_CLUSTER says) makes the node a standalone one,
+    which needs the entrypoint's advertised default on the image's wildcard listener, or kcoord refuses
+    to start; the last --cluster given is the one kcoord reads."""
+    hostname = subprocess.run(["hostname"], capture_output=True, text=True, check=True).stdout.strip()
+    fake = tmp_path / "bin" / "kcoord"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "advertised=${KCOORD_ADVERTISED_LISTENER:-unset}"\n')
+    fake.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KCOORD_")}
+    env = dict(base, PATH=f"{fake.parent}:{os.environ['PATH']}", KCOORD_LISTEN="0.0.0.0:9092",
+               KCOORD_CLUSTER="0@kc-0.example:9092,1@kc-1.example:9092")
+    result = subprocess.run(["sh", str(ENTRYPOINT), "serve", *args], env=env, capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"advertised={hostname}:9092"
+    kept = subprocess.run(["sh", str(ENTRYPOINT), "serve", "--cluster", "", "--cluster", "0@kc-0.example:9092"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert kept.stdout.strip() == "advertised=unset"
