@@ -390,10 +390,27 @@ def _check_processes(config: Config) -> None:
     for flag, port in ports.items():
         if port + n - 1 > 65535:
             raise ConfigError(f"{flag} port {port} + {n - 1} is beyond 65535 (node i uses the port + i)")
-    if "--metrics-listen" in ports and abs(ports["--metrics-listen"] - config.port) < n \
-            and config.metrics_listen is not None and config.metrics_listen[0] == config.host:
-        raise ConfigError(f"--processes {n}: the metrics ports ({config.metrics_listen[1]} + i) and the listener "
-                          f"ports ({config.port} + i) overlap")
+    if "--metrics-listen" in ports and config.metrics_listen is not None:
+        metrics_host, metrics_port = config.metrics_listen
+        if abs(metrics_port - config.port) < n and may_share_port(metrics_host, config.host):
+            port = max(metrics_port, config.port)  # the first port both ranges take
+            raise ConfigError(
+                f"--processes {n}: node {port - config.port}'s listener ({config.host}:{port}) and node "
+                f"{port - metrics_port}'s metrics listener ({metrics_host}:{port}) would bind the same port: the "
+                f"listener ports ({config.port} + i) and the metrics ports ({metrics_port} + i) overlap; give "
+                f"--metrics-listen a port at least {n} away from --listen's")
+
+
+def may_share_port(first: str, second: str) -> bool:
+    """Whether listeners on hosts ``first`` and ``second`` and one port collide (EADDRINUSE): one host,
+    in any spelling of its address, or a wildcard on either side, which binds every address (``::`` the
+    IPv4 ones too). Distinct addresses (127.0.0.1 and 127.0.0.2, or two interfaces') do not."""
+    if is_wildcard(first) or is_wildcard(second):
+        return True
+    try:
+        return ipaddress.ip_address(first) == ipaddress.ip_address(second)
+    except ValueError:
+        return first.lower() == second.lower()
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.cluster import Node
+from coordinator.config import ConfigError
 from coordinator.supervisor import node_configs
 from tests.coordinator.test_cli import parse
 
@@ -29,6 +30,33 @@ def test_metrics_on_any_free_port_stay_so_for_every_node() -> None:
     assert [c.metrics_listen for c in node_configs(parse(["--processes", "2", "--metrics-listen", "off"]))] == [
         None, None]
 
+
+
+WILDCARD = ["--advertised-listener", "coord.example:9092"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--listen", "0.0.0.0:9092", *WILDCARD, "--metrics-listen", "127.0.0.1:9093"],  # the image's listener
+    ["--listen", "127.0.0.1:9092", "--metrics-listen", "0.0.0.0:9091"],
+    ["--listen", "[::]:9092", *WILDCARD, "--metrics-listen", "127.0.0.1:9093"],  # :: binds IPv4 too
+    ["--listen", "[::1]:9092", "--metrics-listen", "[0:0:0:0:0:0:0:1]:9093"],  # one address, two spellings
+    ["--listen", "kc.example:9404", "--metrics-listen", "KC.example:9405"],
+])
+def test_listener_and_metrics_ports_that_collide_on_any_host_are_refused_up_front(argv: list[str]) -> None:
+    """Node 1 listening on 0.0.0.0:9093 and node 0's metrics on 127.0.0.1:9093 cannot both bind: only
+    a metrics host equal to the listen host was compared, so such a start was refused later, by a node,
+    with "address already in use". Refused at the start instead, naming the port and both listeners."""
+    with pytest.raises(ConfigError, match=r"would bind the same port.*overlap"):
+        parse(["--processes", "2", *argv])
+
+
+@pytest.mark.parametrize("argv", [
+    ["--listen", "127.0.0.1:9092", "--metrics-listen", "127.0.0.2:9093"],  # two addresses: no collision
+    ["--listen", "0.0.0.0:9092", *WILDCARD, "--metrics-listen", "127.0.0.1:9094"],  # ports 9092-3, 9094-5
+    ["--listen", "0.0.0.0:9092", *WILDCARD, "--metrics-listen", "0.0.0.0:0"],  # any free port for each
+])
+def test_listener_and_metrics_ports_that_cannot_collide_are_accepted(argv: list[str]) -> None:
+    assert parse(["--processes", "2", *argv]).processes == 2
 
 def _supervised_slow_start(tmp_path: Path, slow_nodes: str = "0,1") -> "subprocess.Popen[bytes]":
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]), SLOW_NODES=slow_nodes)

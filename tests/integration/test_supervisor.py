@@ -225,3 +225,20 @@ def test_settings_the_nodes_cannot_share_are_refused(argv: list[str], says: str)
     done = subprocess.run([sys.executable, "-m", "coordinator.cli", "serve", "--processes", "2", *argv], cwd=REPO,
                           capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode == 2 and says in done.stderr, done.stderr
+
+
+def test_a_metrics_port_another_nodes_wildcard_listener_takes_is_refused_before_any_node_starts(
+        tmp_path: Path) -> None:
+    """The image's wildcard listener with metrics on loopback: node 1's listener (0.0.0.0:P+1) and node 0's
+    metrics (127.0.0.1:P+1) cannot both bind. Refused with a message saying so, before anything binds or
+    is created, not by a node failing with "address already in use"."""
+    port = consecutive_ports(3)
+    done = subprocess.run(
+        [sys.executable, "-m", "coordinator.cli", "serve", "--processes", "2", "--listen", f"0.0.0.0:{port}",
+         "--advertised-listener", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{port + 1}", "--data-dir",
+         str(tmp_path / "data")], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 2, done.stderr
+    assert f"would bind the same port: the listener ports ({port} + i) and the metrics ports ({port + 1} + i) " \
+           "overlap" in done.stderr, done.stderr
+    assert not (tmp_path / "data").exists()
