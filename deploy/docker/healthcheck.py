@@ -3,38 +3,75 @@
 loading; a failed one is alerted on, not unhealthy), 1 otherwise (loading, stopping, or nothing listening).
 
 It asks the metrics listener named by ``KCOORD_METRICS_LISTEN`` (HOST:PORT; a wildcard host is asked on
-127.0.0.1, ``[::]`` on ``[::1]``). With the listener ``off`` there is nothing to ask: it reports healthy
-and says so. Standard library only: the image has no curl.
+127.0.0.1, ``[::]`` on ``[::1]``). With ``KCOORD_PROCESSES=N`` the container runs N nodes, node i's
+listener on that port + i, and every one is asked: one node not ready leaves its share of the groups
+unserved, so the container is unhealthy, and the output names the node. The nodes are asked at once, so
+the check takes one timeout however many they are (Docker's --timeout bounds the whole check). With the
+listener ``off`` there is nothing to ask: it reports healthy and says so. The settings are read from the
+environment, as the image sets them; flags given to ``kcoord serve`` are not seen here. Standard library
+only: the image has no curl.
 """
 
 import os
 import sys
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 
-def readyz_url(listen: str) -> str | None:
+def readyz_url(listen: str, node: int = 0) -> str | None:
+    """Where node ``node`` answers /readyz (None: the listener is off)."""
     if listen.strip().lower() == "off":
         return None
     host, _, port = listen.rpartition(":")
     host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
-    return f"http://{host}:{port}/readyz"
+    return f"http://{host}:{int(port) + node}/readyz"
+
+
+def node_count(value: str) -> int:
+    """``KCOORD_PROCESSES``: unset or empty is one process, as kcoord reads it (a bad value, which kcoord
+    refuses to start with, is taken as one too)."""
+    try:
+        return max(1, int(value.strip() or "1"))
+    except ValueError:
+        return 1
+
+
+def ask(url: str, timeout: float) -> tuple[bool, str]:
+    """(ready, what was answered)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return True, resp.read().decode(errors="replace").strip()
+    except urllib.error.HTTPError as err:  # 503: the body lists the partitions loading or failed
+        return False, f"{url}: {err.code} {err.read().decode(errors='replace').strip()}"
+    except (OSError, ValueError) as err:
+        return False, f"{url}: {err}"
 
 
 def main() -> int:
-    url = readyz_url(os.environ.get("KCOORD_METRICS_LISTEN", "127.0.0.1:9404"))
-    if url is None:
+    listen = os.environ.get("KCOORD_METRICS_LISTEN", "127.0.0.1:9404")
+    if readyz_url(listen) is None:
         print("metrics listener off (KCOORD_METRICS_LISTEN=off): nothing to check")
         return 0
+    nodes = node_count(os.environ.get("KCOORD_PROCESSES", ""))
+    timeout = float(os.environ.get("KCOORD_HEALTHCHECK_TIMEOUT_S", "4"))
     try:
-        with urllib.request.urlopen(url, timeout=float(os.environ.get("KCOORD_HEALTHCHECK_TIMEOUT_S", "4"))) as resp:
-            print(resp.read().decode(errors="replace").strip())
-            return 0
-    except urllib.error.HTTPError as err:  # 503: the body lists the partitions loading or failed
-        print(f"{url}: {err.code} {err.read().decode(errors='replace').strip()}")
-    except (OSError, ValueError) as err:
-        print(f"{url}: {err}")
-    return 1
+        urls = [str(readyz_url(listen, i)) for i in range(nodes)]
+    except ValueError as err:
+        print(f"KCOORD_METRICS_LISTEN={listen!r}: {err}")
+        return 1
+    with ThreadPoolExecutor(max_workers=min(nodes, 32)) as pool:
+        answers = list(pool.map(lambda url: ask(url, timeout), urls))
+    if nodes == 1:
+        print(answers[0][1])
+        return 0 if answers[0][0] else 1
+    for i, (_, said) in enumerate(answers):
+        print(f"node {i}: {said}")
+    unready = [i for i, (ready, _) in enumerate(answers) if not ready]
+    if unready:
+        print(f"not ready: node{'s' if len(unready) > 1 else ''} {', '.join(map(str, unready))} of {nodes}")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

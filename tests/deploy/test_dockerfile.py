@@ -5,6 +5,7 @@ HEALTHCHECK command against a real kcoord, and the entrypoint's advertised-liste
 import http.server
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ import pytest
 
 from tests.deploy import tools
 from tests.deploy.conftest import DEPLOY
+from tests.integration.test_supervisor import Supervised
 from tests.kcoord_process import REPO, KcoordProcess, free_port
 
 DOCKERFILE = REPO / "Dockerfile"
@@ -72,8 +74,8 @@ def test_the_image_keeps_its_operational_contract() -> None:
     assert "COPY --from=build /opt/kcoord /opt/kcoord" in " ".join(f"{i} {a}" for i, a in runtime)
 
 
-def healthcheck(listen: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, KCOORD_METRICS_LISTEN=listen)
+def healthcheck(listen: str, **more: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, KCOORD_METRICS_LISTEN=listen, **more)
     return subprocess.run([sys.executable, str(HEALTHCHECK)], env=env, capture_output=True, text=True, timeout=30)
 
 
@@ -87,6 +89,32 @@ def test_healthcheck_follows_readyz_of_a_real_kcoord(tmp_path: Path) -> None:
     gone = healthcheck(f"127.0.0.1:{server.metrics_port}")
     assert gone.returncode == 1 and "Connection refused" in gone.stdout, gone.stdout
 
+
+
+def test_healthcheck_asks_every_node_of_processes_and_names_the_one_not_ready(tmp_path: Path) -> None:
+    """``KCOORD_PROCESSES=2`` in the image runs two nodes, node i's metrics on the port + i. Only node 0
+    was asked: with node 1 unable to answer (stopped here, as a hung node would be), half of the groups
+    went unserved while the container reported healthy."""
+    supervised = Supervised(tmp_path).start()
+    node1 = int(re.findall(r"node-1 kcoord: starting kcoord .* \(pid (\d+)\)", supervised.log())[-1])
+    try:
+        os.kill(node1, signal.SIGSTOP)
+        try:
+            hung = healthcheck(f"0.0.0.0:{supervised.metrics}", KCOORD_PROCESSES="2", KCOORD_HEALTHCHECK_TIMEOUT_S="1")
+        finally:
+            os.kill(node1, signal.SIGCONT)
+        assert hung.returncode == 1, hung.stdout
+        assert "not ready: node 1 of 2" in hung.stdout and f":{supervised.metrics + 1}/readyz" in hung.stdout, \
+            hung.stdout
+        assert hung.stdout.count('"status": "ready"') == 1, hung.stdout  # node 0's answer, still shown
+        ready = healthcheck(f"0.0.0.0:{supervised.metrics}", KCOORD_PROCESSES="2")
+        assert ready.returncode == 0, ready.stdout
+        assert [line.split(":", 1)[0] for line in ready.stdout.splitlines()] == ["node 0", "node 1"], ready.stdout
+        assert ready.stdout.count('"status": "ready"') == 2, ready.stdout
+    finally:
+        assert supervised.proc is not None
+        supervised.proc.terminate()
+        assert supervised.proc.wait(30) == 0
 
 @pytest.fixture
 def unready_listener() -> Iterator[int]:
