@@ -125,7 +125,8 @@ def _share(existing: list[int], partitions: int) -> tuple[int, int] | None:
 
 def resolve(host: str) -> set[str]:
     """The addresses ``host`` names, each in one spelling (an IPv4-mapped IPv6 address as IPv4); OSError
-    when it does not resolve."""
+    when it does not resolve, ValueError (UnicodeError) when it cannot be a DNS name (a label over 63
+    characters)."""
     found = set()
     for *_, sockaddr in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM):
         address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
@@ -134,7 +135,8 @@ def resolve(host: str) -> set[str]:
     return found
 
 
-def entry(node: Node) -> str:
+def _entry(node: Node) -> str:
+    """The entry as ``--cluster`` spells it, so the operator finds it in what they wrote."""
     host = f"[{node.host}]" if ":" in node.host else node.host
     return f"{node.node_id}@{host}:{node.port}"
 
@@ -158,15 +160,15 @@ def shared_listener(nodes: Iterable[Node], lookup: Callable[[str], set[str]] = r
             if node.host not in addresses:
                 try:
                     addresses[node.host] = lookup(node.host)
-                except OSError as exc:
+                except (OSError, ValueError) as exc:
                     addresses[node.host] = None
-                    notes.append(f"--cluster entry {entry(node)}: {node.host} does not resolve ({exc}): not "
+                    notes.append(f"--cluster entry {_entry(node)}: {node.host} does not resolve ({exc}): not "
                                  f"checked against the other entries on port {port}")
         for i, first in enumerate(same_port):
             for second in same_port[i + 1:]:
                 common = (addresses[first.host] or set()) & (addresses[second.host] or set())
                 if common:
-                    return (f"--cluster entries {entry(first)} and {entry(second)} are one listener (both reach "
+                    return (f"--cluster entries {_entry(first)} and {_entry(second)} are one listener (both reach "
                             f"{min(common)} port {port}): two nodes cannot share it; give each node its own "
                             f"address", notes)
     return None, notes

@@ -237,3 +237,6 @@ def test_a_host_that_does_not_resolve_yet_is_left_unchecked_not_refused() -> Non
     refusal, notes = shared_listener(parse_cluster("0@kc-0.example:9092,1@kc-1.example:9092"), lookup)
     assert refusal is None
     assert len(notes) == 1 and "1@kc-1.example:9092" in notes[0] and "not checked" in notes[0]
+    long_label = "x" * 64 + ".example"  # passes parse_cluster; the resolver raises UnicodeError, no OSError
+    refusal, notes = shared_listener(parse_cluster(f"0@127.0.0.1:9092,1@{long_label}:9092"))
+    assert refusal is None and len(notes) == 1 and long_label in notes[0]
