@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 def readyz_url(listen: str, node: int = 0) -> str | None:
     """Where node ``node`` answers /readyz (None: the listener is off)."""
-    if listen.strip().lower() == "off":
+    if listen.strip().lower() in ("off", "none", "disabled"):  # kcoord's words for no listener
         return None
     host, _, port = listen.rpartition(":")
     host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
@@ -49,9 +49,9 @@ def ask(url: str, timeout: float) -> tuple[bool, str]:
 
 
 def main() -> int:
-    listen = os.environ.get("KCOORD_METRICS_LISTEN", "127.0.0.1:9404")
+    listen = os.environ.get("KCOORD_METRICS_LISTEN") or "127.0.0.1:9404"  # empty is unset, as kcoord reads it
     if readyz_url(listen) is None:
-        print("metrics listener off (KCOORD_METRICS_LISTEN=off): nothing to check")
+        print(f"metrics listener off (KCOORD_METRICS_LISTEN={listen}): nothing to check")
         return 0
     nodes = node_count(os.environ.get("KCOORD_PROCESSES", ""))
     timeout = float(os.environ.get("KCOORD_HEALTHCHECK_TIMEOUT_S", "4"))
