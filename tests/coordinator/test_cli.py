@@ -246,7 +246,8 @@ def test_groups_usage_errors_exit_2_saying_why(argv: list[str], why: str, capsys
 
 def test_serving_loads_neither_the_admin_nor_the_pipeline_commands() -> None:
     """Their modules cost a restart ~20 ms of imports; `kcoord --help` and `kcoord groups` still have them."""
-    probe = ("import sys\nfrom coordinator.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+    probe = ("import sys\nfrom coordinator.cli import main\n"
+             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
              "print(sorted(m for m in ('coordinator.groups_cli', 'pipeline.cli', 'wcwidth') if m in sys.modules))")
 
     def loaded(*argv: str) -> str:
