@@ -68,17 +68,28 @@ def _children(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
+def _forked(proc: "subprocess.Popen[bytes]", count: int = 2) -> list[int]:
+    """The supervisor's nodes once it has forked ``count`` (its imports take ~0.5 s, several seconds on
+    a loaded host: a fixed sleep of 0.7 s found one node, or none)."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while len(children := _children(proc.pid)) < count:
+        assert proc.poll() is None and time.monotonic() < deadline, f"{len(children)} nodes forked"
+        time.sleep(0.01)
+    return children
+
+
 def test_a_stop_during_a_nodes_start_stops_it(tmp_path: Path) -> None:
     """SIGTERM to the supervisor while a node is between its fork and its own signal handling: the node
     ran the supervisor's inherited handler instead (swallowing the SIGTERM, signalling its siblings), then
     served on, and the supervisor waited for it forever."""
     import signal
     import subprocess
-    import time
 
     proc = _supervised_slow_start(tmp_path)
     try:
-        time.sleep(0.7)  # both nodes forked, neither past the slowed start
+        _forked(proc)  # both nodes forked, neither past the slowed start (1.5 s)
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=10)
@@ -100,8 +111,7 @@ def test_a_sighup_to_a_starting_node_does_not_stop_its_siblings(tmp_path: Path) 
 
     proc = _supervised_slow_start(tmp_path, slow_nodes="1")  # node 0 runs at once
     try:
-        time.sleep(0.7)
-        node0, node1 = _children(proc.pid)
+        node0, node1 = _forked(proc)  # node 1 still in its slowed start (1.5 s)
         os.kill(node1, signal.SIGHUP)
         time.sleep(2.5)
         assert (tmp_path / "node-0.ran").exists()
