@@ -16,10 +16,15 @@ finds them at the start.
 
 import ipaddress
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Final, NamedTuple
 
 OFFSETS_TOPIC: Final = "__consumer_offsets"  # the topic whose partitions the nodes share
+# shared_listener's lookups, all together: a resolver that does not answer (DNS down or unreachable, as
+# at a Kubernetes node's start) must not hold the start, which served without DNS before the check
+LOOKUP_TIMEOUT_S: Final = 2.0
 
 
 class Node(NamedTuple):
@@ -141,28 +146,51 @@ def _entry(node: Node) -> str:
     return f"{node.node_id}@{host}:{node.port}"
 
 
-def shared_listener(nodes: Iterable[Node], lookup: Callable[[str], set[str]] = resolve) -> tuple[str | None, list[str]]:
+def _lookups(hosts: Iterable[str], lookup: Callable[[str], set[str]], timeout: float) -> dict[str, set[str] | str]:
+    """Each host's addresses, or why it has none: looked up at once, each on a daemon thread, and
+    waited for ``timeout`` seconds in all (getaddrinfo has no timeout of its own; a hung lookup's
+    thread is left behind, and ends with the process)."""
+    found: dict[str, set[str] | str] = {}
+
+    def one(host: str) -> None:
+        try:
+            found[host] = lookup(host)
+        except (OSError, ValueError) as exc:
+            found[host] = str(exc)
+
+    threads = [threading.Thread(target=one, args=(host,), name=f"resolve {host}", daemon=True) for host in hosts]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return {host: found.get(host, f"no answer within {timeout:g} s") for host in dict.fromkeys(hosts)}
+
+
+def shared_listener(nodes: Iterable[Node], lookup: Callable[[str], set[str]] = resolve,
+                    timeout: float = LOOKUP_TIMEOUT_S) -> tuple[str | None, list[str]]:
     """(why two entries are one listener, or None; a note per host that did not resolve). Two entries
     share a listener when they have the same port and their hosts name a common address. Only hosts
-    sharing a port with another entry's (other) host are resolved, each once: a cluster on distinct
-    ports, or one host, costs no lookup. A host that does not resolve is left unchecked, not refused:
-    in Kubernetes a peer's name is published only once its pod runs."""
+    sharing a port with another entry's (other) host are resolved, each once, all at once within
+    ``timeout``: a cluster on distinct ports, or one host, costs no lookup. A host that does not resolve
+    (in time) is left unchecked, not refused: in Kubernetes a peer's name is published only once its
+    pod runs, and a DNS server not answering must not keep a node from starting."""
     by_port: dict[int, list[Node]] = {}
     for node in nodes:
         by_port.setdefault(node.port, []).append(node)
+    shared = {port: same for port, same in by_port.items() if len(same) >= 2}
+    hosts = list(dict.fromkeys(node.host for same in shared.values() for node in same))
+    answers = _lookups(hosts, lookup, timeout) if hosts else {}
     addresses: dict[str, set[str] | None] = {}
     notes = []
-    for port in sorted(by_port):
-        same_port = by_port[port]
-        if len(same_port) < 2:
-            continue
+    for port in sorted(shared):
+        same_port = shared[port]
         for node in same_port:
             if node.host not in addresses:
-                try:
-                    addresses[node.host] = lookup(node.host)
-                except (OSError, ValueError) as exc:
-                    addresses[node.host] = None
-                    notes.append(f"--cluster entry {_entry(node)}: {node.host} does not resolve ({exc}): not "
+                answer = answers[node.host]
+                addresses[node.host] = answer if isinstance(answer, set) else None
+                if isinstance(answer, str):
+                    notes.append(f"--cluster entry {_entry(node)}: {node.host} does not resolve ({answer}): not "
                                  f"checked against the other entries on port {port}")
         for i, first in enumerate(same_port):
             for second in same_port[i + 1:]:

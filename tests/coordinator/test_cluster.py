@@ -240,3 +240,30 @@ def test_a_host_that_does_not_resolve_yet_is_left_unchecked_not_refused() -> Non
     long_label = "x" * 64 + ".example"  # passes parse_cluster; the resolver raises UnicodeError, no OSError
     refusal, notes = shared_listener(parse_cluster(f"0@127.0.0.1:9092,1@{long_label}:9092"))
     assert refusal is None and len(notes) == 1 and long_label in notes[0]
+
+
+def test_a_resolver_that_does_not_answer_does_not_hold_the_start() -> None:
+    """getaddrinfo has no timeout of its own: with the DNS server down (a Kubernetes node's CoreDNS not
+    up yet) each name took the resolver's retries, one name after the other, before the node listened
+    (three pods' names: over the startup probe's minute). The lookups are bounded, and a host not
+    answered in time is left unchecked as one that does not resolve."""
+    import threading
+    import time
+
+    never = threading.Event()
+    answered = Lookups({"kc-0.example": {"10.0.0.1"}})
+
+    def hung(host: str) -> set[str]:
+        if host != "kc-0.example":
+            never.wait(15)  # a lookup retried against a server that does not answer
+        return answered(host)
+
+    started = time.monotonic()
+    try:
+        refusal, notes = shared_listener(parse_cluster("0@kc-0.example:9092,1@kc-1.example:9092,2@kc-2.example:9092"),
+                                         hung)
+    finally:
+        never.set()
+    assert time.monotonic() - started < 5
+    assert refusal is None and len(notes) == 2 and all("not checked" in n for n in notes)
+    assert "1@kc-1.example:9092" in notes[0] and "2@kc-2.example:9092" in notes[1]
