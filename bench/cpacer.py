@@ -11,6 +11,7 @@ later answer that differs from it.
 import array
 import asyncio
 import hashlib
+import heapq
 import json
 import os
 import shutil
@@ -84,13 +85,35 @@ async def measure_routes(program: Path, routes: Sequence[Route], checker: Checke
         marks.append(server_cpu())
         return None
 
-    samples = await asyncio.gather(*(
+    tasks = [asyncio.ensure_future(
         _measure(program, r.host, r.port, r.load, checker, connections=r.connections, inflight=inflight,
-                 warmup=warmup, duration=duration, server_cpu=mark, rate=rate * len(r.load.order) / total)
-        for r in routes))
+                 warmup=warmup, duration=duration, server_cpu=mark, rate=rate * len(r.load.order) / total))
+        for r in routes]
+    try:
+        samples = await asyncio.gather(*tasks)
+    except BaseException:
+        # One node's pacer failed: the others are stopped, not left sending load to the cluster while
+        # the harness stops it (or measures the next server)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    merged = merge(samples)
+    if len(marks) == 2 * len(routes) and None not in marks:  # each window's start and end, in time order
+        merged.server_cpu_s = cast(float, marks[-1]) - cast(float, marks[0])
+    return merged
+
+
+def merge(samples: Sequence[Sample]) -> Sample:
+    """The nodes' samples as one: counts summed, ``requests_by_route`` each node's, the windows' mean
+    length, and the latencies interleaved in time (each node's k-th answer taken to be k/n of its window
+    in), since report.slow_bursts reads the i-th latency as ~i/rate into the window: one node's after
+    the other's put requests of one node twice as close as they came, joining slow ones into queues."""
     merged = Sample(client=NAME, late_after_s=LATE_AFTER_S)
+    timed = [[((k + 0.5) * one.seconds / len(one.latencies), latency) for k, latency in enumerate(one.latencies)]
+             for one in samples if one.latencies]
+    merged.latencies = [latency for _, latency in heapq.merge(*timed, key=lambda entry: entry[0])]
     for one in samples:
-        merged.latencies.extend(one.latencies)
         merged.requests += one.requests
         merged.responses += one.responses
         merged.unanswered += one.unanswered
@@ -100,8 +123,6 @@ async def measure_routes(program: Path, routes: Sequence[Route], checker: Checke
         merged.errors.update(one.errors)
         merged.requests_by_route.append(one.requests)
     merged.seconds = sum(one.seconds for one in samples) / len(samples)
-    if len(marks) == 2 * len(routes) and None not in marks:  # each window's start and end, in time order
-        merged.server_cpu_s = cast(float, marks[-1]) - cast(float, marks[0])
     return merged
 
 
@@ -123,18 +144,24 @@ async def _measure(program: Path, host: str, port: int, load: Load, checker: Che
         assert proc.stdout is not None
         server0 = server1 = None
         result: dict[str, int] = {}
-        async for raw in proc.stdout:
-            line = raw.decode().strip()
-            if line == "window-start":
-                server0 = server_cpu()
-            elif line.startswith("window-end"):
-                server1 = server_cpu()
-                _, seconds, cpu = line.split()
-                sample.seconds, sample.client_cpu_s = float(seconds), float(cpu)
-            elif line.startswith("{"):
-                result = json.loads(line)
-        if await proc.wait() != 0 or not result:
-            raise RuntimeError(f"{program} failed (exit status {proc.returncode})")
+        try:
+            async for raw in proc.stdout:
+                line = raw.decode().strip()
+                if line == "window-start":
+                    server0 = server_cpu()
+                elif line.startswith("window-end"):
+                    server1 = server_cpu()
+                    _, seconds, cpu = line.split()
+                    sample.seconds, sample.client_cpu_s = float(seconds), float(cpu)
+                elif line.startswith("{"):
+                    result = json.loads(line)
+            await proc.wait()
+        finally:
+            if proc.returncode is None:  # cancelled (a sibling node's pacer failed): it sends no more
+                proc.kill()
+                await asyncio.shield(proc.wait())
+        if proc.returncode != 0 or not result:
+            raise RuntimeError(f"{program} for {host}:{port} failed (exit status {proc.returncode})")
         latencies = array.array("d")
         latencies.frombytes(Path(tmp, "latencies.f64").read_bytes())
         firsts = _records(Path(tmp, "bodies.bin").read_bytes())
