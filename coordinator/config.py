@@ -404,11 +404,18 @@ def _check_processes(config: Config) -> None:
 def may_share_port(first: str, second: str) -> bool:
     """Whether listeners on hosts ``first`` and ``second`` and one port collide (EADDRINUSE): one host,
     in any spelling of its address, or a wildcard on either side, which binds every address (``::`` the
-    IPv4 ones too). Distinct addresses (127.0.0.1 and 127.0.0.2, or two interfaces') do not."""
+    IPv4 ones too). Distinct addresses (127.0.0.1 and 127.0.0.2, or two interfaces') do not. An
+    IPv4-mapped IPv6 address (``::ffff:127.0.0.1``) is its IPv4 address: a dual-stack socket bound to it
+    holds that address's port."""
     if is_wildcard(first) or is_wildcard(second):
         return True
+
+    def address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+        parsed = ipaddress.ip_address(host)
+        return getattr(parsed, "ipv4_mapped", None) or parsed
+
     try:
-        return ipaddress.ip_address(first) == ipaddress.ip_address(second)
+        return address(first) == address(second)
     except ValueError:
         return first.lower() == second.lower()
 

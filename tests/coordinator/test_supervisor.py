@@ -41,6 +41,7 @@ WILDCARD = ["--advertised-listener", "coord.example:9092"]
     ["--listen", "[::]:9092", *WILDCARD, "--metrics-listen", "127.0.0.1:9093"],  # :: binds IPv4 too
     ["--listen", "[::1]:9092", "--metrics-listen", "[0:0:0:0:0:0:0:1]:9093"],  # one address, two spellings
     ["--listen", "kc.example:9404", "--metrics-listen", "KC.example:9405"],
+    ["--listen", "127.0.0.1:9092", "--metrics-listen", "[::ffff:127.0.0.1]:9093"],  # IPv4-mapped: binds 127.0.0.1
 ])
 def test_listener_and_metrics_ports_that_collide_on_any_host_are_refused_up_front(argv: list[str]) -> None:
     """Node 1 listening on 0.0.0.0:9093 and node 0's metrics on 127.0.0.1:9093 cannot both bind: only
