@@ -97,3 +97,25 @@ def test_a_variable_listed_after_its_use_is_not_expanded() -> None:
 def test_evicting_any_pod_waits_for_an_operator(rendered: Path) -> None:
     pdb = resources(rendered)[("PodDisruptionBudget", "kcoord")]
     assert pdb["spec"].get("maxUnavailable") == 0 and "minAvailable" not in pdb["spec"]
+
+
+# What `kubectl apply` may change in an existing StatefulSet's spec; any other field is refused
+# ("updates to statefulset spec for fields other than ... are forbidden").
+UPDATABLE = {"replicas", "ordinals", "template", "updateStrategy", "persistentVolumeClaimRetentionPolicy",
+             "minReadySeconds"}
+
+
+def test_the_readme_says_how_a_running_single_pod_becomes_the_cluster(rendered: Path) -> None:
+    """Applying the overlay over the base's running StatefulSet is refused by the API server (the
+    overlay sets podManagementPolicy, which no update may change), and once the StatefulSet is
+    deleted, pod kcoord-0 mounts the retained volume data-kcoord-0, whose standalone data directory
+    kcoord refuses in cluster mode (exit 2, a crash loop). An operator following deploy/README from
+    the base needs both said."""
+    base = resources(DEPLOY / "k8s" / "statefulset.yaml")[("StatefulSet", "kcoord")]["spec"]
+    overlay = resources(rendered)[("StatefulSet", "kcoord")]["spec"]
+    immutable = sorted(k for k in set(base) | set(overlay) if k not in UPDATABLE and base.get(k) != overlay.get(k))
+    assert immutable == ["podManagementPolicy"]
+    section = (DEPLOY / "README.md").read_text().split("### As a cluster of pods", 1)[1].split("\n## ", 1)[0]
+    flat = " ".join(section.split())
+    assert "podManagementPolicy" in flat and "immutable" in flat
+    assert "kubectl delete statefulset kcoord" in flat and "data-kcoord-0" in flat
