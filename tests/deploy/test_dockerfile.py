@@ -212,3 +212,38 @@ def test_entrypoint_advertises_the_hostname_when_a_flag_undoes_the_environments_
     kept = subprocess.run(["sh", str(ENTRYPOINT), "serve", "--cluster", "", "--cluster", "0@kc-0.example:9092"],
                           env=env, capture_output=True, text=True, timeout=30)
     assert kept.stdout.strip() == "advertised=unset"
+
+
+def test_healthcheck_asks_every_node_at_once_however_many(tmp_path: Path) -> None:
+    """--processes goes up to 1024 nodes, and the script says the check takes one timeout however many
+    they are (Docker's --timeout=5s bounds it, the per-node timeout is 4 s): 33 nodes that do not
+    answer took two rounds of the timeout through a pool of 32, and Docker killed the check before
+    it named them."""
+    import socket
+    import time
+
+    nodes = 33
+    for _ in range(50):  # 33 consecutive ports that accept connections and never answer
+        listeners: list[socket.socket] = []
+        first = free_port()
+        try:
+            for i in range(nodes):
+                s = socket.socket()
+                listeners.append(s)
+                s.bind(("127.0.0.1", first + i))
+                s.listen(4)
+            break
+        except OSError:
+            for s in listeners:
+                s.close()
+    else:
+        pytest.skip("no 33 consecutive free ports")
+    try:
+        started = time.monotonic()
+        hung = healthcheck(f"127.0.0.1:{first}", KCOORD_PROCESSES=str(nodes), KCOORD_HEALTHCHECK_TIMEOUT_S="1.5")
+        took = time.monotonic() - started
+    finally:
+        for s in listeners:
+            s.close()
+    assert hung.returncode == 1 and f"not ready: nodes {', '.join(map(str, range(nodes)))} of {nodes}" in hung.stdout
+    assert took < 2.9, f"{took:.1f} s: more than one timeout"
