@@ -10,6 +10,7 @@
 set -eu
 # In cluster mode (KCOORD_CLUSTER or --cluster) a node advertises its own --cluster entry: no default then.
 # The last --cluster flag wins over the variable, as in kcoord; '' (or none, off, disabled) is one node.
+# kcoord takes any unambiguous prefix of it too (--cl, --clu, ...: argparse's abbreviations).
 cluster=${KCOORD_CLUSTER:-}
 value_next=
 for arg in "$@"; do
@@ -19,8 +20,8 @@ for arg in "$@"; do
         continue
     fi
     case "$arg" in
-        --cluster) value_next=yes ;;
-        --cluster=*) cluster=${arg#--cluster=} ;;
+        --cl|--clu|--clus|--clust|--cluste|--cluster) value_next=yes ;;
+        --cl=*|--clu=*|--clus=*|--clust=*|--cluste=*|--cluster=*) cluster=${arg#*=} ;;
     esac
 done
 case "$(printf '%s' "$cluster" | tr -d ' \t' | tr '[:upper:]' '[:lower:]')" in

@@ -191,7 +191,8 @@ def test_entrypoint_leaves_a_cluster_node_advertising_its_cluster_entry(tmp_path
 
 
 @pytest.mark.parametrize("args", [["--cluster", ""], ["--cluster="], ["--cluster", "none"],
-                                  ["--cluster", "0@kc-0.example:9092", "--cluster", ""]])
+                                  ["--cluster", "0@kc-0.example:9092", "--cluster", ""],
+                                  ["--clu", ""], ["--cl="]])  # argparse takes any unambiguous prefix
 def test_entrypoint_advertises_the_hostname_when_a_flag_undoes_the_environments_cluster(
         tmp_path: Path, args: list[str]) -> None:
     """``--cluster ''`` (kcoord: one node, whatever KCOORD_CLUSTER says) makes the node a standalone one,
