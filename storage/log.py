@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 from storage.batch import Batch, decode_batch, read_head
 from storage.journalentries import JournalError, batch_offsets, clear_for_run, resolve
 from storage.recoverypoint import RECOVERY_POINT as RECOVERY_POINT
-from storage.recoverypoint import claim_lock, read_claim, run_reaches, short_of
+from storage.recoverypoint import RecoveryPointOwner, claim_lock, run_reaches, short_of
 from storage.segments import (
     Damage,
     Segment,
@@ -90,8 +90,9 @@ class RunNotWritten(TailNotCut):
     which keeps them; the log must not be written until a later recovery writes the run."""
 
 
-class PartitionLog:
-    """Segments of one partition. Not thread-safe: one thread at a time (the shard's writer)."""
+class PartitionLog(RecoveryPointOwner):
+    """Segments of one partition. Not thread-safe: one thread at a time (the shard's writer). Its recovery
+    point's claims: storage.recoverypoint ``RecoveryPointOwner``."""
 
     def __init__(self, directory: Path, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
         self.directory = directory
@@ -467,66 +468,11 @@ class PartitionLog:
     def checkpoint_due(self) -> bool:
         return self._synced_base >= 0 and time.monotonic() - self._checkpointed_at >= CHECKPOINT_INTERVAL_S
 
-    def take_claim(self) -> tuple[int, int] | None:
-        """The current claim, handed to storage.sync's recorder: it counts as recorded from now, so
-        the next one is due an interval later whether or not the recorder is done with this one."""
-        self._checkpointed_at = time.monotonic()
-        return self.claim()
-
     def checkpoint_failed(self, exc: OSError) -> None:
         # The data is durable already; the claim is an optimisation. Failing the batch for it (out of
         # file descriptors, say) would fail commits that are on disk. Try again after the interval.
         self._checkpointed_at = time.monotonic()
         log.warning("%s: could not record the recovery point (%s)", self.directory, exc.strerror or exc)
-
-    def checkpoint(self) -> None:
-        """Records how far the log is known durable: written to a temporary file, fsynced, renamed
-        into place and the directory fsynced, so after a crash the file holds the old or the new claim
-        (both true, since the data was fsynced first), never a torn one."""
-        if self._synced_base < 0:
-            return
-        with self._claim_lock:  # the claim written is the current one: it replaces whatever is in place
-            tmp = self.write_checkpoint()
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            self.install_checkpoint(tmp)
-        fsync_path(self.directory)
-
-    def claim_recorded(self) -> bool:
-        """The recovery point on disk is the current claim (a clean close recorded it), or there is none
-        to record: what lets a clean stop remove the journal, whose synced ends it replaces."""
-        claim = self.claim()
-        return claim is None or read_claim(self.directory) == claim
-
-    def claim(self) -> tuple[int, int] | None:
-        """How far the log is durable now, as a recovery point records it; None before anything is."""
-        return (self._synced_base, self._synced_size) if self._synced_base >= 0 else None
-
-    def write_checkpoint(self, claim: tuple[int, int] | None = None, name: str = RECOVERY_POINT + ".tmp") -> Path:
-        """A claim (by default the current one) in a temporary file, not yet fsynced (``checkpoint``,
-        or storage.sync's recorder, which writes claims taken earlier under a name of its own)."""
-        base, position = claim or (self._synced_base, self._synced_size)
-        tmp = self.directory / name
-        with open(tmp, "w") as f:
-            f.write(f"{base} {position}\n")
-        return tmp
-
-    def install_checkpoint(self, tmp: Path, taken: tuple[int, int] | None = None) -> bool:
-        """Renames a durable temporary claim into place (the directory still needs syncing). A claim
-        ``taken`` earlier (storage.sync's recorder) is dropped instead if the claim in place is newer:
-        claims only move forward, and an old one put back over a newer one would let a compaction
-        that merged segments since make durable bytes look like a torn tail. False if dropped."""
-        with self._claim_lock:
-            if taken is not None and taken < self.recorded_claim():
-                tmp.unlink(missing_ok=True)
-                return False
-            os.replace(tmp, self.directory / RECOVERY_POINT)
-        self._checkpointed_at = time.monotonic()
-        return True
-
-    def recorded_claim(self) -> tuple[int, int]:
-        """The claim on disk, (-1, 0) if none is readable."""
-        return read_claim(self.directory)
 
     def truncate_to_durable(self) -> None:
         """Undoes appends that never became durable (after a failed write or fsync). These bytes were
