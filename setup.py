@@ -26,11 +26,11 @@ COMPILED = [
     # the flush's batch builder
     "storage/batch.py", "storage/loadcodec.py", "coordinator/loader.py", "coordinator/state.py",
     "storage/batchwriter.py",
-    # every request's way: framing, header, registry, server, connection, request, runtime, shard, flusher,
-    # metrics
+    # every request's way: framing, header, registry, server, connection, request, runtime, shard (and its
+    # lifecycle, its base class), flusher, metrics
     "protocol/framing.py", "protocol/header.py", "protocol/registry.py", "coordinator/server.py",
     "coordinator/connection.py", "coordinator/request.py", "coordinator/runtime.py", "coordinator/shard.py",
-    "coordinator/shardstate.py", "coordinator/pending.py",
+    "coordinator/shardlifecycle.py", "coordinator/shardstate.py", "coordinator/pending.py",
     "coordinator/flusher.py",
     "coordinator/metrics.py", "coordinator/timers.py",
     # OffsetCommit and OffsetFetch

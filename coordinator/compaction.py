@@ -12,7 +12,8 @@ from concurrent.futures import Executor
 
 from coordinator.logfmt import Repeated, describe_error
 from coordinator.metrics import Metrics
-from coordinator.shard import REPEAT_LOG_S, Shard
+from coordinator.shard import Shard
+from coordinator.shardlifecycle import REPEAT_LOG_S
 from coordinator.shardstate import ShardState
 from storage.cleaner import (
     CleanAborted,

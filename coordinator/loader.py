@@ -1,5 +1,5 @@
 """Replaying a partition's log into fresh state: the loader thread's half of a shard's load
-(coordinator.shard starts it, serves the result and handles its failures).
+(coordinator.shardlifecycle starts it, serves the result and handles its failures).
 
 It is the same ``replay`` as the live write path, for every record read back, with the collector paused
 and what has been loaded frozen as it grows (coordinator/gcpause.py says why)."""
@@ -46,7 +46,7 @@ def replay_log(partition: int, partition_log: PartitionLog, data: ShardData, dur
             else:
                 try:
                     runs, skipped = decode_runs(batch.records)
-                except RecordError as unreadable:  # fails the partition (coordinator.shard), as in Kafka's loader
+                except RecordError as unreadable:  # fails the partition (coordinator.shardlifecycle), as Kafka's does
                     raise RecordError(f"batch at offsets [{batch.base_offset}, {batch.last_offset}]: "
                                       f"{unreadable}") from unreadable
             for start, run in runs:

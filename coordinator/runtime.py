@@ -21,7 +21,8 @@ from coordinator.groups.hooks import GroupHooks
 from coordinator.metrics import Metrics
 from coordinator.peercheck import PeerCheck
 from coordinator.request import ShardUnavailable
-from coordinator.shard import PROBE_INTERVAL_S, Shard
+from coordinator.shard import Shard
+from coordinator.shardlifecycle import PROBE_INTERVAL_S
 from coordinator.shardstate import ShardState
 from coordinator.timers import Clock, SystemClock
 from coordinator.writer import WriterThread

@@ -23,9 +23,10 @@ PACKAGES = ("coordinator", "protocol", "storage")
 MODULES = ("storage.batch", "storage.loadcodec", "coordinator.loader", "coordinator.state",
            "storage.batchwriter", "protocol.framing", "protocol.header", "protocol.registry", "coordinator.server",
            "coordinator.connection", "coordinator.request", "coordinator.runtime", "coordinator.shard",
-           "coordinator.shardstate", "coordinator.pending", "coordinator.flusher", "coordinator.metrics",
-           "coordinator.timers", "protocol.hotcodec", "protocol.commit", "protocol.offsetfetch", "coordinator.offsets",
-           "coordinator.apis.k08_offset_commit", "coordinator.apis.k09_offset_fetch")
+           "coordinator.shardlifecycle", "coordinator.shardstate", "coordinator.pending", "coordinator.flusher",
+           "coordinator.metrics", "coordinator.timers", "protocol.hotcodec", "protocol.commit",
+           "protocol.offsetfetch", "coordinator.offsets", "coordinator.apis.k08_offset_commit",
+           "coordinator.apis.k09_offset_fetch")
 
 
 def pure_python_forced() -> bool:

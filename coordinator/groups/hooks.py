@@ -9,7 +9,8 @@ from coordinator.groups.membership import Membership
 from coordinator.groups.messages import GroupConfig
 from coordinator.groups.retention import RETENTION_KEY, RetentionPass
 from coordinator.metrics import Metrics
-from coordinator.shard import OpResult, Shard, ShardHooks
+from coordinator.shard import OpResult, Shard
+from coordinator.shardlifecycle import ShardHooks
 from coordinator.state import ShardData
 
 

@@ -31,6 +31,11 @@ def config(data_dir: Path, partitions: int = 1, **kw: Any) -> Config:
     return Config(data_dir=data_dir, offsets_partitions=partitions, **kw)
 
 
+def on_disk(directory: Path) -> list[int]:
+    """The offsets a partition log's directory holds, as a recovery reads them back."""
+    return [r.offset for b in PartitionLog(directory).recover() for r in b.records]
+
+
 async def started(cfg: Config, log_factory: LogFactory = PartitionLog, **kw: Any) -> Runtime:
     runtime = Runtime(cfg, log_factory=log_factory, **kw)
     runtime.start()

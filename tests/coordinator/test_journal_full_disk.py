@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import coordinator.shard
+import coordinator.shardlifecycle
 import storage.journalentries
 from coordinator.request import ShardUnavailable
 from coordinator.shardstate import ShardState
@@ -36,7 +37,7 @@ def _read(shard: coordinator.shard.Shard) -> OffsetAndMetadata | None:
 # acknowledged offsets too, until space returned
 async def test_a_partition_whose_run_cannot_be_written_serves_it_read_only(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(coordinator.shard, "PROBE_INTERVAL_S", 0.05)
+    monkeypatch.setattr(coordinator.shardlifecycle, "PROBE_INTERVAL_S", 0.05)
     faults = GatedLogFaults()
     data = tmp_path / "d"
     runtime = await started(journal_config(data), faults)
@@ -163,7 +164,7 @@ class _TightFaults(GatedLogFaults):
 # reads refused meanwhile) every probe interval, logging an ERROR each time
 async def test_a_run_that_does_not_fit_is_not_reloaded_every_probe_interval(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(coordinator.shard, "PROBE_INTERVAL_S", 0.05)
+    monkeypatch.setattr(coordinator.shardlifecycle, "PROBE_INTERVAL_S", 0.05)
     faults = _TightFaults()
     runtime = await started(journal_config(tmp_path), faults)
     shard = runtime.shards[0]
@@ -191,7 +192,7 @@ async def test_a_run_that_does_not_fit_is_not_reloaded_every_probe_interval(
 # rewrite had failed reads its journal from, past its run; its reload then read no run and served nothing
 async def test_a_failed_checkpoint_while_a_run_is_unwritten_loses_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(coordinator.shard, "PROBE_INTERVAL_S", 0.05)
+    monkeypatch.setattr(coordinator.shardlifecycle, "PROBE_INTERVAL_S", 0.05)
     faults = GatedLogFaults()
     runtime = await started(journal_config(tmp_path), faults)
     shard = runtime.shards[0]

@@ -94,7 +94,7 @@ async def test_a_partition_failing_on_an_idle_server_keeps_its_claim_in_the_jour
 
 async def test_a_partition_failing_in_its_read_only_reload_keeps_its_claim_in_every_entry(tmp_path: Path) -> None:
     """A write fails and the log cannot be cut back (EROFS): the shard reloads ``durable_only``
-    (coordinator.shard ``_recover``), on the same PartitionLog, still ``recovered``. Its read finds
+    (coordinator.shardlifecycle ``_recover``), on the same PartitionLog, still ``recovered``. Its read finds
     damage below the durable end: FAILED, abandoned. The checkpointer takes every ``recovered`` log's end,
     and ``write_synced_ends`` adds those over the entry it filters (``... | ends``): every later entry
     claims the failed partition again, however busy the server. After a crash, the operator's removal of

@@ -215,7 +215,7 @@ NOT_FINAL = {
     "coordinator.metrics.LATENCY_BUCKETS": "a Final tuple of floats: mypyc 2.4 checks it inverted (NameError)",
     "coordinator.runtime.PARTITION_CACHE": "tests/coordinator/test_runtime.py lowers it",
     "coordinator.state.INTERNED_PARTITIONS_MAX": "tests/coordinator/test_state.py lowers it",
-    "coordinator.shard.PROBE_INTERVAL_S": "tests/coordinator/test_shard.py lowers it",
+    "coordinator.shardlifecycle.PROBE_INTERVAL_S": "tests/coordinator/test_shard.py lowers it",
     "storage.batch.FAST_REPLAY": "tests turn the loader's fast path on and off with it",
 }
 # Names tests lower with monkeypatch: Final, a literal is inlined and the patch would do nothing.

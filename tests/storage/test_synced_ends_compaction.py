@@ -96,7 +96,7 @@ def test_a_compaction_gap_below_a_stale_synced_end_fails_a_healthy_partition_at_
 
 
 def test_the_false_failure_then_outlives_every_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Failed, the partition is abandoned (coordinator.shard ``_abandon_journal``): the stale synced end is
+    """Failed, the partition is abandoned (coordinator.shardlifecycle ``_abandon_journal``): the stale synced end is
     kept beside the log, and every later start fails the healthy log again, the journal long gone."""
     from storage.log import LogCorruptError
     journal = compacted_past_a_stale_synced_end(tmp_path, monkeypatch)
