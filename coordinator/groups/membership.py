@@ -11,22 +11,16 @@ soft state (pending member ids, the initial-delay flag). A leader's assignments 
 their record is durable, and only if the group is still in the same state and generation by then.
 
 Timers, keyed per group: ``heartbeat:<group>:<member>`` (session, or the 5-minute new-member join timeout),
-``join:<group>`` (initial delay / rebalance timeout), ``sync:<group>`` (members that never sync).
+``join:<group>`` (initial delay / rebalance timeout), ``sync:<group>`` (members that never sync); what
+their expiry does, and the rebalance steps the requests share with it: coordinator.groups.rebalance.
 """
 
 import logging
 import uuid
 
-from coordinator.groups.messages import (
-    GroupConfig,
-    JoinRequest,
-    JoinResult,
-    LeaveResult,
-    ShardOps,
-    SyncResult,
-)
+from coordinator.groups.messages import JoinRequest, JoinResult, LeaveResult, SyncResult
 from coordinator.groups.model import ClassicGroup, GroupMember, GroupState
-from coordinator.metrics import Metrics
+from coordinator.groups.rebalance import Rebalance, heartbeat_key, sync_key
 from coordinator.request import PARKED, Request
 from coordinator.shard import OpResult
 from coordinator.state import ShardData
@@ -37,18 +31,6 @@ log = logging.getLogger(__name__)
 
 MEMBER_ID_MAX_BYTES = 32767  # an int16-length string: JoinGroup v0-v5 and the group's records carry it
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000  # Kafka's classicGroupNewMemberJoinTimeoutMs (KAFKA-7610)
-
-
-def heartbeat_key(group_id: str, member_id: str) -> str:
-    return f"heartbeat:{group_id}:{member_id}"
-
-
-def join_key(group_id: str) -> str:
-    return f"join:{group_id}"
-
-
-def sync_key(group_id: str) -> str:
-    return f"sync:{group_id}"
 
 
 def validate_member(group: ClassicGroup, member_id: str, instance_id: str | None) -> ErrorCode:
@@ -64,14 +46,10 @@ def validate_member(group: ClassicGroup, member_id: str, instance_id: str | None
     return ErrorCode.NONE
 
 
-class Membership:
-    """Membership operations of one shard. Stateless itself: groups live in the shard's data, so a
-    reload (new data) leaves nothing stale here; timers are the shard's and are cancelled on unload."""
-
-    def __init__(self, shard: ShardOps, config: GroupConfig, metrics: Metrics | None = None) -> None:
-        self.shard = shard
-        self.config = config
-        self.metrics = metrics or Metrics()
+class Membership(Rebalance):
+    """Membership operations of one shard, on the rebalance steps they share with the timers
+    (coordinator.groups.rebalance). Stateless itself: groups live in the shard's data, so a reload (new
+    data) leaves nothing stale here; timers are the shard's and are cancelled on unload."""
 
     # -- entry points (called by the API modules) ------------------------------------------------
 
@@ -180,13 +158,6 @@ class Membership:
             return OpResult([], self._join_answer(group, member, False))
         return OpResult([], JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, j.member_id))  # Empty: reset and rejoin
 
-    def _join_answer(self, group: ClassicGroup, member: GroupMember, with_members: bool,
-                     skip_assignment: bool = False) -> JoinResult:
-        members = [(m.member_id, m.group_instance_id, m.metadata(group.protocol)) for m in group.members.values()] \
-            if with_members else []
-        return JoinResult(ErrorCode.NONE, member.member_id, group.generation, group.protocol_type, group.protocol,
-                          group.leader or "", members, skip_assignment)
-
     def _park_join(self, member: GroupMember, req: Request) -> None:
         if member.awaiting_join is not None:
             # A retried JoinGroup replaces the parked one; answer that one so its connection is not stuck.
@@ -268,109 +239,6 @@ class Membership:
             result = self._maybe_complete_join(data, group)
         return OpResult(result.records, PARKED, on_durable=result.on_durable)
 
-    # -- rebalance ---------------------------------------------------------------------------------
-
-    def _rebalance_or_complete_join(self, data: ShardData, group: ClassicGroup, reason: str) -> OpResult:
-        if group.is_in(GroupState.STABLE, GroupState.COMPLETING_REBALANCE, GroupState.EMPTY):
-            return self._prepare_rebalance(data, group, reason)
-        return self._maybe_complete_join(data, group)
-
-    def _prepare_rebalance(self, data: ShardData, group: ClassicGroup, reason: str) -> OpResult:
-        log.info("Preparing to rebalance group %s in state %s with old generation %d (reason: %s)", group.group_id,
-                 group.state.value, group.generation, reason)
-        if group.is_in(GroupState.COMPLETING_REBALANCE):
-            self._reset_and_propagate(group, ErrorCode.REBALANCE_IN_PROGRESS)
-        self.shard.timers.cancel(sync_key(group.group_id))
-        initial = group.is_in(GroupState.EMPTY)
-        group.transition(GroupState.PREPARING_REBALANCE, self.shard.clock.now_ms())
-        if initial:
-            delay = self.config.initial_rebalance_delay_ms
-            remaining = max(group.rebalance_timeout_ms() - delay, 0)
-            self.shard.schedule(join_key(group.group_id), delay, self._initial_delay_expired, group.group_id, delay,
-                                remaining)
-            return OpResult([], None)
-        if group.all_joined():
-            return self._complete_join(data, group)
-        self.shard.schedule(join_key(group.group_id), group.rebalance_timeout_ms(), self._join_expired, group.group_id)
-        return OpResult([], None)
-
-    def _maybe_complete_join(self, data: ShardData, group: ClassicGroup) -> OpResult:
-        """Completes the join phase once every known member rejoined, except in an initial rebalance,
-        which waits out its delay so that more members can come."""
-        if (group.is_in(GroupState.PREPARING_REBALANCE) and group.all_joined()
-                and group.previous_state is not GroupState.EMPTY):
-            return self._complete_join(data, group)
-        return OpResult([], None)
-
-    def _initial_delay_expired(self, data: ShardData, group_id: str, delay: int, remaining: int) -> OpResult:
-        group = data.groups.get(group_id)
-        if group is None or not group.is_in(GroupState.PREPARING_REBALANCE):
-            return OpResult([], None)
-        if group.new_member_added and remaining > 0:
-            group.new_member_added = False
-            next_delay = min(self.config.initial_rebalance_delay_ms, remaining)
-            self.shard.schedule(join_key(group_id), next_delay, self._initial_delay_expired, group_id, next_delay,
-                                max(remaining - delay, 0))
-            return OpResult([], None)
-        return self._complete_join(data, group)
-
-    def _join_expired(self, data: ShardData, group_id: str) -> OpResult:
-        group = data.groups.get(group_id)
-        if group is None or not group.is_in(GroupState.PREPARING_REBALANCE):
-            return OpResult([], None)
-        return self._complete_join(data, group)
-
-    def _complete_join(self, data: ShardData, group: ClassicGroup) -> OpResult:
-        """Ends the join phase: dynamic members that did not rejoin are dropped, a leader among the joined
-        is chosen, the generation advances and every waiting member gets its answer (the leader with
-        the member list); or the group becomes Empty, which is recorded."""
-        self.shard.timers.cancel(join_key(group.group_id))
-        for member in [m for m in group.members.values() if m.awaiting_join is None and m.group_instance_id is None]:
-            log.info("Member %s did not rejoin group %s in time, removing it", member.member_id, group.group_id)
-            group.remove(member.member_id)
-            self.shard.timers.cancel(heartbeat_key(group.group_id, member.member_id))
-        if group.members and not self._elect_joined_leader(group):
-            # Only static members that have not rejoined are left: wait for them, or for their sessions.
-            self.shard.schedule(join_key(group.group_id), group.rebalance_timeout_ms(), self._join_expired,
-                                group.group_id)
-            return OpResult([], None)
-        now = self.shard.clock.now_ms()
-        group.generation += 1
-        group.pending_sync.clear()
-        if not group.members:
-            group.protocol = None
-            group.leader = None
-            group.subscribed = group.compute_subscribed()
-            group.transition(GroupState.EMPTY, now)
-            log.info("Group %s with generation %d is now empty", group.group_id, group.generation)
-            return OpResult([GroupMetadataRecord(group.group_id, group.to_record())], None, replay=False)
-        group.protocol = group.select_protocol()
-        group.subscribed = group.compute_subscribed()
-        group.transition(GroupState.COMPLETING_REBALANCE, now)
-        log.info("Group %s generation %d: %d members joined (leader %s, protocol %s)", group.group_id,
-                 group.generation, len(group.members), group.leader, group.protocol)
-        for member in group.members.values():
-            parked, member.awaiting_join = member.awaiting_join, None
-            if parked is not None:
-                parked.complete(self._join_answer(group, member, group.leader == member.member_id))
-            self._reschedule_heartbeat(group, member)
-            member.is_new = False
-            group.pending_sync[member.member_id] = None
-        self.shard.schedule(sync_key(group.group_id), group.rebalance_timeout_ms(), self._sync_expired, group.group_id,
-                            group.generation)
-        return OpResult([], None)
-
-    @staticmethod
-    def _elect_joined_leader(group: ClassicGroup) -> bool:
-        leader = group.members.get(group.leader or "")
-        if leader is not None and leader.awaiting_join is not None:
-            return True
-        joined = next((m for m in group.members.values() if m.awaiting_join is not None), None)
-        if joined is None:
-            return False
-        group.leader = joined.member_id
-        return True
-
     # -- SyncGroup ---------------------------------------------------------------------------------
 
     def _sync(self, data: ShardData, req: Request, group_id: str, generation: int, member_id: str,
@@ -423,32 +291,6 @@ class Membership:
         if not group.pending_sync or not group.is_in(GroupState.COMPLETING_REBALANCE, GroupState.STABLE):
             self.shard.timers.cancel(sync_key(group.group_id))
 
-    def _reset_and_propagate(self, group: ClassicGroup, error: ErrorCode) -> None:
-        for member in group.members.values():
-            member.assignment = b""
-        self._propagate(group, error)
-
-    def _propagate(self, group: ClassicGroup, error: ErrorCode) -> None:
-        ok = error is ErrorCode.NONE
-        for member in group.members.values():
-            parked, member.awaiting_sync = member.awaiting_sync, None
-            if parked is not None:
-                parked.complete(SyncResult(error, member.assignment, group.protocol_type if ok else None,
-                                           group.protocol if ok else None))
-                self._reschedule_heartbeat(group, member)
-
-    def _sync_expired(self, data: ShardData, group_id: str, generation: int) -> OpResult:
-        """Members that joined but never synced within the rebalance timeout are removed."""
-        group = data.groups.get(group_id)
-        if (group is None or group.generation != generation
-                or not group.is_in(GroupState.COMPLETING_REBALANCE, GroupState.STABLE) or not group.pending_sync):
-            return OpResult([], None)
-        missing = sorted(group.pending_sync)
-        for member_id in missing:
-            group.remove(member_id)
-            self.shard.timers.cancel(heartbeat_key(group_id, member_id))
-        return self._prepare_rebalance(data, group, f"removing {missing} on pending sync request expiration")
-
     # -- Heartbeat ---------------------------------------------------------------------------------
 
     def _heartbeat(self, data: ShardData, group_id: str, generation: int, member_id: str,
@@ -469,42 +311,6 @@ class Membership:
         if group.is_in(GroupState.PREPARING_REBALANCE):
             return OpResult([], ErrorCode.REBALANCE_IN_PROGRESS)
         return OpResult([], ErrorCode.NONE)
-
-    def _reschedule_heartbeat(self, group: ClassicGroup, member: GroupMember, timeout_ms: int | None = None) -> None:
-        self.shard.schedule(heartbeat_key(group.group_id, member.member_id),
-                            member.session_timeout_ms if timeout_ms is None else timeout_ms,
-                            self._expire_heartbeat, group.group_id, member.member_id)
-
-    def _expire_heartbeat(self, data: ShardData, group_id: str, member_id: str) -> OpResult:
-        group = data.groups.get(group_id)
-        if group is None or group.is_in(GroupState.DEAD):
-            return OpResult([], None)
-        if member_id in group.pending_members:
-            group.pending_members.pop(member_id, None)
-            if group.is_in(GroupState.PREPARING_REBALANCE) and group.all_joined():
-                return self._complete_join(data, group)
-            return OpResult([], None)
-        member = group.members.get(member_id)
-        if member is None:
-            return OpResult([], None)
-        if not member.is_new and (member.awaiting_join is not None or member.awaiting_sync is not None):
-            return OpResult([], None)  # waiting in a rebalance counts as alive; its timeouts apply instead
-        return self._remove_member(data, group, member)
-
-    def _remove_member(self, data: ShardData, group: ClassicGroup, member: GroupMember) -> OpResult:
-        log.info("Member %s in group %s has failed (session timeout), removing it from the group",
-                 member.member_id, group.group_id)
-        self.shard.timers.cancel(heartbeat_key(group.group_id, member.member_id))
-        if member.awaiting_join is not None:
-            member.awaiting_join.complete(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID))
-            member.awaiting_join = None
-        group.remove(member.member_id)
-        if group.is_in(GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
-            return self._rebalance_or_complete_join(data, group, f"removing member {member.member_id} on heartbeat "
-                                                                 "expiration")
-        if group.is_in(GroupState.PREPARING_REBALANCE) and group.all_joined():
-            return self._complete_join(data, group)
-        return OpResult([], None)
 
     # -- LeaveGroup --------------------------------------------------------------------------------
 
