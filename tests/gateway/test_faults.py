@@ -7,6 +7,7 @@ import re
 import signal
 import socket
 import struct
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -276,6 +277,15 @@ def test_metadata_answered_while_the_upstream_is_down_takes_topic_ids_as_kcoord_
         tansu.stop()
 
 
+def stop_stalled(proc: "subprocess.Popen[bytes]") -> None:
+    """SIGSTOP, and wait until every thread of the process has stopped: kill() returns as soon as the signal
+    is queued, and until the thread it was given to next runs (late on a loaded machine), Tansu's other
+    threads still answer requests (an empty Produce's reply reached the client that way, under load)."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)  # a group stop is reported once all its threads stopped
+    assert os.WIFSTOPPED(status), status
+
+
 def test_a_stop_does_not_wait_for_a_stalled_upstream(tmp_path: Path) -> None:
     """A relayed request the upstream never answers (Tansu stopped) held its connection, and with it the
     whole stop, until --shutdown-timeout-ms (a fault campaign: 10.5 s instead of 0.5 s, group coordination
@@ -287,7 +297,7 @@ def test_a_stop_does_not_wait_for_a_stalled_upstream(tmp_path: Path) -> None:
     client = RawClient(kcoord.port, timeout=30)
     try:
         assert client.call(commit_request("stays", {("t", 0): 7}), 8).topics[0].partitions[0].error_code == 0
-        os.kill(tansu.proc.pid, signal.SIGSTOP)
+        stop_stalled(tansu.proc)
         commit_id, commit = client.encode(commit_request("stays", {("t", 0): 8}), 8)
         produce = struct.pack(">hhih", 0, 3, 99, 4) + b"test" + struct.pack(">hhii", -1, 1, 1000, 0)
         client.sock.sendall(commit + struct.pack(">i", len(produce)) + produce)
@@ -399,7 +409,7 @@ def test_group_requests_on_the_coordinators_connection_do_not_wait_for_a_stalled
     client = RawClient(coordinator_port(kcoord), timeout=30)
     try:
         assert client.call(commit_request("hol", {("t", 0): 7}), 8).topics[0].partitions[0].error_code == 0
-        os.kill(tansu.proc.pid, signal.SIGSTOP)
+        stop_stalled(tansu.proc)
         started = time.monotonic()
         asked = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name="t")])
         metadata_id, metadata = client.encode(asked, 1)
