@@ -7,16 +7,21 @@ It asks the metrics listener named by ``KCOORD_METRICS_LISTEN`` (HOST:PORT; a wi
 listener on that port + i, and every one is asked: one node not ready leaves its share of the groups
 unserved, so the container is unhealthy, and the output names the node. The nodes are asked at once, so
 the check takes one timeout however many they are (Docker's --timeout bounds the whole check). With the
-listener ``off`` there is nothing to ask: it reports healthy and says so. The settings are read from the
-environment, as the image sets them; flags given to ``kcoord serve`` are not seen here. Standard library
-only: the image has no curl.
+listener ``off`` there is nothing to ask: it reports healthy and says so. The settings are those of the
+running kcoord, PID 1 in the container (the entrypoint execs it; ``KCOORD_HEALTHCHECK_PID`` names
+another): its command line and environment read with kcoord's own parser, so ``docker run IMAGE serve
+--processes 4`` is checked as four nodes, as ``KCOORD_PROCESSES=4`` is. Where that process is not
+``kcoord serve`` (``docker run --init``, say) the healthcheck's own environment is read instead. No curl:
+the image has none.
 """
 
+import argparse
 import os
 import sys
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 
 def readyz_url(listen: str, node: int = 0) -> str | None:
@@ -48,12 +53,41 @@ def ask(url: str, timeout: float) -> tuple[bool, str]:
         return False, f"{url}: {err}"
 
 
+def running_settings(pid: int) -> tuple[str, int] | None:
+    """(metrics listener, nodes) of the ``kcoord serve`` running as ``pid``, as it read them from its flags
+    and its environment; None where ``pid`` is not one (or cannot be read, or kcoord is not importable)."""
+    try:
+        argv = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        if "serve" not in argv:
+            return None
+        environ = dict(item.decode(errors="replace").split("=", 1)
+                       for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in item)
+        from coordinator.config import ConfigError, add_serve_arguments, config_from_args
+    except (OSError, ImportError):
+        return None
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    add_serve_arguments(parser)
+    try:
+        args, _ = parser.parse_known_args(argv[argv.index("serve") + 1:])
+        config = config_from_args(args, environ)
+    except (argparse.ArgumentError, ConfigError, ValueError, SystemExit):  # kcoord refuses to start with these
+        return None
+    if config.metrics_listen is None:
+        return "off", config.processes
+    host, port = config.metrics_listen
+    return (f"[{host}]" if ":" in host else host) + f":{port}", config.processes
+
+
 def main() -> int:
-    listen = os.environ.get("KCOORD_METRICS_LISTEN") or "127.0.0.1:9404"  # empty is unset, as kcoord reads it
+    running = running_settings(int(os.environ.get("KCOORD_HEALTHCHECK_PID", "1")))
+    if running is not None:
+        listen, nodes = running
+    else:
+        listen = os.environ.get("KCOORD_METRICS_LISTEN") or "127.0.0.1:9404"  # empty is unset, as kcoord reads it
+        nodes = node_count(os.environ.get("KCOORD_PROCESSES", ""))
     if readyz_url(listen) is None:
-        print(f"metrics listener off (KCOORD_METRICS_LISTEN={listen}): nothing to check")
+        print(f"metrics listener off ({listen}): nothing to check")
         return 0
-    nodes = node_count(os.environ.get("KCOORD_PROCESSES", ""))
     timeout = float(os.environ.get("KCOORD_HEALTHCHECK_TIMEOUT_S", "4"))
     try:
         urls = [str(readyz_url(listen, i)) for i in range(nodes)]

@@ -116,6 +116,41 @@ def test_healthcheck_asks_every_node_of_processes_and_names_the_one_not_ready(tm
         supervised.proc.terminate()
         assert supervised.proc.wait(30) == 0
 
+def test_healthcheck_reads_the_running_kcoords_flags(tmp_path: Path) -> None:
+    """``docker run IMAGE serve --processes 2 --metrics-listen ...``: the settings are flags of kcoord (PID 1
+    in the container), not variables the healthcheck sees; it asked node 0 of the default listener only.
+    Here the running kcoord is named by KCOORD_HEALTHCHECK_PID and the healthcheck's own environment says
+    nothing (KCOORD_PROCESSES unset, KCOORD_METRICS_LISTEN another port)."""
+    supervised = Supervised(tmp_path).start()
+    assert supervised.proc is not None
+    node1 = int(re.findall(r"node-1 kcoord: starting kcoord .* \(pid (\d+)\)", supervised.log())[-1])
+    unrelated = {k: v for k, v in os.environ.items() if not k.startswith("KCOORD_")}
+
+    def check(pid: int) -> subprocess.CompletedProcess[str]:
+        env = dict(unrelated, KCOORD_HEALTHCHECK_PID=str(pid), KCOORD_METRICS_LISTEN="127.0.0.1:1",
+                   KCOORD_HEALTHCHECK_TIMEOUT_S="1")
+        return subprocess.run([sys.executable, str(HEALTHCHECK)], env=env, capture_output=True, text=True,
+                              timeout=30)
+
+    try:
+        ready = check(supervised.proc.pid)
+        assert ready.returncode == 0, ready.stdout + ready.stderr
+        assert [line.split(":", 1)[0] for line in ready.stdout.splitlines()] == ["node 0", "node 1"], ready.stdout
+        assert f":{supervised.metrics + 1}/readyz" not in ready.stdout and ready.stdout.count('"ready"') == 2
+        os.kill(node1, signal.SIGSTOP)
+        try:
+            hung = check(supervised.proc.pid)
+        finally:
+            os.kill(node1, signal.SIGCONT)
+        assert hung.returncode == 1 and "not ready: node 1 of 2" in hung.stdout, hung.stdout
+        assert f":{supervised.metrics + 1}/readyz" in hung.stdout, hung.stdout
+        other = check(os.getpid())  # not a `kcoord serve`: its own environment, port 1, refused
+        assert other.returncode == 1 and "127.0.0.1:1/readyz" in other.stdout, other.stdout
+    finally:
+        supervised.proc.terminate()
+        assert supervised.proc.wait(30) == 0
+
+
 @pytest.fixture
 def unready_listener() -> Iterator[int]:
     """An HTTP server answering /readyz as kcoord does while partitions load."""
