@@ -257,3 +257,15 @@ def test_serving_loads_neither_the_admin_nor_the_pipeline_commands() -> None:
 
     assert loaded("serve", "--no-such-flag") == "[]"  # parsed (and refused) without them
     assert "coordinator.groups_cli" in loaded("--help") and "coordinator.groups_cli" in loaded("groups", "--help")
+
+
+def test_the_settings_are_read_without_the_storage_and_protocol_stacks() -> None:
+    """coordinator.config is what the container's HEALTHCHECK imports every 15 s: it loaded storage.log
+    (the record codecs, compression libraries) and kafka-python's classes, ~0.5 s and ~20 MB a check."""
+    from storage.log import DEFAULT_SEGMENT_BYTES
+
+    assert Config().segment_bytes == DEFAULT_SEGMENT_BYTES  # config keeps its own copy of the default
+    probe = ("import sys, coordinator.config\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'kafka', 'aiokafka', 'storage', 'asyncio'}))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
