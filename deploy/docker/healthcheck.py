@@ -10,9 +10,9 @@ the check takes one timeout however many they are (Docker's --timeout bounds the
 listener ``off`` there is nothing to ask: it reports healthy and says so. The settings are those of the
 running kcoord, PID 1 in the container (the entrypoint execs it; ``KCOORD_HEALTHCHECK_PID`` names
 another): its command line and environment read with kcoord's own parser, so ``docker run IMAGE serve
---processes 4`` is checked as four nodes, as ``KCOORD_PROCESSES=4`` is. Where that process is not
-``kcoord serve`` (``docker run --init``, say) the healthcheck's own environment is read instead. No curl:
-the image has none.
+--processes 4`` is checked as four nodes, as ``KCOORD_PROCESSES=4`` is (under ``docker run --init``, the
+init's child). Where there is no ``kcoord serve`` to read, the healthcheck's own environment is. No
+curl: the image has none.
 """
 
 import argparse
@@ -53,12 +53,38 @@ def ask(url: str, timeout: float) -> tuple[bool, str]:
         return False, f"{url}: {err}"
 
 
+def serve_args(pid: int) -> list[str] | None:
+    """The flags of ``kcoord serve`` if ``pid`` runs it: ``kcoord`` (or ``-m coordinator.cli``) right before
+    ``serve``, not merely a ``serve`` somewhere (the entrypoint's shell before its exec, an init's argv,
+    another program's arguments)."""
+    argv = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    at = argv.index("serve") if "serve" in argv else 0
+    return argv[at + 1:] if at and Path(argv[at - 1]).name in ("kcoord", "coordinator.cli") else None
+
+
+def kcoord_pid(pid: int) -> int:
+    """``pid``, or under an init (``docker run --init``: docker-init or tini as PID 1) its child that runs
+    ``kcoord serve``."""
+    if serve_args(pid) is not None:
+        return pid
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            child = int(stat.parent.name)
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == pid and serve_args(child) is not None:
+                return child
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or not ours to read
+            continue
+    return pid
+
+
 def running_settings(pid: int) -> tuple[str, int] | None:
-    """(metrics listener, nodes) of the ``kcoord serve`` running as ``pid``, as it read them from its flags
-    and its environment; None where ``pid`` is not one (or cannot be read, or kcoord is not importable)."""
+    """(metrics listener, nodes) of the ``kcoord serve`` running as ``pid`` (or as its child), as it read
+    them from its flags and its environment; None where there is none (or it cannot be read, or kcoord is
+    not importable)."""
     try:
-        argv = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
-        if "serve" not in argv:
+        pid = kcoord_pid(pid)
+        flags = serve_args(pid)
+        if flags is None:
             return None
         environ = dict(item.decode(errors="replace").split("=", 1)
                        for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in item)
@@ -68,18 +94,18 @@ def running_settings(pid: int) -> tuple[str, int] | None:
     parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     add_serve_arguments(parser)
     try:
-        args, _ = parser.parse_known_args(argv[argv.index("serve") + 1:])
+        args, _ = parser.parse_known_args(flags)
         config = config_from_args(args, environ)
     except (argparse.ArgumentError, ConfigError, ValueError, SystemExit):  # kcoord refuses to start with these
         return None
-    if config.metrics_listen is None:
-        return "off", config.processes
+    if config.metrics_listen is None or config.metrics_listen[1] == 0:  # port 0: each node's is the system's
+        return "off", config.processes                                    # choice, nothing to ask
     host, port = config.metrics_listen
     return (f"[{host}]" if ":" in host else host) + f":{port}", config.processes
 
 
 def main() -> int:
-    running = running_settings(int(os.environ.get("KCOORD_HEALTHCHECK_PID", "1")))
+    running = running_settings(int(os.environ.get("KCOORD_HEALTHCHECK_PID") or "1"))
     if running is not None:
         listen, nodes = running
     else:
@@ -92,7 +118,7 @@ def main() -> int:
     try:
         urls = [str(readyz_url(listen, i)) for i in range(nodes)]
     except ValueError as err:
-        print(f"KCOORD_METRICS_LISTEN={listen!r}: {err}")
+        print(f"metrics listener {listen!r}: {err}")
         return 1
     with ThreadPoolExecutor(max_workers=nodes) as pool:  # one thread each: all asked at once, however many
         answers = list(pool.map(lambda url: ask(url, timeout), urls))

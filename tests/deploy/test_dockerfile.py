@@ -5,10 +5,12 @@ HEALTHCHECK command against a real kcoord, and the entrypoint's advertised-liste
 import http.server
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -144,11 +146,43 @@ def test_healthcheck_reads_the_running_kcoords_flags(tmp_path: Path) -> None:
             os.kill(node1, signal.SIGCONT)
         assert hung.returncode == 1 and "not ready: node 1 of 2" in hung.stdout, hung.stdout
         assert f":{supervised.metrics + 1}/readyz" in hung.stdout, hung.stdout
-        other = check(os.getpid())  # not a `kcoord serve`: its own environment, port 1, refused
+        with subprocess.Popen(["sleep", "30"]) as sleeper:  # not a `kcoord serve`: its own environment, port 1
+            other = check(sleeper.pid)
+            sleeper.kill()
         assert other.returncode == 1 and "127.0.0.1:1/readyz" in other.stdout, other.stdout
     finally:
         supervised.proc.terminate()
         assert supervised.proc.wait(30) == 0
+
+
+def test_healthcheck_finds_kcoord_under_an_init_and_skips_a_port_of_the_systems_choosing() -> None:
+    """``docker run --init``: PID 1 is docker-init (or tini) and kcoord its child. It parsed the init's
+    command line (any ``serve`` in it) and environment, lost the flags and asked node 0 of the default
+    listener; a ``--metrics-listen`` port 0 (each node's port the system's choice) was asked as ports 0..N-1,
+    unhealthy for good. Stand-ins: a shell as the init, a sleeping process with kcoord's command line."""
+    closed = free_port()
+
+    def under_init(*flags: str) -> subprocess.CompletedProcess[str]:
+        child = shlex.join([sys.executable, "-c", "import time; time.sleep(60)", "kcoord", "serve", *flags])
+        init = subprocess.Popen(["sh", "-c", f"{child} & wait"])
+        try:
+            deadline = time.monotonic() + 10
+            while not Path(f"/proc/{init.pid}/task/{init.pid}/children").read_text().split():
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("KCOORD_")}
+            return subprocess.run([sys.executable, str(HEALTHCHECK)], capture_output=True, text=True, timeout=30,
+                                  env=dict(env, KCOORD_HEALTHCHECK_PID=str(init.pid), KCOORD_HEALTHCHECK_TIMEOUT_S="1"))
+        finally:
+            for pid in Path(f"/proc/{init.pid}/task/{init.pid}/children").read_text().split():
+                os.kill(int(pid), signal.SIGKILL)
+            init.wait(10)
+
+    asked = under_init("--processes", "2", "--metrics-listen", f"127.0.0.1:{closed}")
+    assert asked.returncode == 1 and "not ready: nodes 0, 1 of 2" in asked.stdout, asked.stdout
+    assert f"127.0.0.1:{closed + 1}/readyz" in asked.stdout, asked.stdout  # the child's flags, not the defaults
+    chosen = under_init("--processes", "2", "--metrics-listen", "127.0.0.1:0")
+    assert chosen.returncode == 0 and "nothing to check" in chosen.stdout, chosen.stdout
 
 
 @pytest.fixture
