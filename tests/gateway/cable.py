@@ -19,6 +19,7 @@ class Cable:
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.stalled = False  # a broker that accepts and reads nothing: bytes wait in the cable
+        self._closed = False
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
 
     def _call(self, coro: "asyncio.Future[None] | object") -> None:
@@ -65,5 +66,9 @@ class Cable:
                 writer.transport.abort()
 
     def close(self) -> None:
+        """Cuts every connection and stops the cable's loop; again, nothing (a test and its fixture both)."""
+        if self._closed:
+            return
+        self._closed = True
         self.cut()
         self.loop.call_soon_threadsafe(self.loop.stop)

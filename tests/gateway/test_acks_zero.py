@@ -106,18 +106,15 @@ def upstream_errors(kcoord: KcoordProcess) -> float:
                                             re.M))
 
 
-def test_a_link_whose_acks_zero_requests_were_answered_past_closes_quietly(tmp_path: Path) -> None:
+def test_a_link_whose_acks_zero_requests_were_answered_past_closes_quietly(
+        tmp_path: Path, cabled_tansu: tuple[Cable, TansuProcess]) -> None:
     """A gateway audit's find: a link that had ever carried a Produce with acks=0 stayed marked for
     its whole life, so the broker's later close of it, with nothing waiting (a broker closes a
     connection idle for connections.max.idle.ms), closed the client's connection and counted an upstream
     error. A reply to a later request shows the broker got past the acks=0 one: the close is now an idle
     link's, dropped quietly, and the client's next request opens a new link. Tansu, reached through a
     cable that closes every connection through it (the broker itself keeps running)."""
-    cable = Cable(0)
-    tansu = TansuProcess(tmp_path, advertised_port=cable.port)
-    cable.target_port = tansu.port
-    tansu.start()
-    cable.restore()
+    cable, tansu = cabled_tansu
     kcoord = start_gateway(tmp_path, f"127.0.0.1:{cable.port}")
     try:
         client = RawClient(_leader_port(kcoord, "acks0-idle"), timeout=10)

@@ -84,15 +84,11 @@ def produce_request_closed(port: int) -> bool:
     return _request(port, body) == b""
 
 
-def test_broker_cut_and_restored_mid_run(tmp_path: Path) -> None:
+def test_broker_cut_and_restored_mid_run(tmp_path: Path, cabled_tansu: tuple[Cable, TansuProcess]) -> None:
     """Tansu reached only through a cable: cut it while a producer and a group are running, check kcoord
     still serves the group's offsets, restore it, and every message produced (before, during and after
     the cut) reaches the group; committed offsets only grow."""
-    cable = Cable(0)
-    tansu = TansuProcess(tmp_path, advertised_port=cable.port)
-    cable.target_port = tansu.port
-    tansu.start()
-    cable.restore()
+    cable, tansu = cabled_tansu
     kcoord = start_gateway(tmp_path, f"127.0.0.1:{cable.port}", "--upstream-timeout-ms", "5000")
     topic, group = "faults", "survivors"
     members: list[Member] = []
@@ -453,14 +449,10 @@ def test_a_member_is_not_expired_while_only_the_upstream_stalls(tmp_path: Path, 
         continue_and_stop(tansu, kcoord)
 
 
-def test_stalled_broker_times_out(tmp_path: Path) -> None:
+def test_stalled_broker_times_out(tmp_path: Path, cabled_tansu: tuple[Cable, TansuProcess]) -> None:
     """A broker that accepts but never answers: after --upstream-timeout-ms the client's connection is
     closed (clients retry), counted as an upstream timeout; group APIs are answered meanwhile."""
-    cable = Cable(0)
-    tansu = TansuProcess(tmp_path, advertised_port=cable.port)
-    cable.target_port = tansu.port
-    tansu.start()
-    cable.restore()
+    cable, tansu = cabled_tansu
     kcoord = start_gateway(tmp_path, f"127.0.0.1:{cable.port}", "--upstream-timeout-ms", "1500")
     try:
         cable.stalled = True
