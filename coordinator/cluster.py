@@ -128,16 +128,18 @@ def _share(existing: list[int], partitions: int) -> tuple[int, int] | None:
     return existing[0], nodes
 
 
+def canonical_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The address ``host`` spells, in one spelling: an IPv4-mapped IPv6 address (``::ffff:127.0.0.1``) is
+    its IPv4 address, as a dual-stack socket bound to it holds that address. ValueError for a name."""
+    address = ipaddress.ip_address(host)
+    return getattr(address, "ipv4_mapped", None) or address
+
+
 def resolve(host: str) -> set[str]:
-    """The addresses ``host`` names, each in one spelling (an IPv4-mapped IPv6 address as IPv4); OSError
-    when it does not resolve, ValueError (UnicodeError) when it cannot be a DNS name (a label over 63
-    characters)."""
-    found = set()
-    for *_, sockaddr in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM):
-        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
-        mapped = getattr(address, "ipv4_mapped", None)
-        found.add(str(mapped or address))
-    return found
+    """The addresses ``host`` names, each in one spelling (``canonical_address``); OSError when it does
+    not resolve, ValueError (UnicodeError) when it cannot be a DNS name (a label over 63 characters)."""
+    return {str(canonical_address(str(sockaddr[0]).split("%", 1)[0]))
+            for *_, sockaddr in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
 
 
 def _entry(node: Node) -> str:

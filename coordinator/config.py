@@ -6,14 +6,13 @@ or the variable (``KCOORD_LOG_LEVEL='bogus': ...``), never a traceback.
 """
 
 import argparse
-import ipaddress
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordinator.cluster import Node, owner_index
+from coordinator.cluster import Node, canonical_address, owner_index
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 
 if TYPE_CHECKING:
@@ -140,11 +139,9 @@ def is_wildcard(host: str) -> bool:
     ``0.0.0.0``, ``::`` and their other spellings (``::0``, ``0:0:0:0:0:0:0:0``, ``::ffff:0.0.0.0``),
     which bind alike."""
     try:
-        address = ipaddress.ip_address(host)
+        return canonical_address(host).is_unspecified
     except ValueError:
         return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    return address.is_unspecified or (mapped is not None and mapped.is_unspecified)
 
 
 def reachable_host_port(value: str) -> tuple[str, int]:
@@ -417,13 +414,8 @@ def may_share_port(first: str, second: str) -> bool:
     holds that address's port."""
     if is_wildcard(first) or is_wildcard(second):
         return True
-
-    def address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-        parsed = ipaddress.ip_address(host)
-        return getattr(parsed, "ipv4_mapped", None) or parsed
-
     try:
-        return address(first) == address(second)
+        return canonical_address(first) == canonical_address(second)
     except ValueError:
         return first.lower() == second.lower()
 
