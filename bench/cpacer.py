@@ -62,14 +62,6 @@ def _records(data: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-async def measure(program: Path, host: str, port: int, load: Load, checker: Checker, *, connections: int,
-                  inflight: int, warmup: float, duration: float, server_cpu: Callable[[], float | None],
-                  rate: float) -> Sample:
-    """One paced run by the C program; the same Sample the asyncio generator fills."""
-    return await _measure(program, host, port, load, checker, connections=connections, inflight=inflight,
-                          warmup=warmup, duration=duration, server_cpu=server_cpu, rate=rate)
-
-
 async def measure_routes(program: Path, routes: Sequence[Route], checker: Checker, *, inflight: int,
                          warmup: float, duration: float, server_cpu: Callable[[], float | None],
                          rate: float) -> Sample:
@@ -86,7 +78,7 @@ async def measure_routes(program: Path, routes: Sequence[Route], checker: Checke
         return None
 
     tasks = [asyncio.ensure_future(
-        _measure(program, r.host, r.port, r.load, checker, connections=r.connections, inflight=inflight,
+        measure(program, r.host, r.port, r.load, checker, connections=r.connections, inflight=inflight,
                  warmup=warmup, duration=duration, server_cpu=mark, rate=rate * len(r.load.order) / total))
         for r in routes]
     try:
@@ -126,9 +118,10 @@ def merge(samples: Sequence[Sample]) -> Sample:
     return merged
 
 
-async def _measure(program: Path, host: str, port: int, load: Load, checker: Checker, *, connections: int,
-                   inflight: int, warmup: float, duration: float, server_cpu: Callable[[], float | None],
-                   rate: float) -> Sample:
+async def measure(program: Path, host: str, port: int, load: Load, checker: Checker, *, connections: int,
+                  inflight: int, warmup: float, duration: float, server_cpu: Callable[[], float | None],
+                  rate: float) -> Sample:
+    """One paced run by the C program; the same Sample the asyncio generator fills."""
     sample = Sample(client=NAME, late_after_s=LATE_AFTER_S)
     run = Run(load, checker, inflight, sample)
     with tempfile.TemporaryDirectory(prefix="kcoord-pacer-") as tmp:
