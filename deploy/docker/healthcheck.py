@@ -62,19 +62,19 @@ def serve_args(pid: int) -> list[str] | None:
     return argv[at + 1:] if at and Path(argv[at - 1]).name in ("kcoord", "coordinator.cli") else None
 
 
-def kcoord_pid(pid: int) -> int:
-    """``pid``, or under an init (``docker run --init``: docker-init or tini as PID 1) its child that runs
-    ``kcoord serve``."""
-    if serve_args(pid) is not None:
-        return pid
+def kcoord_serve(pid: int) -> tuple[int, list[str]] | None:
+    """(pid, the flags of its ``kcoord serve``) for ``pid``, or under an init (``docker run --init``:
+    docker-init or tini as PID 1) for its child that runs ``kcoord serve``; None when neither does."""
+    if (flags := serve_args(pid)) is not None:
+        return pid, flags
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             child = int(stat.parent.name)
-            if int(stat.read_text().rpartition(")")[2].split()[1]) == pid and serve_args(child) is not None:
-                return child
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == pid and (flags := serve_args(child)) is not None:
+                return child, flags
         except (OSError, ValueError, IndexError):  # gone meanwhile, or not ours to read
             continue
-    return pid
+    return None
 
 
 def running_settings(pid: int) -> tuple[str, int] | None:
@@ -82,10 +82,10 @@ def running_settings(pid: int) -> tuple[str, int] | None:
     them from its flags and its environment; None where there is none (or it cannot be read, or kcoord is
     not importable)."""
     try:
-        pid = kcoord_pid(pid)
-        flags = serve_args(pid)
-        if flags is None:
+        found = kcoord_serve(pid)
+        if found is None:
             return None
+        pid, flags = found
         environ = dict(item.decode(errors="replace").split("=", 1)
                        for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in item)
         from coordinator.config import ConfigError, add_serve_arguments, config_from_args
