@@ -1,11 +1,8 @@
 """kafkajs (admin.fetchOffsets and a consumer group) and kcat (``-G`` balanced consumer) through kcoord in
-gateway mode. Both are installed by the tests themselves when missing (kafkajs with npm into a cache
-directory outside the repository, kcat with apt-get when running as root); without npm or apt the
-tests skip with the reason."""
+gateway mode. Both are installed by the tests themselves when missing (the ``kafkajs`` and ``kcat``
+fixtures of tests/conftest.py); without npm or apt the tests skip with the reason."""
 
 import json
-import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,45 +13,12 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic  # defined here; confluent_kafka.admin does not re-export it
 from kafka import KafkaAdminClient
 
+from tests.conftest import run_kafkajs
 from tests.gateway.conftest import Upstream, start_gateway
 from tests.kcoord_process import KcoordProcess
 
 HERE = Path(__file__).resolve().parent
-KAFKAJS_VERSION = "2.2.4"
-CACHE = Path(os.environ.get("KCOORD_TEST_CACHE", Path.home() / ".cache" / "kcoord-tests"))
 PARTITIONS = 4
-
-
-@pytest.fixture(scope="session")
-def kafkajs() -> Path:
-    """A directory whose node_modules holds kafkajs (npm install on first use)."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("node/npm not installed: kafkajs tests need them")
-    home = CACHE / f"kafkajs-{KAFKAJS_VERSION}"
-    if not (home / "node_modules" / "kafkajs").exists():
-        home.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run([npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(home),
-                                 f"kafkajs@{KAFKAJS_VERSION}"], capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            pytest.skip(f"npm install kafkajs failed: {result.stderr[-500:]}")
-    return home
-
-
-@pytest.fixture(scope="session")
-def kcat() -> str:
-    found = shutil.which("kcat")
-    if found is None and shutil.which("apt-get") and os.geteuid() == 0:
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        install = ["apt-get", "install", "-y", "-q", "kcat"]
-        if subprocess.run(install, capture_output=True, timeout=600, env=env).returncode != 0:
-            # a fresh machine may have no package lists yet
-            subprocess.run(["apt-get", "update", "-q"], capture_output=True, timeout=600, env=env)
-            subprocess.run(install, capture_output=True, timeout=600, env=env)
-        found = shutil.which("kcat")
-    if found is None:
-        pytest.skip("kcat is not installed and could not be (apt-get install -y kcat needs root and Debian)")
-    return found
 
 
 @pytest.fixture(params=["mock", "tansu"])
@@ -88,9 +52,7 @@ def committed(kcoord: KcoordProcess, group: str, topic: str) -> dict[int, int]:
 
 
 def node(kafkajs: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, NODE_PATH=str(kafkajs / "node_modules"))
-    return subprocess.run(["node", str(HERE / "kafkajs_client.js"), *args], capture_output=True, text=True,
-                          timeout=120, env=env)
+    return run_kafkajs(kafkajs, HERE / "kafkajs_client.js", *args)
 
 
 def test_kafkajs_group_and_fetch_offsets(kafkajs: Path, setup: tuple[Upstream, KcoordProcess]) -> None:
