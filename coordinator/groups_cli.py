@@ -280,8 +280,10 @@ def _describe_action(admin: Any, args: argparse.Namespace) -> Result:
     for m in d["members"]:
         assignment = m.get("member_assignment") or {}
         if isinstance(assignment, dict):
-            partitions = sorted(f"{entry['topic']}-{p}" for entry in (assignment.get("assigned_partitions") or [])
-                                for p in entry["partitions"])
+            # by topic, then by partition number (as text, t-10 came before t-2)
+            assigned = assignment.get("assigned_partitions") or []
+            pairs = sorted((e["topic"], p) for e in assigned for p in e["partitions"])
+            partitions = [f"{topic}-{p}" for topic, p in pairs]
         else:  # not a consumer's assignment (another protocol type's bytes, or damaged): kafka-python's raw value
             partitions = ["(not a consumer assignment)"]
         members.append({"member_id": m["member_id"], "group_instance_id": m.get("group_instance_id"),

@@ -175,6 +175,31 @@ def test_describe_shows_an_assignment_that_is_not_a_consumers(server: KcoordProc
     member.close()
 
 
+def test_describe_lists_a_members_partitions_in_number_order(server: KcoordProcess) -> None:
+    """By topic, then partition number: sorted as text, `describe` listed t-0, t-1, t-10, t-2 (a client
+    sweep's find)."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+    from kafka.protocol.consumer.group import JoinGroupRequest, SyncGroupRequest
+
+    member = RawClient(server.port)
+    protocol = JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"")
+    join = JoinGroupRequest(group_id="numbered", session_timeout_ms=30000, rebalance_timeout_ms=5000, member_id="",
+                            group_instance_id=None, protocol_type="consumer", protocols=[protocol], reason=None)
+    joined = member.call(join, 3)
+    assert joined.error_code == 0
+    assignment = ConsumerProtocolMemberAssignment(0, [("t", [10, 2, 1, 0]), ("b", [3])], b"").encode()
+    sync = SyncGroupRequest(group_id="numbered", generation_id=joined.generation_id, member_id=joined.member_id,
+                            group_instance_id=None, protocol_type=None, protocol_name=None,
+                            assignments=[SyncGroupRequest.SyncGroupRequestAssignment(
+                                member_id=joined.member_id, assignment=assignment)])
+    assert member.call(sync, 2).error_code == 0
+    described = parsed(groups(server, "describe", "numbered"))
+    assert [m["partitions"] for m in described["members"]] == [["b-3", "t-0", "t-1", "t-2", "t-10"]]
+    _, row = groups(server, "describe", "numbered", json_out=False).stdout.splitlines()
+    assert row.split()[-1] == "b-3,t-0,t-1,t-2,t-10"
+    member.close()
+
+
 def test_describe_of_a_group_of_another_protocol_type_says_what_it_is(server: KcoordProcess) -> None:
     """A Kafka Connect group (its members' metadata is Connect's, not a consumer subscription): kafka-python's
     "Buffer underrun" was all `describe` said (an admin-API campaign's find). Kafka's own tool refuses such
