@@ -93,6 +93,8 @@ class Supervisor:
         # neither misses the new node here nor runs this process's handler in it (_node_main).
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
+            if self._stopping:  # a stop came between run()'s look at _stopping and the block: nothing would end it
+                return
             proc.start()
             self._procs[i], self._started[i] = proc, time.monotonic()
         finally:

@@ -126,3 +126,29 @@ def test_a_sighup_to_a_starting_node_does_not_stop_its_siblings(tmp_path: Path) 
                 os.kill(child, signal.SIGKILL)
             proc.kill()
             proc.wait()
+
+
+def test_a_stop_arriving_just_before_a_node_starts_again_starts_nothing(tmp_path: Path) -> None:
+    """A SIGTERM whose handler ran between run()'s look at _stopping (a restart falling due) and _start
+    blocking the stop signals: _stop_all found no process for that node, and _start then forked it
+    anyway, so the supervisor waited for ever for a node nothing would stop."""
+    from coordinator.supervisor import Supervisor
+
+    supervisor = Supervisor(parse(["--processes", "2", "--data-dir", str(tmp_path)]), lambda config: 0)
+    started: list[str] = []
+
+    class Forked:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def start(self) -> None:
+            started.append(self.name)
+
+    class Context:
+        def Process(self, target: object, args: object, name: str) -> Forked:  # noqa: N802 (multiprocessing's)
+            supervisor._stop_all()  # the handler, run as the node is about to start
+            return Forked(name)
+
+    supervisor._context = Context()
+    supervisor._start(1)
+    assert started == [] and supervisor._procs[1] is None
