@@ -145,7 +145,7 @@ def test_a_stop_arriving_just_before_a_node_starts_again_starts_nothing(tmp_path
             started.append(self.name)
 
     class Context:
-        def Process(self, target: object, args: object, name: str) -> Forked:  # noqa: N802 (multiprocessing's)
+        def Process(self, target: object, args: object, name: str) -> Forked:  # multiprocessing's name
             supervisor._stop_all()  # the handler, run as the node is about to start
             return Forked(name)
 
