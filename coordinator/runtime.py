@@ -109,8 +109,11 @@ def _check_contents(data_dir: Path, partitions: int, cluster: dict[str, object] 
         try:
             content = json.loads(meta.read_text())
             recorded = int(content["offsets_partitions"])
+            if recorded < 1:  # no count kcoord writes: "start with 0" would be no advice
+                raise ValueError(f"offsets_partitions is {recorded}, not a partition count")
             refusal = layout_refusal(content.get("cluster"), cluster, recorded)
-        except (ValueError, KeyError, TypeError, AttributeError) as damaged:  # compiled: not the OSError's name
+        # compiled: not the OSError's name. OverflowError: a count of Infinity or 1e999 (json reads both as inf)
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as damaged:
             raise ConfigMismatch(f"{meta} is damaged ({damaged!r}); restore it or remove it to re-create it") \
                 from damaged
         if recorded != partitions:

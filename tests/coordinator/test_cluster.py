@@ -267,3 +267,15 @@ def test_a_resolver_that_does_not_answer_does_not_hold_the_start() -> None:
     assert time.monotonic() - started < 5
     assert refusal is None and len(notes) == 2 and all("not checked" in n for n in notes)
     assert "1@kc-1.example:9092" in notes[0] and "2@kc-2.example:9092" in notes[1]
+
+
+@pytest.mark.parametrize("count", ["Infinity", "1e999", "0", "-3"])
+def test_a_recorded_partition_count_that_is_no_count_is_reported_as_damage(tmp_path: Path, count: str) -> None:
+    """json reads Infinity and 1e999 as the float infinity, whose int() raised OverflowError past the
+    damage check: the start ended with a traceback and exit status 1. A count below 1 was taken at its
+    word: "holds an offsets topic of -3 partitions ... Start with -3."."""
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / META_FILE).write_text(f'{{"offsets_partitions": {count}}}')
+    with pytest.raises(ConfigMismatch, match="is damaged"):
+        check_data_dir(data, 50, None)
