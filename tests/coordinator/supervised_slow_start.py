@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import coordinator.supervisor as supervisor
 from coordinator.config import Config
@@ -27,6 +28,23 @@ def wait_for_signal(config: Config) -> int:
         signal.pause()
 
 
+class SlowForkOf:
+    """The supervisor's fork context, its Process for node SLOW_FORK_OF made 1.5 s late: the window between
+    run()'s look at whether it is stopping and _start blocking the stop signals, widened."""
+
+    def __init__(self, real_context: Any, node: str) -> None:
+        self.real_context, self.node = real_context, node
+
+    def Process(self, **kwargs: Any) -> Any:  # multiprocessing's name
+        if kwargs["name"].rsplit("-", 1)[1] == self.node:
+            Path(sys.argv[1], "about-to-fork").write_text(self.node)
+            time.sleep(1.5)
+        return self.real_context.Process(**kwargs)
+
+
 supervisor._die_with_parent = slow_die_with_parent
 config = Config(processes=2, port=29311, data_dir=Path(sys.argv[1]))
-sys.exit(supervisor.Supervisor(config, wait_for_signal).run())
+watcher = supervisor.Supervisor(config, wait_for_signal)
+if slow_fork := os.environ.get("SLOW_FORK_OF"):
+    watcher._context = SlowForkOf(watcher._context, slow_fork)
+sys.exit(watcher.run())

@@ -59,8 +59,9 @@ def test_listener_and_metrics_ports_that_collide_on_any_host_are_refused_up_fron
 def test_listener_and_metrics_ports_that_cannot_collide_are_accepted(argv: list[str]) -> None:
     assert parse(["--processes", "2", *argv]).processes == 2
 
-def _supervised_slow_start(tmp_path: Path, slow_nodes: str = "0,1") -> "subprocess.Popen[bytes]":
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]), SLOW_NODES=slow_nodes)
+def _supervised_slow_start(tmp_path: Path, slow_nodes: str = "0,1",
+                           slow_fork_of: str = "") -> "subprocess.Popen[bytes]":
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]), SLOW_NODES=slow_nodes, SLOW_FORK_OF=slow_fork_of)
     return subprocess.Popen([sys.executable, str(Path(__file__).parent / "supervised_slow_start.py"), str(tmp_path)],
                             env=env, stderr=subprocess.PIPE)
 
@@ -152,3 +153,32 @@ def test_a_stop_arriving_just_before_a_node_starts_again_starts_nothing(tmp_path
     supervisor._context = Context()
     supervisor._start(1)
     assert started == [] and supervisor._procs[1] is None
+
+
+def test_a_stop_just_before_a_node_is_forked_leaves_nothing_running(tmp_path: Path) -> None:
+    """SIGTERM to the supervisor after node 0 is forked and before node 1's _start blocks the stop
+    signals (a window widened to 1.5 s here): _stop_all stopped node 0, then node 1 was forked anyway,
+    and the supervisor waited for ever for a node nothing would stop."""
+    import signal
+    import subprocess
+    import time
+
+    proc = _supervised_slow_start(tmp_path, slow_nodes="none", slow_fork_of="1")
+    try:
+        _forked(proc, 1)
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "about-to-fork").exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the supervisor still waits 10 s after SIGTERM; nodes ran: "
+                        f"{sorted(p.name for p in tmp_path.glob('*.ran'))}")
+        assert not (tmp_path / "node-1.ran").exists()
+    finally:
+        for child in _children(proc.pid) if proc.poll() is None else []:
+            os.kill(child, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
