@@ -442,6 +442,9 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
             values.update(opt.apply(opt.parse(raw)))
         except ValueError as exc:
             raise ConfigError(f"{source}={raw!r}: {exc}") from None
+    if values.get("processes", 1) > 1 and "node_id" in values:  # each node's id is its index: one given was dropped
+        raise ConfigError(f"--processes {values['processes']} numbers its nodes 0 to {values['processes'] - 1} itself: "
+                          f"not with --node-id (or KCOORD_NODE_ID) {values['node_id']}")
     config = _with_cluster(replace(Config(), **values))
     if config.group_min_session_timeout_ms > config.group_max_session_timeout_ms:
         raise ConfigError(f"--group-min-session-timeout-ms ({config.group_min_session_timeout_ms}) is above "

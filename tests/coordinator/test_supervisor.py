@@ -59,6 +59,13 @@ def test_listener_and_metrics_ports_that_collide_on_any_host_are_refused_up_fron
 def test_listener_and_metrics_ports_that_cannot_collide_are_accepted(argv: list[str]) -> None:
     assert parse(["--processes", "2", *argv]).processes == 2
 
+@pytest.mark.parametrize(("argv", "environ"), [(["--node-id", "1"], {}), ([], {"KCOORD_NODE_ID": "0"})])
+def test_a_node_id_with_processes_is_refused(argv: list[str], environ: dict[str, str]) -> None:
+    """node_configs numbers the nodes 0..N-1 whatever --node-id said: a node id given was silently dropped."""
+    with pytest.raises(ConfigError, match="numbers its nodes 0 to 1 itself: not with --node-id"):
+        parse(["--processes", "2", *argv], environ)
+
+
 def _supervised_slow_start(tmp_path: Path, slow_nodes: str = "0,1",
                            slow_fork_of: str = "") -> "subprocess.Popen[bytes]":
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]), SLOW_NODES=slow_nodes, SLOW_FORK_OF=slow_fork_of)
