@@ -11,24 +11,27 @@ set -eu
 # In cluster mode (KCOORD_CLUSTER or --cluster) a node advertises its own --cluster entry: no default then.
 # The last --cluster flag wins over the variable, as in kcoord; '' (or none, off, disabled) is one node.
 # kcoord takes any unambiguous prefix of it too (--cl, --clu, ...: argparse's abbreviations).
+# Likewise a --listen flag (or --li, --lis, ...) wins over KCOORD_LISTEN: the default is made of the port
+# kcoord listens on, and given for a wildcard host only.
 cluster=${KCOORD_CLUSTER:-}
+listen=${KCOORD_LISTEN:-}
 value_next=
 for arg in "$@"; do
-    if [ -n "$value_next" ]; then
-        cluster=$arg
-        value_next=
-        continue
-    fi
+    case "$value_next" in
+        cluster) cluster=$arg; value_next=; continue ;;
+        listen) listen=$arg; value_next=; continue ;;
+    esac
     case "$arg" in
-        --cl|--clu|--clus|--clust|--cluste|--cluster) value_next=yes ;;
+        --cl|--clu|--clus|--clust|--cluste|--cluster) value_next=cluster ;;
         --cl=*|--clu=*|--clus=*|--clust=*|--cluste=*|--cluster=*) cluster=${arg#*=} ;;
+        --li|--lis|--list|--liste|--listen) value_next=listen ;;
+        --li=*|--lis=*|--list=*|--liste=*|--listen=*) listen=${arg#*=} ;;
     esac
 done
 case "$(printf '%s' "$cluster" | tr -d ' \t' | tr '[:upper:]' '[:lower:]')" in
     ''|none|off|disabled) cluster= ;;
 esac
 if [ -z "${KCOORD_ADVERTISED_LISTENER:-}" ] && [ -z "$cluster" ]; then
-    listen=${KCOORD_LISTEN:-}
     case "$listen" in
         0.0.0.0:*|\[::\]:*|\[::0\]:*|\[0:0:0:0:0:0:0:0\]:*|:*)
             KCOORD_ADVERTISED_LISTENER="$(hostname):${listen##*:}"
