@@ -76,8 +76,15 @@ def test_the_image_keeps_its_operational_contract() -> None:
     assert "COPY --from=build /opt/kcoord /opt/kcoord" in " ".join(f"{i} {a}" for i, a in runtime)
 
 
+# Above the kernel's PID_MAX_LIMIT (2^22): no process has it, so the healthcheck reads its own environment
+NO_PROCESS = str((1 << 22) + 1)
+
+
 def healthcheck(listen: str, **more: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, KCOORD_METRICS_LISTEN=listen, **more)
+    """The healthcheck as set up by its environment. Not PID 1's: on a test host, any ``kcoord serve``
+    whose parent died was reparented to PID 1, and the healthcheck asked that one (another test run's, or
+    another user's server) instead of ``listen``."""
+    env = dict(os.environ, KCOORD_METRICS_LISTEN=listen, KCOORD_HEALTHCHECK_PID=NO_PROCESS, **more)
     return subprocess.run([sys.executable, str(HEALTHCHECK)], env=env, capture_output=True, text=True, timeout=30)
 
 
@@ -317,3 +324,29 @@ def test_healthcheck_asks_every_node_at_once_however_many(tmp_path: Path) -> Non
             s.close()
     assert hung.returncode == 1 and f"not ready: nodes {', '.join(map(str, range(nodes)))} of {nodes}" in hung.stdout
     assert took < 2.9, f"{took:.1f} s: more than one timeout"
+
+
+@pytest.mark.parametrize(("args", "advertised"), [
+    (["--listen", "0.0.0.0:9000"], "HOSTNAME:9000"),
+    (["--listen=[::]:9100"], "HOSTNAME:9100"),
+    (["--lis", "0.0.0.0:9200"], "HOSTNAME:9200"),  # argparse takes any unambiguous prefix
+    (["--listen", "0.0.0.0:9000", "--listen", "127.0.0.1:9001"], "127.0.0.1:9001"),  # the last one given
+    (["--listen", "127.0.0.1:9000"], "127.0.0.1:9000"),
+])
+def test_entrypoint_advertises_the_port_of_a_listen_flag(tmp_path: Path, args: list[str], advertised: str) -> None:
+    """``docker run IMAGE serve --listen 0.0.0.0:9000``: kcoord listens where the flag says, over the image's
+    KCOORD_LISTEN=0.0.0.0:9092, but the entrypoint made its advertised default of the variable's port
+    (clients were sent to port 9092, where nothing listens), and gave one to a loopback --listen too."""
+    hostname = subprocess.run(["hostname"], capture_output=True, text=True, check=True).stdout.strip()
+    fake = tmp_path / "bin" / "kcoord"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\nshift\nexec {sys.executable} -c 'import argparse, sys; from coordinator.config import "
+                    "config_from_args, add_serve_arguments; p = argparse.ArgumentParser(); add_serve_arguments(p); "
+                    "print(\"%s:%d\" % config_from_args(p.parse_args(sys.argv[1:])).advertised)' \"$@\"\n")
+    fake.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KCOORD_")}
+    env = dict(base, PATH=f"{fake.parent}:{os.environ['PATH']}", PYTHONPATH=str(REPO), KCOORD_LISTEN="0.0.0.0:9092")
+    result = subprocess.run(["sh", str(ENTRYPOINT), "serve", *args], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr[-600:]
+    assert result.stdout.strip() == advertised.replace("HOSTNAME", hostname)
