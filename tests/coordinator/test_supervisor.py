@@ -77,6 +77,19 @@ def _children(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
+def _stopped_within_10_s(proc: "subprocess.Popen[bytes]", tmp_path: Path) -> None:
+    """SIGTERM to the supervisor, which must then exit within 10 s (the test fails naming the nodes that ran)."""
+    import signal
+    import subprocess
+
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the supervisor still waits 10 s after SIGTERM; nodes ran: "
+                    f"{sorted(p.name for p in tmp_path.glob('*.ran'))}")
+
+
 def _forked(proc: "subprocess.Popen[bytes]", count: int = 2) -> list[int]:
     """The supervisor's nodes once it has forked ``count`` (its imports take ~0.5 s, several seconds on
     a loaded host: a fixed sleep of 0.7 s found one node, or none)."""
@@ -94,17 +107,11 @@ def test_a_stop_during_a_nodes_start_stops_it(tmp_path: Path) -> None:
     ran the supervisor's inherited handler instead (swallowing the SIGTERM, signalling its siblings), then
     served on, and the supervisor waited for it forever."""
     import signal
-    import subprocess
 
     proc = _supervised_slow_start(tmp_path)
     try:
         _forked(proc)  # both nodes forked, neither past the slowed start (1.5 s)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the supervisor still waits 10 s after SIGTERM; nodes ran: "
-                        f"{sorted(p.name for p in tmp_path.glob('*.ran'))}")
+        _stopped_within_10_s(proc, tmp_path)
     finally:
         for child in _children(proc.pid) if proc.poll() is None else []:
             os.kill(child, signal.SIGKILL)
@@ -167,7 +174,6 @@ def test_a_stop_just_before_a_node_is_forked_leaves_nothing_running(tmp_path: Pa
     signals (a window widened to 1.5 s here): _stop_all stopped node 0, then node 1 was forked anyway,
     and the supervisor waited for ever for a node nothing would stop."""
     import signal
-    import subprocess
     import time
 
     proc = _supervised_slow_start(tmp_path, slow_nodes="none", slow_fork_of="1")
@@ -177,12 +183,7 @@ def test_a_stop_just_before_a_node_is_forked_leaves_nothing_running(tmp_path: Pa
         while not (tmp_path / "about-to-fork").exists():
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.01)
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the supervisor still waits 10 s after SIGTERM; nodes ran: "
-                        f"{sorted(p.name for p in tmp_path.glob('*.ran'))}")
+        _stopped_within_10_s(proc, tmp_path)
         assert not (tmp_path / "node-1.ran").exists()
     finally:
         for child in _children(proc.pid) if proc.poll() is None else []:

@@ -152,22 +152,28 @@ def test_against_a_kafka_compatible_broker(tansu: TansuProcess) -> None:
     assert "elsewhere" not in [g["group"] for g in parsed(groups(tansu, "list"))]
 
 
-def test_describe_shows_an_assignment_that_is_not_a_consumers(server: KcoordProcess) -> None:
-    """A "consumer" group whose leader handed out bytes that are no consumer assignment (a fault
-    campaign's find: `describe` died with an AttributeError): the member is shown, marked."""
+def _one_member(server: KcoordProcess, group: str, assignment: bytes) -> RawClient:
+    """A "consumer" group of one member (a raw client, open until the caller closes it), given ``assignment``."""
     from kafka.protocol.consumer.group import JoinGroupRequest, SyncGroupRequest
 
     member = RawClient(server.port)
     protocol = JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"")
-    join = JoinGroupRequest(group_id="odd", session_timeout_ms=30000, rebalance_timeout_ms=5000, member_id="",
+    join = JoinGroupRequest(group_id=group, session_timeout_ms=30000, rebalance_timeout_ms=5000, member_id="",
                             group_instance_id=None, protocol_type="consumer", protocols=[protocol], reason=None)
     joined = member.call(join, 3)
     assert joined.error_code == 0
-    sync = SyncGroupRequest(group_id="odd", generation_id=joined.generation_id, member_id=joined.member_id,
+    sync = SyncGroupRequest(group_id=group, generation_id=joined.generation_id, member_id=joined.member_id,
                             group_instance_id=None, protocol_type=None, protocol_name=None,
                             assignments=[SyncGroupRequest.SyncGroupRequestAssignment(
-                                member_id=joined.member_id, assignment=b"\x01" * 600)])
+                                member_id=joined.member_id, assignment=assignment)])
     assert member.call(sync, 2).error_code == 0
+    return member
+
+
+def test_describe_shows_an_assignment_that_is_not_a_consumers(server: KcoordProcess) -> None:
+    """A "consumer" group whose leader handed out bytes that are no consumer assignment (a fault
+    campaign's find: `describe` died with an AttributeError): the member is shown, marked."""
+    member = _one_member(server, "odd", b"\x01" * 600)
     described = parsed(groups(server, "describe", "odd"))
     assert [m["partitions"] for m in described["members"]] == [["(not a consumer assignment)"]]
     table = groups(server, "describe", "odd", json_out=False)
@@ -179,20 +185,9 @@ def test_describe_lists_a_members_partitions_in_number_order(server: KcoordProce
     """By topic, then partition number: sorted as text, `describe` listed t-0, t-1, t-10, t-2 (a client
     sweep's find)."""
     from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
-    from kafka.protocol.consumer.group import JoinGroupRequest, SyncGroupRequest
 
-    member = RawClient(server.port)
-    protocol = JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=b"")
-    join = JoinGroupRequest(group_id="numbered", session_timeout_ms=30000, rebalance_timeout_ms=5000, member_id="",
-                            group_instance_id=None, protocol_type="consumer", protocols=[protocol], reason=None)
-    joined = member.call(join, 3)
-    assert joined.error_code == 0
     assignment = ConsumerProtocolMemberAssignment(0, [("t", [10, 2, 1, 0]), ("b", [3])], b"").encode()
-    sync = SyncGroupRequest(group_id="numbered", generation_id=joined.generation_id, member_id=joined.member_id,
-                            group_instance_id=None, protocol_type=None, protocol_name=None,
-                            assignments=[SyncGroupRequest.SyncGroupRequestAssignment(
-                                member_id=joined.member_id, assignment=assignment)])
-    assert member.call(sync, 2).error_code == 0
+    member = _one_member(server, "numbered", assignment)
     described = parsed(groups(server, "describe", "numbered"))
     assert [m["partitions"] for m in described["members"]] == [["b-3", "t-0", "t-1", "t-2", "t-10"]]
     _, row = groups(server, "describe", "numbered", json_out=False).stdout.splitlines()
