@@ -253,6 +253,8 @@ class ShardLifecycle:
         trouble = Repeated(log, REPEAT_LOG_S)
         while self.state is _SHARD_READ_ONLY and not self._closing:
             await asyncio.sleep(PROBE_INTERVAL_S)
+            if self.state is not _SHARD_READ_ONLY or self._closing:  # stopped meanwhile: the writer may be gone
+                return
             problem = await loop.run_in_executor(self.writer, self._probe)
             if problem is None:
                 if self._tail_dirty:  # first cut the unacknowledged tail, then reload and serve

@@ -133,6 +133,7 @@ class Faults:
         self.sync_held = threading.Event()  # a sync is being held
         self.fail_next_checkpoint = False  # journal mode only (FaultyJournal): a checkpoint's step
         self.fail_next_journal_write = False  # journal mode only: ENOSPC writing the journal
+        self.probes = 0  # writability probes made (FaultyLog.probe)
 
     def factory(self, directory: Path, segment_bytes: int) -> PartitionLog:
         return FaultyLog(directory, segment_bytes, self)
@@ -178,6 +179,7 @@ class FaultyLog(PartitionLog):
         super().synced(checkpoint, upto)
 
     def probe(self) -> None:
+        self.faults.probes += 1
         if self.faults.read_only:
             raise OSError(errno.EROFS, "Read-only file system (injected)", str(self.directory))
         if self.faults.disk_full:

@@ -78,6 +78,27 @@ async def test_a_full_disk_keeps_acknowledged_offsets_readable_and_recovers_with
     await stop(runtime)
 
 
+async def test_a_stop_ends_the_read_only_probe_without_another_probe(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A READ_ONLY partition's probe asleep when kcoord stops: it wakes to the stop, not to a probe (it
+    called the writer thread after its sleep regardless, which by then had shut down: a RuntimeError in
+    the task at every stop during a full disk; a review's find)."""
+    monkeypatch.setattr(coordinator.shardlifecycle, "PROBE_INTERVAL_S", 0.2)
+    faults = Faults()
+    runtime = await started(config(tmp_path), faults.factory)
+    shard = runtime.shards[0]
+    assert await append(shard, [commit("g", 0, 1)]) == OK
+    faults.disk_full = True
+    assert await append(shard, [commit("g", 0, 2)]) == ErrorCode.NOT_COORDINATOR
+    await wait_state(shard, ShardState.READ_ONLY)
+    probing = shard._task
+    assert probing is not None and not probing.done()
+    await stop(runtime)
+    probes = faults.probes
+    await asyncio.wait_for(asyncio.shield(probing), 2)  # its sleep over: raised RuntimeError before the fix
+    assert probing.exception() is None and faults.probes == probes
+
+
 async def test_a_tail_that_cannot_be_cut_still_serves_the_durable_part_read_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
