@@ -112,10 +112,12 @@ class Supervisor:
         root = self.configs[0].data_dir.parent
         held = [p.name for p in (root / META_FILE, *root.glob(f"{OFFSETS_TOPIC}-*")) if p.exists()]
         if held:
-            # A standalone kcoord's directory: the nodes would start empty beside it, serving no offset.
-            log.error("%s holds a standalone kcoord's offsets (%s): the nodes of --processes keep theirs in %s/node-i "
-                      "and would serve none of them; give another --data-dir (the offsets stay with a single "
-                      "process: kcoord does not move partitions between nodes)", root, held[0], root)
+            # One kcoord's own directory (a single process's, or a --cluster node's): the nodes would start
+            # empty beside it, serving no offset.
+            log.error("%s holds the offsets of one kcoord process (%s; a standalone one's or a --cluster node's): the "
+                      "nodes of --processes keep theirs in %s/node-i and would serve none of them; give another "
+                      "--data-dir (the offsets stay with that process: kcoord does not move partitions between "
+                      "nodes)", root, held[0], root)
             return REFUSED
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._stop_all)
