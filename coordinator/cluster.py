@@ -130,8 +130,18 @@ def _share(existing: list[int], partitions: int) -> tuple[int, int] | None:
 
 def canonical_address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     """The address ``host`` spells, in one spelling: an IPv4-mapped IPv6 address (``::ffff:127.0.0.1``) is
-    its IPv4 address, as a dual-stack socket bound to it holds that address. ValueError for a name."""
-    address = ipaddress.ip_address(host)
+    its IPv4 address, as a dual-stack socket bound to it holds that address, and the IPv4 shorthands the
+    resolver reads as numbers (``0``, ``127.1``, ``0x7f.0.0.1``: what a bind to them binds) are theirs.
+    ValueError for a name."""
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(host)
+    except ValueError:
+        if not host or ":" in host or any(c.isspace() for c in host):  # inet_aton takes "1.2.3.4 junk"
+            raise
+        try:
+            return ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            raise ValueError(f"{host!r} is no IP address") from None
     return getattr(address, "ipv4_mapped", None) or address
 
 

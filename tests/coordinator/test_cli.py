@@ -92,6 +92,8 @@ def test_flags_and_environment() -> None:
         (["--listen", "[::0]:9092"], "--listen ::0:9092 listens on every interface"),
         (["--listen", "[0:0:0:0:0:0:0:0]:9092"], "listens on every interface"),
         (["--listen", "[::ffff:0.0.0.0]:9092"], "listens on every interface"),
+        (["--listen", "0:9092"], "--listen 0:9092 listens on every interface"),  # "0" binds 0.0.0.0 too
+        (["--advertised-listener", "0.0:9092"], "0.0 cannot be advertised"),
         (["--advertised-listener", "[::0]:9092"], "::0 cannot be advertised"),
         (["--listen", "0.0.0.0:9092", "--advertised-listener", "kc.example:9092", "--upstream", "b:9092",
           "--broker-advertised-host", "0.0.0.0"], "--broker-advertised-host 0.0.0.0 means every interface"),

@@ -42,6 +42,7 @@ WILDCARD = ["--advertised-listener", "coord.example:9092"]
     ["--listen", "[::1]:9092", "--metrics-listen", "[0:0:0:0:0:0:0:1]:9093"],  # one address, two spellings
     ["--listen", "kc.example:9404", "--metrics-listen", "KC.example:9405"],
     ["--listen", "127.0.0.1:9092", "--metrics-listen", "[::ffff:127.0.0.1]:9093"],  # IPv4-mapped: binds 127.0.0.1
+    ["--listen", "127.0.0.1:9092", "--metrics-listen", "127.1:9093"],  # an IPv4 shorthand binds 127.0.0.1 too
 ])
 def test_listener_and_metrics_ports_that_collide_on_any_host_are_refused_up_front(argv: list[str]) -> None:
     """Node 1 listening on 0.0.0.0:9093 and node 0's metrics on 127.0.0.1:9093 cannot both bind: only
@@ -58,6 +59,7 @@ def test_listener_and_metrics_ports_that_collide_on_any_host_are_refused_up_fron
 ])
 def test_listener_and_metrics_ports_that_cannot_collide_are_accepted(argv: list[str]) -> None:
     assert parse(["--processes", "2", *argv]).processes == 2
+
 
 @pytest.mark.parametrize(("argv", "environ"), [(["--node-id", "1"], {}), ([], {"KCOORD_NODE_ID": "0"})])
 def test_a_node_id_with_processes_is_refused(argv: list[str], environ: dict[str, str]) -> None:
