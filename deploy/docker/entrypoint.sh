@@ -31,12 +31,28 @@ done
 case "$(printf '%s' "$cluster" | tr -d ' \t' | tr '[:upper:]' '[:lower:]')" in
     ''|none|off|disabled) cluster= ;;
 esac
+# Whether $1 is 0.0.0.0 in a shorthand a bind reads as it (0, 00, 0.0, 0x0.0: up to four parts, each
+# zeros or 0x and zeros), which kcoord takes for a wildcard too (coordinator/cluster.py canonical_address).
+zero_ipv4() {
+    case "$1" in ''|.*|*.|*..*|*.*.*.*.*) return 1 ;; esac
+    rest=$1.
+    while [ -n "$rest" ]; do
+        part=${rest%%.*}
+        rest=${rest#*.}
+        case "$part" in 0[xX]?*) part=${part#??} ;; esac
+        case "$part" in ''|*[!0]*) return 1 ;; esac
+    done
+}
 if [ -z "${KCOORD_ADVERTISED_LISTENER:-}" ] && [ -z "$cluster" ]; then
+    wildcard=
     case "$listen" in
-        0.0.0.0:*|\[::\]:*|\[::0\]:*|\[0:0:0:0:0:0:0:0\]:*|:*)
-            KCOORD_ADVERTISED_LISTENER="$(hostname):${listen##*:}"
-            export KCOORD_ADVERTISED_LISTENER
-            ;;
+        0.0.0.0:*|\[::\]:*|\[::0\]:*|\[0:0:0:0:0:0:0:0\]:*|\[::ffff:0.0.0.0\]:*|:*) wildcard=yes ;;
+        \[*) ;;
+        *:*) if zero_ipv4 "${listen%:*}"; then wildcard=yes; fi ;;
     esac
+    if [ -n "$wildcard" ]; then
+        KCOORD_ADVERTISED_LISTENER="$(hostname):${listen##*:}"
+        export KCOORD_ADVERTISED_LISTENER
+    fi
 fi
 exec kcoord "$@"

@@ -332,6 +332,14 @@ def test_healthcheck_asks_every_node_at_once_however_many(tmp_path: Path) -> Non
     (["--lis", "0.0.0.0:9200"], "HOSTNAME:9200"),  # argparse takes any unambiguous prefix
     (["--listen", "0.0.0.0:9000", "--listen", "127.0.0.1:9001"], "127.0.0.1:9001"),  # the last one given
     (["--listen", "127.0.0.1:9000"], "127.0.0.1:9000"),
+    # the IPv4 shorthands kcoord reads as 0.0.0.0 (it refused them: a wildcard without an advertised listener)
+    (["--listen", "0:9300"], "HOSTNAME:9300"),
+    (["--listen", "0.0:9301"], "HOSTNAME:9301"),
+    (["--listen", "0x0.00.0:9302"], "HOSTNAME:9302"),
+    (["--listen", "[::ffff:0.0.0.0]:9303"], "HOSTNAME:9303"),
+    (["--listen", "00.1:9304"], "00.1:9304"),  # 0.0.0.1, no wildcard
+    (["--listen", "0x:9305"], "0x:9305"),  # a name
+    (["--listen", "0.0.0.0.0:9306"], "0.0.0.0.0:9306"),  # five parts: a name
 ])
 def test_entrypoint_advertises_the_port_of_a_listen_flag(tmp_path: Path, args: list[str], advertised: str) -> None:
     """``docker run IMAGE serve --listen 0.0.0.0:9000``: kcoord listens where the flag says, over the image's
