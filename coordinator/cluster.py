@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, TypeGuard
 
 OFFSETS_TOPIC: Final = "__consumer_offsets"  # the topic whose partitions the nodes share
 # shared_listener's lookups, all together: a resolver that does not answer (DNS down or unreachable, as
@@ -61,10 +61,17 @@ def owned_by(recorded: object, partitions: int) -> set[int]:
     if not isinstance(recorded, dict):
         raise ValueError(f"cluster is {recorded!r}, not an object")
     node_id, node_ids = recorded.get("node_id"), recorded.get("node_ids")
-    if not isinstance(node_id, int) or not isinstance(node_ids, list) or node_id not in node_ids \
-            or not all(isinstance(i, int) for i in node_ids):
+    if not _node_id(node_id) or not isinstance(node_ids, list) or not all(_node_id(i) for i in node_ids) \
+            or node_id not in node_ids:
         raise ValueError(f"cluster {recorded!r} does not name a node among its node ids")
+    if len(set(node_ids)) != len(node_ids):  # kcoord records distinct ids (a --cluster repeating one is refused)
+        raise ValueError(f"cluster {recorded!r} names a node id twice")
     return set(owned_partitions(node_ids, node_id, partitions))
+
+
+def _node_id(value: object) -> TypeGuard[int]:
+    """A node id as kcoord records one: an int of at least 0 (json's true is a bool, which Python counts as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def describe(recorded: object) -> str:

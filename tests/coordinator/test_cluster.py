@@ -92,6 +92,18 @@ def test_layouts_that_own_the_same_partitions_agree_and_others_are_refused() -> 
         owned_by({"node_id": 2, "node_ids": [0, 1]}, 50)
 
 
+@pytest.mark.parametrize("cluster", ['{"node_id": 0, "node_ids": [0, 0]}', '{"node_id": true, "node_ids": [0, 1]}',
+                                     '{"node_id": 0, "node_ids": [0, false]}', '{"node_id": -1, "node_ids": [-1, 0]}'])
+def test_a_recorded_layout_kcoord_never_writes_is_reported_as_damage(tmp_path: Path, cluster: str) -> None:
+    """A hand-edited meta file: a node id twice, or json's true/false (Python counts them as 1 and 0), were
+    taken as a layout, and the start refused as "written for another layout" with that nonsense in it."""
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / META_FILE).write_text(f'{{"offsets_partitions": 50, "cluster": {cluster}}}')
+    with pytest.raises(ConfigMismatch, match="is damaged"):
+        check_data_dir(data, 50, {"node_id": 0, "node_ids": [0, 1]})
+
+
 def test_the_data_directory_records_its_node_and_refuses_another(tmp_path: Path) -> None:
     data = tmp_path / "node0"
     zero = layout(0, parse_cluster(TWO))
