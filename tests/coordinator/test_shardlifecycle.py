@@ -23,13 +23,15 @@ from tests.coordinator.harness import OK, Faults, append, commit, config, on_dis
 pytestmark = pytest.mark.usefixtures("both_loader_paths")
 
 
-async def failed_once(tmp_path: Path) -> tuple[Runtime, Shard]:
-    """A shard that acknowledged one commit (offset 1 of g/t/0), then failed the next one's fsync."""
-    faults = Faults()
+async def failed_once(tmp_path: Path, faults: Faults | None = None,
+                      switch: str = "fail_next_sync") -> tuple[Runtime, Shard]:
+    """A shard that acknowledged one commit (offset 1 of g/t/0), then failed the next one: its fsync, or
+    as ``switch`` (a Faults switch, of ``faults``) says."""
+    faults = faults or Faults()
     runtime = await started(config(tmp_path), faults.factory)
     shard = runtime.shards[0]
     assert await append(shard, [commit("g", 0, 1)]) == OK
-    faults.fail_next_sync = True
+    setattr(faults, switch, True)
     assert await append(shard, [commit("g", 0, 2)]) == ErrorCode.NOT_COORDINATOR
     return runtime, shard
 
@@ -85,11 +87,7 @@ async def test_a_stop_ends_the_read_only_probe_without_another_probe(tmp_path: P
     the task at every stop during a full disk; a review's find)."""
     monkeypatch.setattr(coordinator.shardlifecycle, "PROBE_INTERVAL_S", 0.2)
     faults = Faults()
-    runtime = await started(config(tmp_path), faults.factory)
-    shard = runtime.shards[0]
-    assert await append(shard, [commit("g", 0, 1)]) == OK
-    faults.disk_full = True
-    assert await append(shard, [commit("g", 0, 2)]) == ErrorCode.NOT_COORDINATOR
+    runtime, shard = await failed_once(tmp_path, faults, "disk_full")
     await wait_state(shard, ShardState.READ_ONLY)
     probing = shard._task
     assert probing is not None and not probing.done()
