@@ -251,9 +251,9 @@ class ShardLifecycle:
     async def _probe_until_writable(self) -> None:
         loop = asyncio.get_running_loop()
         trouble = Repeated(log, REPEAT_LOG_S)
-        while self.state is _SHARD_READ_ONLY and not self._closing:
+        while True:
             await asyncio.sleep(PROBE_INTERVAL_S)
-            if self.state is not _SHARD_READ_ONLY or self._closing:  # stopped meanwhile: the writer may be gone
+            if self.state is not _SHARD_READ_ONLY or self._closing:  # after the sleep: a stop may have ended the writer
                 return
             problem = await loop.run_in_executor(self.writer, self._probe)
             if problem is None:
