@@ -9,11 +9,17 @@ const [mode, bootstrap, ...groups] = process.argv.slice(2);
 const kafka = new Kafka({ clientId: 'kafkajs-cluster-test', brokers: [bootstrap], logLevel: logLevel.ERROR,
                           retry: { retries: 10 } });
 
+async function offsetsOf(client) {
+  const out = {};
+  for (const groupId of groups) out[groupId] = await client.fetchOffsets({ groupId });
+  return out;
+}
+
 async function admin() {
   const client = kafka.admin();
   await client.connect();
-  const out = { cluster: await client.describeCluster(), listed: (await client.listGroups()).groups, offsets: {} };
-  for (const groupId of groups) out.offsets[groupId] = await client.fetchOffsets({ groupId });
+  const out = { cluster: await client.describeCluster(), listed: (await client.listGroups()).groups };
+  out.offsets = await offsetsOf(client);
   out.described = (await client.describeGroups(groups)).groups;
   console.log(JSON.stringify(out));
   await client.disconnect();
@@ -22,9 +28,7 @@ async function admin() {
 async function fetchOffsets() {
   const client = kafka.admin();
   await client.connect();
-  const out = {};
-  for (const groupId of groups) out[groupId] = await client.fetchOffsets({ groupId });
-  console.log(JSON.stringify(out));
+  console.log(JSON.stringify(await offsetsOf(client)));
   await client.disconnect();
 }
 
