@@ -43,10 +43,35 @@ zero_ipv4() {
         case "$part" in ''|*[!0]*) return 1 ;; esac
     done
 }
+# Whether "[$1" (a bracketed host without its "]") is an IPv6 spelling of a wildcard: every group zero
+# (::, 0::0, ::0.0.0.0) or IPv4's 0.0.0.0 mapped (::ffff:0.0.0.0, ::ffff:0:0), as canonical_address reads
+# them (an IPv4 tail in IPv6 is four plain decimal parts: no shorthand). The groups are written out to
+# eight, "::" filled with zeros, then read in place.
+zero_ipv6() {
+    host=$(printf '%s' "${1#[}" | tr '[:upper:]' '[:lower:]')
+    case "$host" in *.*) [ "${host##*:}" = 0.0.0.0 ] || return 1; host="${host%:*}:0:0" ;; esac
+    case "$host" in *::*::*|*:::*|:[!:]*|*[!:]:|*[!0-9a-f:]*|'') return 1 ;; esac
+    case "$host" in
+        *::*) left=$(printf '%s' "${host%%::*}" | tr : ' ') right=$(printf '%s' "${host#*::}" | tr : ' ')
+              set -- $left $right
+              [ $# -lt 8 ] || return 1
+              middle=; n=$#; while [ "$n" -lt 8 ]; do middle="$middle 0"; n=$((n + 1)); done
+              set -- $left $middle $right ;;
+        *) set -- $(printf '%s' "$host" | tr : ' ') ;;
+    esac
+    [ $# -eq 8 ] || return 1
+    at=0
+    for group in "$@"; do
+        case "$group" in ?????*) return 1 ;; esac
+        case "$at:$group" in 5:ffff) ;; *:*[!0]*) return 1 ;; esac
+        at=$((at + 1))
+    done
+}
 if [ -z "${KCOORD_ADVERTISED_LISTENER:-}" ] && [ -z "$cluster" ]; then
     wildcard=
     case "$listen" in
-        0.0.0.0:*|\[::\]:*|\[::0\]:*|\[0:0:0:0:0:0:0:0\]:*|\[::ffff:0.0.0.0\]:*|:*) wildcard=yes ;;
+        :*) wildcard=yes ;;
+        \[*\]:*) if zero_ipv6 "${listen%]:*}"; then wildcard=yes; fi ;;
         \[*) ;;
         *:*) if zero_ipv4 "${listen%:*}"; then wildcard=yes; fi ;;
     esac

@@ -358,6 +358,14 @@ def _closed_by_peer(conn: socket.socket) -> bool:
     (["--listen", "00.1:9304"], "00.1:9304"),  # 0.0.0.1, no wildcard
     (["--listen", "0x:9305"], "0x:9305"),  # a name
     (["--listen", "0.0.0.0.0:9306"], "0.0.0.0.0:9306"),  # five parts: a name
+    # IPv6 spellings of a wildcard beyond [::]: the groups read in place, as kcoord reads them
+    (["--listen", "[0::0]:9307"], "HOSTNAME:9307"),
+    (["--listen", "[::0.0.0.0]:9308"], "HOSTNAME:9308"),
+    (["--listen", "[::FFFF:0:0]:9309"], "HOSTNAME:9309"),  # 0.0.0.0 mapped, in hex
+    (["--listen", "[0:0:0:0:0:0:0:0]:9310"], "HOSTNAME:9310"),
+    (["--listen", "[::ffff:0]:9311"], "::ffff:0:9311"),  # ::255.255.0.0, no wildcard
+    (["--listen", "[0:ffff::]:9312"], "0:ffff:::9312"),
+    (["--listen", "[::1]:9313"], "::1:9313"),
 ])
 def test_entrypoint_advertises_the_port_of_a_listen_flag(tmp_path: Path, args: list[str], advertised: str) -> None:
     """``docker run IMAGE serve --listen 0.0.0.0:9000``: kcoord listens where the flag says, over the image's
