@@ -14,6 +14,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from protocol.codec import DecodeError, MessageCodec
+from protocol.partitioning import java_string_hash
 from protocol.records import GroupMetadata, MemberMetadata
 from protocol.schema import load_message
 
@@ -214,13 +215,14 @@ class ClassicGroup:
         return protocol_type == self.protocol_type and any(name in candidates for name, _ in protocols)
 
     def select_protocol(self) -> str:
-        """The protocol most members vote for among those all support (ties: the leader's preference)."""
+        """The protocol most members vote for among those all support. A tie goes to the name a
+        ``java.util.HashMap`` of the votes iterates first, as in Kafka's ``ClassicGroup.selectProtocol``
+        (``Stream.max`` keeps the first of equal counts): a range/roundrobin tie is range there, whichever
+        member leads (kcoord took the leader's preference, so a 1:1 group could get another assignor)."""
         candidates = self.candidate_protocols()
-        votes = Counter(m.vote(candidates) for m in self.members.values())
+        votes = Counter(m.vote(candidates) for m in self.members.values())  # keys in first-vote order
         best = max(votes.values())
-        preferred = self.members[self.leader] if self.leader in self.members else next(iter(self.members.values()))
-        order = [name for name, _ in preferred.protocols if name in candidates]
-        return next(name for name in order if votes.get(name) == best)
+        return next(name for name in java_hashmap_order(list(votes)) if votes[name] == best)
 
     def compute_subscribed(self) -> frozenset[str] | None:
         """Topics the members of a ``consumer`` group subscribe to now, decoded from their subscriptions
@@ -277,6 +279,22 @@ class ClassicGroup:
                 group.static_members[m.group_instance_id] = m.member_id
         group.subscribed = group.compute_subscribed()
         return group
+
+
+def java_hashmap_order(keys: list[str]) -> list[str]:
+    """The order a default ``java.util.HashMap<String, ?>`` holding ``keys`` (given in insertion order)
+    iterates them: by bucket, ``(h ^ h >>> 16) & (capacity - 1)`` of ``String.hashCode``, the capacity
+    16 doubled while the keys exceed three quarters of it; within a bucket, as inserted (a resize keeps
+    that order). Bins of 8+ colliding keys, which Java turns into trees, are not modelled."""
+    capacity = 16
+    while len(keys) > capacity * 3 // 4:
+        capacity *= 2
+
+    def bucket(key: str) -> int:
+        h = java_string_hash(key) & 0xFFFFFFFF
+        return (h ^ (h >> 16)) & (capacity - 1)
+
+    return sorted(keys, key=bucket)  # stable: insertion order within a bucket
 
 
 _SUBSCRIPTION = MessageCodec(load_message("ConsumerProtocolSubscription"))

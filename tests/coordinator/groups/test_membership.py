@@ -87,6 +87,28 @@ def test_protocol_selection_takes_the_one_all_support_by_votes() -> None:
     assert sorted(m[2] for m in leader.members) == [b"a2", b"b2", b"c2"]
 
 
+@pytest.mark.parametrize(("leader_prefers", "other_prefers", "chosen"), [
+    ("roundrobin", "range", "range"),
+    ("range", "sticky", "sticky"),
+    ("cooperative-sticky", "range", "range"),
+])
+def test_a_tied_vote_goes_as_kafkas_hashmap_of_votes_iterates_not_to_the_leaders_preference(
+        leader_prefers: str, other_prefers: str, chosen: str) -> None:
+    """Two members supporting the same two protocols in opposite order: one vote each. Kafka's
+    ClassicGroup.selectProtocol takes the first of equal counts in its HashMap of votes (checked on a
+    JVM: range before roundrobin and cooperative-sticky, sticky before range), whoever leads; kcoord
+    took the leader's preference and chose the other assignor."""
+    shard = GroupShard()
+    lead = Client(shard, client_id="lead", protocols=[(leader_prefers, b"l1"), (other_prefers, b"l2")])
+    other = Client(shard, client_id="other", protocols=[(other_prefers, b"o1"), (leader_prefers, b"o2")])
+    first = lead.join()  # the first to join leads
+    second = other.join()
+    until_released(shard, first, second)
+    results = [lead.joined(first), other.joined(second)]
+    assert results[0].leader == lead.member_id
+    assert {r.protocol for r in results} == {chosen}
+
+
 def test_a_rebalance_every_member_left_still_checks_the_protocol_type() -> None:
     """Group campaign D3: a consumer joins (the initial delay starts) and leaves; until the join phase
     ends the group is PreparingRebalance with no members, and Kafka's supportsProtocols still wants
