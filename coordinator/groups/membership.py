@@ -158,12 +158,12 @@ class Membership(Rebalance):
             return OpResult([], self._join_answer(group, member, False))
         return OpResult([], JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, j.member_id))  # Empty: reset and rejoin
 
-    def _park_join(self, member: GroupMember, req: Request) -> None:
+    def _park_join(self, group: ClassicGroup, member: GroupMember, req: Request) -> None:
         if member.awaiting_join is not None:
             # A retried JoinGroup replaces the parked one; answer that one so its connection is not stuck.
             member.awaiting_join.complete(JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, member.member_id))
         req.wait()
-        member.awaiting_join = req
+        group.park_join(member, req)
 
     def _add_member_and_rebalance(self, data: ShardData, req: Request, group: ClassicGroup, j: JoinRequest,
                                   member_id: str) -> OpResult:
@@ -173,7 +173,7 @@ class Membership(Rebalance):
             group.new_member_added = True  # extends the initial delay
         group.pending_members.pop(member_id, None)
         group.add(member)
-        self._park_join(member, req)
+        self._park_join(group, member, req)
         # A new member cannot heartbeat (no id yet on its side) and a parked join hides disconnects: it is
         # dropped after the new-member timeout instead, so retried joins cannot grow the group forever.
         self._reschedule_heartbeat(group, member, NEW_MEMBER_JOIN_TIMEOUT_MS)
@@ -183,10 +183,10 @@ class Membership(Rebalance):
 
     def _update_member_and_rebalance(self, data: ShardData, req: Request, group: ClassicGroup, member: GroupMember,
                                      j: JoinRequest) -> OpResult:
-        member.protocols = j.protocols
+        group.set_protocols(member, j.protocols)
         member.rebalance_timeout_ms = j.rebalance_timeout_ms
         member.session_timeout_ms = j.session_timeout_ms
-        self._park_join(member, req)
+        self._park_join(group, member, req)
         result = self._rebalance_or_complete_join(data, group, f"member {member.member_id} is joining group during "
                                                                f"{group.state.value}")
         return OpResult(result.records, PARKED, on_durable=result.on_durable)
@@ -198,9 +198,8 @@ class Membership(Rebalance):
         gets the current generation (its old assignment comes back with SyncGroup)."""
         leader_before = group.leader
         old = group.members[old_id]
-        if old.awaiting_join is not None:  # the old incarnation's parked join is fenced
-            old.awaiting_join.complete(JoinResult(ErrorCode.FENCED_INSTANCE_ID, old_id))
-            old.awaiting_join = None
+        if (fenced := group.take_join(old)) is not None:  # the old incarnation's parked join is fenced
+            fenced.complete(JoinResult(ErrorCode.FENCED_INSTANCE_ID, old_id))
         if old.awaiting_sync is not None:
             old.awaiting_sync.complete(SyncResult(ErrorCode.FENCED_INSTANCE_ID))
             old.awaiting_sync = None
@@ -212,8 +211,8 @@ class Membership(Rebalance):
         # The new id's session starts on the old entry's timeout, as Kafka reschedules it before taking the
         # join's: a restart that changed session.timeout.ms has the new one from its first heartbeat.
         self._reschedule_heartbeat(group, member)
-        member.protocols, member.rebalance_timeout_ms, member.session_timeout_ms = (
-            j.protocols, j.rebalance_timeout_ms, j.session_timeout_ms)
+        group.set_protocols(member, j.protocols)
+        member.rebalance_timeout_ms, member.session_timeout_ms = j.rebalance_timeout_ms, j.session_timeout_ms
         if group.is_in(GroupState.STABLE):
             if group.select_protocol() == group.protocol:
                 is_leader = group.leader == new_id
@@ -227,11 +226,11 @@ class Membership(Rebalance):
                 # Answered once the new member id is durable; if that write fails the shard reloads
                 # the group as it was, which reverts the replacement.
                 return OpResult([GroupMetadataRecord(group.group_id, group.to_record())], answer, replay=False)
-            self._park_join(member, req)
+            self._park_join(group, member, req)
             result = self._prepare_rebalance(data, group, f"group's selected protocol will change because static "
                                                           f"member {new_id} rejoined with changed protocols")
             return OpResult(result.records, PARKED, on_durable=result.on_durable)
-        self._park_join(member, req)
+        self._park_join(group, member, req)
         if group.is_in(GroupState.COMPLETING_REBALANCE):
             # Its old id may already be in the leader's hands: only a new rebalance keeps them apart.
             result = self._prepare_rebalance(data, group, f"updating metadata for static member {new_id}")
@@ -355,9 +354,8 @@ class Membership(Rebalance):
 
     def _drop_member(self, group: ClassicGroup, member: GroupMember) -> None:
         self.shard.timers.cancel(heartbeat_key(group.group_id, member.member_id))
-        if member.awaiting_join is not None:
-            member.awaiting_join.complete(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID))
-            member.awaiting_join = None
+        if (parked := group.take_join(member)) is not None:
+            parked.complete(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID))
         group.remove(member.member_id)
 
     # -- the shard's lifecycle ---------------------------------------------------------------------
@@ -379,10 +377,8 @@ class Membership(Rebalance):
         (a client sweep's find)."""
         for group in data.groups.values():
             for member in group.members.values():
-                if member.awaiting_join is not None:
-                    if not (stopping and _dropped(member.awaiting_join)):
-                        member.awaiting_join.complete(JoinResult(ErrorCode.NOT_COORDINATOR, member.member_id))
-                    member.awaiting_join = None
+                if (parked := group.take_join(member)) is not None and not (stopping and _dropped(parked)):
+                    parked.complete(JoinResult(ErrorCode.NOT_COORDINATOR, member.member_id))
                 if member.awaiting_sync is not None:
                     if not (stopping and _dropped(member.awaiting_sync)):
                         member.awaiting_sync.complete(SyncResult(ErrorCode.NOT_COORDINATOR))

@@ -129,8 +129,7 @@ class Rebalance:
         log.info("Group %s generation %d: %d members joined (leader %s, protocol %s)", group.group_id,
                  group.generation, len(group.members), group.leader, group.protocol)
         for member in group.members.values():
-            parked, member.awaiting_join = member.awaiting_join, None
-            if parked is not None:
+            if (parked := group.take_join(member)) is not None:
                 parked.complete(self._join_answer(group, member, group.leader == member.member_id))
             self._reschedule_heartbeat(group, member)
             member.is_new = False
@@ -203,9 +202,8 @@ class Rebalance:
         log.info("Member %s in group %s has failed (session timeout), removing it from the group",
                  member.member_id, group.group_id)
         self.shard.timers.cancel(heartbeat_key(group.group_id, member.member_id))
-        if member.awaiting_join is not None:
-            member.awaiting_join.complete(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID))
-            member.awaiting_join = None
+        if (parked := group.take_join(member)) is not None:
+            parked.complete(JoinResult(ErrorCode.UNKNOWN_MEMBER_ID))
         group.remove(member.member_id)
         if group.is_in(GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
             return self._rebalance_or_complete_join(data, group, f"removing member {member.member_id} on heartbeat "

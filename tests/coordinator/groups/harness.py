@@ -78,6 +78,7 @@ class GroupShard:
                 callback()
             for req, _ in waiters:
                 req.done()
+        assert_tallies_exact(self.data)
 
     def fail(self) -> None:
         """Every pending write fails, and the shard unloads (parked requests answered NOT_COORDINATOR)."""
@@ -87,6 +88,7 @@ class GroupShard:
                 req.done(fixup, ErrorCode.NOT_COORDINATOR)
         self.timers.cancel_all()
         self.membership.disarm(self.data)
+        assert_tallies_exact(self.data)
 
     def advance(self, ms: int) -> None:
         self.manual_clock.advance(ms)
@@ -214,3 +216,18 @@ def assert_counts_exact(data: ShardData) -> None:
     assert data.group_counts.by_state == walked_counts(data)
     assert data.offsets.keys() <= data.groups.keys()  # a group with offsets is always a group (simple, Empty)
     assert all(g.counts is data.group_counts for g in data.groups.values())
+
+
+def assert_tallies_exact(data: ShardData) -> None:
+    """Each group's kept tally (protocols listed, joins parked) equals a walk of its members: checked after
+    every call and every move of the clock, so any path that changes a member behind it fails its test."""
+    for group in data.groups.values():
+        if group.tally is None:
+            assert not group.members, group.group_id
+            continue
+        listed: dict[str, int] = {}
+        for member in group.members.values():
+            for name in {name for name, _ in member.protocols}:
+                listed[name] = listed.get(name, 0) + 1
+        assert group.tally.supported == listed, group.group_id
+        assert group.tally.joining == sum(m.awaiting_join is not None for m in group.members.values()), group.group_id

@@ -4,7 +4,9 @@ import tracemalloc
 
 import pytest
 
-from coordinator.groups.model import ClassicGroup, java_hashmap_order
+from coordinator.groups.model import ClassicGroup, GroupMember, java_hashmap_order
+from coordinator.request import Request
+from tests.coordinator.harness import stand_in_api
 
 
 def test_an_empty_group_takes_under_500_bytes() -> None:
@@ -38,3 +40,31 @@ JVM_ORDERS = [
 @pytest.mark.parametrize(("inserted", "iterated"), JVM_ORDERS)
 def test_java_hashmap_order_is_what_a_jvm_iterates(inserted: list[str], iterated: list[str]) -> None:
     assert java_hashmap_order(inserted) == iterated
+
+
+def test_the_tally_follows_members_as_they_come_change_park_and_go() -> None:
+    """Candidate protocols and parked joins are read from the tally a join keeps (a walk of every member
+    per join made a rebalance of N members O(N^2)): it follows each way a member changes."""
+    def member(member_id: str, *names: str) -> GroupMember:
+        return GroupMember(member_id, None, "c", "/h", 1000, 1000, "consumer", [(n, b"") for n in names])
+
+    group = ClassicGroup("g")
+    assert group.tally is None and group.candidate_protocols() == set() and group.awaiting_join == 0
+    a, b = member("a", "range", "roundrobin", "range"), member("b", "roundrobin")  # a lists range twice
+    group.add(a)
+    group.add(b)
+    assert group.tally is not None and group.tally.supported == {"range": 1, "roundrobin": 2}
+    assert group.candidate_protocols() == {"roundrobin"}
+    group.set_protocols(b, [("range", b""), ("sticky", b"")])
+    assert group.candidate_protocols() == {"range"} and group.tally.supported == {"range": 2, "roundrobin": 1,
+                                                                                  "sticky": 1}
+    req = Request(None, stand_in_api(), 9, 0, "c", "h")
+    group.park_join(a, req)
+    group.park_join(a, req)  # a retried join replaces the parked one: still one member waiting
+    group.park_join(b, req)
+    assert group.awaiting_join == 2
+    assert group.take_join(a) is req and group.take_join(a) is None and group.awaiting_join == 1
+    group.remove("b")  # leaves with its join parked
+    assert group.awaiting_join == 0 and group.tally.supported == {"range": 1, "roundrobin": 1}
+    group.remove("a")
+    assert group.tally.supported == {} and group.candidate_protocols() == set()
