@@ -43,12 +43,14 @@ zero_ipv4() {
         case "$part" in ''|*[!0]*) return 1 ;; esac
     done
 }
-# Whether "[$1" (a bracketed host without its "]") is an IPv6 spelling of a wildcard: every group zero
+# Whether $1 (a bracketed host without its brackets) is an IPv6 spelling of a wildcard: every group zero
 # (::, 0::0, ::0.0.0.0) or IPv4's 0.0.0.0 mapped (::ffff:0.0.0.0, ::ffff:0:0), as canonical_address reads
-# them (an IPv4 tail in IPv6 is four plain decimal parts: no shorthand). The groups are written out to
-# eight, "::" filled with zeros, then read in place.
+# them (an IPv4 tail in IPv6 is four plain decimal parts: no shorthand). A zone (::%eth0) leaves it a
+# wildcard there; one empty or with a second % is no address. The groups are written out to eight, "::"
+# filled with zeros, then read in place.
 zero_ipv6() {
-    host=$(printf '%s' "${1#[}" | tr '[:upper:]' '[:lower:]')
+    case "$1" in *%*%*|*%) return 1 ;; esac
+    host=$(printf '%s' "${1%%\%*}" | tr '[:upper:]' '[:lower:]')
     case "$host" in *.*) [ "${host##*:}" = 0.0.0.0 ] || return 1; host="${host%:*}:0:0" ;; esac
     case "$host" in *::*::*|*:::*|:[!:]*|*[!:]:|*[!0-9a-f:]*|'') return 1 ;; esac
     case "$host" in
@@ -71,7 +73,11 @@ if [ -z "${KCOORD_ADVERTISED_LISTENER:-}" ] && [ -z "$cluster" ]; then
     wildcard=
     case "$listen" in
         :*) wildcard=yes ;;
-        \[*\]:*) if zero_ipv6 "${listen%]:*}"; then wildcard=yes; fi ;;
+        \[*\]:*) host=${listen%]:*}; host=${host#[}
+                 case "$host" in  # kcoord drops the brackets around any host: [0.0.0.0] is 0.0.0.0 there
+                     *:*) if zero_ipv6 "$host"; then wildcard=yes; fi ;;
+                     *) if zero_ipv4 "$host"; then wildcard=yes; fi ;;
+                 esac ;;
         \[*) ;;
         *:*) if zero_ipv4 "${listen%:*}"; then wildcard=yes; fi ;;
     esac

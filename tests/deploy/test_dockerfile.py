@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.config import is_wildcard, parse_host_port
 from tests.deploy import tools
 from tests.deploy.conftest import DEPLOY
 from tests.integration.test_supervisor import Supervised
@@ -366,6 +367,13 @@ def _closed_by_peer(conn: socket.socket) -> bool:
     (["--listen", "[::ffff:0]:9311"], "::ffff:0:9311"),  # ::255.255.0.0, no wildcard
     (["--listen", "[0:ffff::]:9312"], "0:ffff:::9312"),
     (["--listen", "[::1]:9313"], "::1:9313"),
+    # kcoord reads a zone as the address (::%eth0 is ::) and a bracketed IPv4 address without its brackets:
+    # wildcards there, so a default is needed as for 0.0.0.0
+    (["--listen", "[::%eth0]:9314"], "HOSTNAME:9314"),
+    (["--listen", "[::ffff:0.0.0.0%eth0]:9315"], "HOSTNAME:9315"),
+    (["--listen", "[0.0.0.0]:9316"], "HOSTNAME:9316"),
+    (["--listen", "[0]:9317"], "HOSTNAME:9317"),
+    (["--listen", "[::1%lo]:9318"], "::1%lo:9318"),
 ])
 def test_entrypoint_advertises_the_port_of_a_listen_flag(tmp_path: Path, args: list[str], advertised: str) -> None:
     """``docker run IMAGE serve --listen 0.0.0.0:9000``: kcoord listens where the flag says, over the image's
@@ -384,3 +392,37 @@ def test_entrypoint_advertises_the_port_of_a_listen_flag(tmp_path: Path, args: l
                             timeout=60)
     assert result.returncode == 0, result.stderr[-600:]
     assert result.stdout.strip() == advertised.replace("HOSTNAME", hostname)
+
+
+WILDCARD_SPELLINGS = [
+    "0.0.0.0", "0", "0x0.00", "[::]", "[0::0]", "[::0.0.0.0]", "[::FFFF:0:0]", "[0:0:0:0:0:ffff:0.0.0.0]",
+    "[0000:0000:0000:0000:0000:0000:0000:0000]", "[::%eth0]", "[0::0%1]", "[::ffff:0.0.0.0%eth0]", "[0.0.0.0]", "[0]",
+]
+OTHER_SPELLINGS = [
+    "127.0.0.1", "0.0.0.1", "kcoord.example", "[::1]", "[::ffff:0]", "[0:ffff::]", "[::0.0.0.1]", "[::0.0.0]",
+    "[::ffff:0.0.0.00]", "[00000::]", "[:::]", "[0:0:0:0:0:0:0:0:0]", "[0:0:0:0:0:0:0]", "[::%]", "[::%a%b]",
+    "[::1%eth0]", "[0%eth0]", "[*]", "[::*]", "[::?]", "[:: ]", "[%eth0]", "[127.0.0.1]",
+]
+
+
+def test_the_entrypoints_wildcard_is_kcoords(tmp_path: Path) -> None:
+    """The entrypoint gives its hostname default exactly for the listeners kcoord takes for a wildcard (and
+    refuses to start with alone): its own reading of the spellings, in the image's /bin/sh, agrees with
+    kcoord's on each."""
+    fake = tmp_path / "bin" / "kcoord"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "${KCOORD_ADVERTISED_LISTENER:-unset}"\n')
+    fake.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KCOORD_")}
+    env = dict(base, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    wrong = []
+    for host in WILDCARD_SPELLINGS + OTHER_SPELLINGS:
+        listen = f"{host}:9092"
+        kcoord = is_wildcard(parse_host_port(listen)[0])
+        assert kcoord == (host in WILDCARD_SPELLINGS), host
+        result = subprocess.run(["sh", str(ENTRYPOINT), "serve"], env=dict(env, KCOORD_LISTEN=listen),
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+        if (result.stdout.strip() != "unset") != kcoord:
+            wrong.append(host)
+    assert not wrong, f"the entrypoint reads these otherwise than kcoord: {wrong}"
