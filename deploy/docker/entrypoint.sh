@@ -71,6 +71,8 @@ zero_ipv6() {
 }
 if [ -z "${KCOORD_ADVERTISED_LISTENER:-}" ] && [ -z "$cluster" ]; then
     wildcard=
+    # A listener URL (PLAINTEXT://0.0.0.0:9092) is read by kcoord as the HOST:PORT after its "://".
+    case "$listen" in *://*) listen=${listen#*://} ;; esac
     case "$listen" in
         :*) wildcard=yes ;;
         \[*\]:*) host=${listen%]:*}; host=${host#[}

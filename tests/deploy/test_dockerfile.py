@@ -374,6 +374,10 @@ def _closed_by_peer(conn: socket.socket) -> bool:
     (["--listen", "[0.0.0.0]:9316"], "HOSTNAME:9316"),
     (["--listen", "[0]:9317"], "HOSTNAME:9317"),
     (["--listen", "[::1%lo]:9318"], "::1%lo:9318"),
+    # a listener URL is read as the HOST:PORT after its "://", as Kafka's listeners=PLAINTEXT://0.0.0.0:9092
+    (["--listen", "PLAINTEXT://0.0.0.0:9319"], "HOSTNAME:9319"),
+    (["--listen", "PLAINTEXT://[::]:9320"], "HOSTNAME:9320"),
+    (["--listen", "PLAINTEXT://127.0.0.1:9321"], "127.0.0.1:9321"),
 ])
 def test_entrypoint_advertises_the_port_of_a_listen_flag(tmp_path: Path, args: list[str], advertised: str) -> None:
     """``docker run IMAGE serve --listen 0.0.0.0:9000``: kcoord listens where the flag says, over the image's
@@ -397,11 +401,13 @@ def test_entrypoint_advertises_the_port_of_a_listen_flag(tmp_path: Path, args: l
 WILDCARD_SPELLINGS = [
     "0.0.0.0", "0", "0x0.00", "[::]", "[0::0]", "[::0.0.0.0]", "[::FFFF:0:0]", "[0:0:0:0:0:ffff:0.0.0.0]",
     "[0000:0000:0000:0000:0000:0000:0000:0000]", "[::%eth0]", "[0::0%1]", "[::ffff:0.0.0.0%eth0]", "[0.0.0.0]", "[0]",
+    "PLAINTEXT://0.0.0.0", "PLAINTEXT://[::]", "SSL://[0.0.0.0]",
 ]
 OTHER_SPELLINGS = [
     "127.0.0.1", "0.0.0.1", "kcoord.example", "[::1]", "[::ffff:0]", "[0:ffff::]", "[::0.0.0.1]", "[::0.0.0]",
     "[::ffff:0.0.0.00]", "[00000::]", "[:::]", "[0:0:0:0:0:0:0:0:0]", "[0:0:0:0:0:0:0]", "[::%]", "[::%a%b]",
-    "[::1%eth0]", "[0%eth0]", "[*]", "[::*]", "[::?]", "[:: ]", "[%eth0]", "[127.0.0.1]",
+    "[::1%eth0]", "[0%eth0]", "[*]", "[::*]", "[::?]", "[:: ]", "[%eth0]", "[127.0.0.1]", "PLAINTEXT://127.0.0.1",
+    "x://y://0.0.0.0",
 ]
 
 
