@@ -298,7 +298,10 @@ def test_healthcheck_asks_every_node_at_once_however_many(tmp_path: Path) -> Non
     they are (Docker's --timeout=5s bounds it, the per-node timeout is 4 s): 33 nodes that do not
     answer took two rounds of the timeout through a pool of 32, and Docker killed the check before
     it named them. Told by order, not by a clock: the last node is asked while the check still holds
-    every other node's connection open, waiting for its answer."""
+    every other node's connection open, waiting for its answer. The check's own timeout is set far beyond
+    the test (the test ends the asks itself, by closing them), so no stall of this process, however long,
+    can make a check that asks at once look like one that gave up on the first nodes; asked in rounds,
+    the last node is never asked while the others are held, and its accept times out."""
     nodes = 33
     for _ in range(50):  # 33 consecutive ports that accept connections and never answer
         listeners: list[socket.socket] = []
@@ -316,14 +319,19 @@ def test_healthcheck_asks_every_node_at_once_however_many(tmp_path: Path) -> Non
     else:
         pytest.skip("no 33 consecutive free ports")
     env = dict(os.environ, KCOORD_METRICS_LISTEN=f"127.0.0.1:{first}", KCOORD_HEALTHCHECK_PID=NO_PROCESS,
-               KCOORD_PROCESSES=str(nodes), KCOORD_HEALTHCHECK_TIMEOUT_S="3")
+               KCOORD_PROCESSES=str(nodes), KCOORD_HEALTHCHECK_TIMEOUT_S="600")  # never reached: closed below
     check = subprocess.Popen([sys.executable, str(HEALTHCHECK)], env=env, stdout=subprocess.PIPE, text=True)
     asked: list[socket.socket] = []
     try:
-        for listener in listeners:
+        for i, listener in enumerate(listeners):
             listener.settimeout(30)
-            asked.append(listener.accept()[0])
+            try:
+                asked.append(listener.accept()[0])
+            except TimeoutError:
+                pytest.fail(f"node {i} was not asked while nodes {list(range(i))} were held waiting: asked in rounds")
         given_up = [i for i, conn in enumerate(asked[:-1]) if _closed_by_peer(conn)]
+        for conn in asked:  # every node hangs up unanswered: each ask fails at once
+            conn.close()
         out, _ = check.communicate(timeout=30)
     finally:
         check.kill()
