@@ -27,6 +27,7 @@ from typing import Any
 from kafka.protocol.consumer.group import JoinGroupRequest, OffsetFetchRequest
 
 from bench.peers import AttachedKcoord, Kcoord, MissingPeer, Mock, Peer, Tansu, tansu_binary
+from bench.wire import recv_frame
 from protocol.errors import ErrorCode
 
 _SIZE = struct.Struct(">i")
@@ -89,20 +90,9 @@ def _probe(host: str, port: int) -> None:
         started = time.perf_counter()
         sock.sendall(_frame(OffsetFetchRequest(group_id="probe", topics=None, require_stable=False), 5,
                             correlation))
-        size = _SIZE.unpack(_recv_exactly(sock, 4))[0]
-        _recv_exactly(sock, size)
+        recv_frame(sock)
         latencies.append(time.perf_counter() - started)
     print("\n".join(map(str, latencies)))
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("the server closed the probe's connection")
-        data += chunk
-    return data
 
 
 def run(peer: Peer, members: int) -> StormResult:

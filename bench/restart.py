@@ -31,7 +31,7 @@ from bench.kcoord_api import (
     offsets_partition,
     write_offsets_partition,
 )
-from bench.wire import SIZE
+from bench.wire import SIZE, recv_frame
 
 PARTITIONS_PER_TOPIC = 100
 FETCH_VERSION = 6
@@ -86,21 +86,11 @@ def fetch(sock: socket.socket, correlation_id: int, group: str, topic: str, part
     )
     req.with_header(correlation_id=correlation_id, client_id="kcoord-bench-restart")
     sock.sendall(bytes(req.encode(header=True, framed=True)))
-    frame = _recv(sock, SIZE.unpack(_recv(sock, 4))[0])
+    frame = recv_frame(sock)
     got = SIZE.unpack_from(frame)[0]
     if got != correlation_id:
         raise RuntimeError(f"correlation id {got}, expected {correlation_id}")
     return OffsetFetchResponse[FETCH_VERSION].decode(frame[5:], version=FETCH_VERSION)
-
-
-def _recv(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("kcoord closed the connection")
-        buf += chunk
-    return buf
 
 
 def connect(kcoord: KcoordProcess, deadline: float) -> socket.socket:

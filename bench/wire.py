@@ -6,6 +6,7 @@ decoded with kafka-python too, and only when their bytes differ from a known-goo
 """
 
 import asyncio
+import socket
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -275,3 +276,19 @@ def pick_versions(supported: dict[int, tuple[int, int]], fetch_override: int | N
     if not low <= fetch <= high:
         raise RuntimeError(f"the server does not serve OffsetFetch v{fetch} (it serves v{low}-v{high})")
     return Versions(COMMIT_VERSION, fetch)
+
+
+def recv_frame(sock: socket.socket) -> bytes:
+    """The next size-prefixed frame on a blocking socket (its body, without the size)."""
+
+    def exactly(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("the server closed the connection")
+            buf += chunk
+        return buf
+
+    size: int = struct.unpack(">i", exactly(4))[0]
+    return exactly(size)
