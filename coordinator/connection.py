@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from coordinator import gcpause
 from coordinator.apis import APIS
 from coordinator.handoff import on_loop
+from coordinator.logfmt import Repeated
 from coordinator.metrics import AbortReason
 from coordinator.request import PARKED, Relayed, Request, ShardUnavailable, decode_and_prepare, encode_reply
 from protocol.errors import ErrorCode
@@ -482,12 +483,17 @@ class Connection(asyncio.Protocol):
             self._update_reading()
         self._close_if_finished()
 
-    def abort(self, why: str, reason: AbortReason) -> None:
+    def abort(self, why: str, reason: AbortReason, repeated: Repeated | None = None) -> None:
         """Closes the connection at once; ``reason`` is a fixed word for the refused-connections metric.
-        Once only: several of its requests may fail to be answered in one pass (coordinator.request)."""
+        Once only: several of its requests may fail to be answered in one pass (coordinator.request).
+        With ``repeated``, logged through it (once, then once in a while) instead of each time: a cause
+        outside the connection that every client's retry meets again (gateway mode's upstream away)."""
         if self.closed:
             return
-        log.warning("%s: closing connection: %s", self.peer, why)
+        if repeated is None:
+            log.warning("%s: closing connection: %s", self.peer, why)
+        else:
+            repeated.report(logging.WARNING, "%s: closing connection: %s", self.peer, why)
         self._runtime.metrics.connection_refused(reason)
         self.closed = True
         if self._transport is not None:

@@ -35,7 +35,7 @@ from coordinator.connection import Connection
 from coordinator.gateway import rewrite
 from coordinator.gateway.cluster import Cluster
 from coordinator.gateway.metrics import GatewayMetrics
-from coordinator.gateway.upstream import LinkOwner, UpstreamLink, Waiting
+from coordinator.gateway.upstream import CLIENT_CLOSES, LinkOwner, UpstreamLink, Waiting
 from coordinator.request import Relayed
 from coordinator.server import Server
 from protocol.registry import ApiSpec, DecodeError, api_versions_fallback
@@ -81,7 +81,7 @@ class ClientLinks(LinkOwner):
             self.gateway.cluster.mark_down(link.addr)
         if outstanding and not self.conn.closed:
             self.gateway.metrics.upstream_error(link.node, why)
-            self.conn.abort(why, "upstream")
+            self.conn.abort(why, "upstream", CLIENT_CLOSES)
 
     def close(self) -> None:
         for link in list(self.links.values()):
@@ -248,7 +248,8 @@ class Gateway:
             return
         offered = self.cluster.offered
         if offered is None:
-            conn.abort("no upstream broker has answered yet: cannot say which APIs are available", "upstream")
+            conn.abort("no upstream broker has answered yet: cannot say which APIs are available", "upstream",
+                       CLIENT_CLOSES)  # each client retries at once: logged once a minute
             return
         body = self._decoded(conn, spec, frame, version)
         if body is None:
