@@ -348,7 +348,7 @@ class Gateway:
             # till then took RSS to ~940 MiB under 8 producers, for good (a memory campaign's find; ~70 now).
             if self.server.debug:
                 log.debug("%s: api %d v%d relayed to node %d at %s:%d", conn.peer, api_key, version, node, *primary)
-            links.link_for(primary, node).send(frame, on_reply)
+            links.link_for(primary, node).send(frame, on_reply, holds_s=self._holds_s(api_key, frame, version))
             return
         candidates = self.cluster.candidates(primary)
 
@@ -386,6 +386,18 @@ class Gateway:
             conn.slot_filled()
 
         attempt()
+
+    @staticmethod
+    def _holds_s(api_key: int, frame: bytes, version: int) -> float:
+        """How long the upstream may hold the request by design: a Fetch's max wait (a long poll, which a
+        consumer may set above --upstream-timeout-ms: each such poll timed out, closing the consumer's
+        connection, while the upstream did as asked). A Fetch too short to say is the upstream's to refuse."""
+        if api_key != rewrite.FETCH:
+            return 0.0
+        try:
+            return rewrite.fetch_max_wait_ms(frame, version) / 1000.0
+        except rewrite.RewriteError:
+            return 0.0
 
     async def _sweep(self) -> None:
         """Fails links whose oldest request has waited longer than --upstream-timeout-ms."""

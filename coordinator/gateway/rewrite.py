@@ -254,6 +254,23 @@ def produce_acks(frame: bytes, version: int) -> int:
     return int(acks)
 
 
+def fetch_max_wait_ms(frame: bytes, version: int) -> int:
+    """The ``max_wait_ms`` of a Fetch request (frame without its size): how long the broker may hold it
+    while it has less than the minimum to return. Header v1 up to v11, v2 (tagged fields) from v12; the
+    body starts with the replica id up to v14 (from v15 it is in a tagged field)."""
+    try:
+        (n,) = struct.unpack_from(">h", frame, 8)
+        pos = 10 + max(n, 0)
+        if version >= 12:
+            pos = skip_tagged_fields(frame, pos)
+        if version <= 14:
+            pos += 4
+        (wait,) = struct.unpack_from(">i", frame, pos)
+    except (ValueError, struct.error) as exc:
+        raise RewriteError(f"Fetch v{version}: {exc}") from exc
+    return max(int(wait), 0)
+
+
 def rewrite_find_coordinator(frame: bytes, version: int, address: Address) -> bytes:
     """FindCoordinator for transaction keys, answered upstream: the coordinator's address becomes
     kcoord's listener for that node."""

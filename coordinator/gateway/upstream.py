@@ -55,14 +55,15 @@ Fallback = Callable[[], None]  # a request's own answer when its link fails (els
 
 class Waiting:
     """A request sent on a link, waiting for its reply. ``abandon`` leaves it to someone else: its reply,
-    when it comes, is dropped, and a failure of the link no longer concerns it."""
+    when it comes, is dropped, and a failure of the link no longer concerns it. ``due``: when the broker
+    would answer it at the earliest without being slow (the timeout counts from then)."""
 
-    __slots__ = ("abandoned", "correlation", "on_fail", "on_reply", "sent", "seq")
+    __slots__ = ("abandoned", "correlation", "due", "on_fail", "on_reply", "seq")
 
-    def __init__(self, on_reply: Reply, on_fail: Fallback | None, sent: float, correlation: int, seq: int) -> None:
+    def __init__(self, on_reply: Reply, on_fail: Fallback | None, due: float, correlation: int, seq: int) -> None:
         self.on_reply = on_reply
         self.on_fail = on_fail
-        self.sent = sent
+        self.due = due
         self.correlation = correlation
         self.seq = seq  # its place among the frames sent on the link
         self.abandoned = False
@@ -205,13 +206,17 @@ class UpstreamLink(asyncio.Protocol):
 
     # -- use -----------------------------------------------------------------------------------
 
-    def send(self, frame: bytes, on_reply: Reply, on_fail: Fallback | None = None) -> Waiting:
+    def send(self, frame: bytes, on_reply: Reply, on_fail: Fallback | None = None, holds_s: float = 0.0) -> Waiting:
         """Sends a request frame (without its size prefix); ``on_reply`` gets the framed reply, or
-        ``on_fail`` is called if the link fails first."""
+        ``on_fail`` is called if the link fails first. ``holds_s``: how long the broker may hold it by
+        design (a Fetch's max wait, a long poll), not counted against the timeout; nor is it for the
+        requests behind it, which a broker takes up only once it has answered."""
         if self.failed is not None:
             raise FrameError(self.failed)
         self._sent += 1
-        waiting = Waiting(on_reply, on_fail, self._loop.time(), _INT32.unpack_from(frame, 4)[0], self._sent)
+        now = self._loop.time()
+        due = (max(now, self._pending[-1].due) if self._pending else now) + holds_s
+        waiting = Waiting(on_reply, on_fail, due, _INT32.unpack_from(frame, 4)[0], self._sent)
         self._pending.append(waiting)
         head = _INT32.pack(len(frame))
         if self._transport is None:
@@ -259,9 +264,10 @@ class UpstreamLink(asyncio.Protocol):
                 self._transport.resume_reading()
 
     def overdue(self, now: float) -> bool:
-        """True if the oldest reply waited for is later than the timeout (or the link is still connecting
-        after it), abandoned or not: checked by the gateway's sweeper, not by a timer per request."""
-        return bool(self._pending) and now - self._pending[0].sent > self.timeout_s
+        """True if the oldest reply waited for is later than the timeout past when it was due (or the link
+        is still connecting after it), abandoned or not: checked by the gateway's sweeper, not by a timer
+        per request."""
+        return bool(self._pending) and now - self._pending[0].due > self.timeout_s
 
     @property
     def connected(self) -> bool:
