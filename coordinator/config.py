@@ -338,8 +338,8 @@ OPTIONS: list[Option] = [
     Option("--coordinator-port", "KCOORD_COORDINATOR_PORT", bounded_int(0, 65535), _field("coordinator_port"),
            "gateway mode: port of the group coordinator's listener (default 0: any free port)"),
     Option("--upstream-timeout-ms", "KCOORD_UPSTREAM_TIMEOUT_MS", bounded_int(100), _field("upstream_timeout_ms"),
-           "gateway mode: longest wait for an upstream connection or reply before the client's connection is "
-           "closed (clients retry) (default 30000)"),
+           "gateway mode: longest wait for an upstream connection or reply (beyond a Fetch's own max wait) before "
+           "the client's connection is closed (clients retry) (default 30000)"),
     Option("--upstream-refresh-ms", "KCOORD_UPSTREAM_REFRESH_MS", bounded_int(100), _field("upstream_refresh_ms"),
            "gateway mode: how often the upstream's brokers are re-read from its Metadata (default 10000)"),
     Option("--log-level", "KCOORD_LOG_LEVEL", log_level, _field("log_level"),
