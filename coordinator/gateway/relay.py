@@ -89,6 +89,98 @@ class ClientLinks(LinkOwner):
         self.links.clear()
 
 
+class _Relay:
+    """One relayed request, from the link's reply (or failure) to its client's slot. An object whose bound
+    methods the link and the timer hold, not closures: closures that call each other are a cycle, which
+    held the client's closed connection, its buffers and its links until a full collection (rare:
+    coordinator.cli's thresholds), and a gateway's RSS grew by ~250 MB per ~600 short-lived connections
+    that had asked Metadata (a fault campaign's find). Nothing here refers back to it once it is done."""
+
+    __slots__ = ("api_key", "candidates", "conn", "end", "fallback", "finish", "frame", "gateway", "links", "node",
+                 "sent", "slot", "started", "timer")
+
+    def __init__(self, gateway: "Gateway", conn: Connection, slot: Relayed, api_key: int, node: int, sent: int,
+                 finish: Callable[[bytes], bytes] | None) -> None:
+        self.gateway = gateway
+        self.conn = conn
+        self.slot = slot
+        self.api_key = api_key
+        self.node = node
+        self.sent = sent
+        self.finish = finish
+        self.started = time.perf_counter()
+        self.timer: asyncio.TimerHandle | None = None
+        # the fail-over's, with a fallback (fail_over)
+        self.links: ClientLinks | None = None
+        self.frame = b""
+        self.candidates: list[tuple[str, int]] = []
+        self.fallback: Callable[[bool], bytes] | None = None
+        self.end: float | None = None
+
+    def on_reply(self, reply: bytes) -> None:
+        self._stop_timer()
+        self.links = None
+        if self.finish is not None:
+            try:
+                reply = self.finish(reply)
+            except rewrite.RewriteError as exc:
+                self.gateway.metrics.upstream_error(self.node, "unparsable reply")
+                self.conn.abort(f"upstream reply could not be rewritten: {exc}", "upstream")
+                return
+        self.slot.data = reply
+        self.gateway.metrics.relayed(self.api_key, self.node, self.sent, len(reply), time.perf_counter() - self.started)
+        self.conn.slot_filled()
+
+    def fail_over(self, links: ClientLinks, frame: bytes, candidates: list[tuple[str, int]],
+                  fallback: Callable[[bool], bytes], wait_s: float | None) -> None:
+        """Asks the candidates in turn (see Gateway._relay), then the fallback answers."""
+        self.links, self.frame, self.candidates, self.fallback = links, frame, candidates, fallback
+        self.end = None if wait_s is None else asyncio.get_running_loop().time() + wait_s
+        self._attempt()
+
+    def _attempt(self) -> None:
+        assert self.links is not None
+        addr = self.candidates.pop(0)
+        link = self.links.link_for(addr, self.node)
+        waiting = link.send(self.frame, self.on_reply, self._on_fail)
+        if self.end is not None:
+            loop = asyncio.get_running_loop()
+            left = self.end - loop.time()
+            self.timer = loop.call_later(left / 2 if self.candidates else left, self._give_up, waiting, link)
+
+    def _give_up(self, waiting: Waiting, link: UpstreamLink) -> None:
+        self.timer = None
+        if self.conn.closed:
+            self.links = None
+            return  # the client left (its links closed, a reply perhaps dropped): nothing to say of the broker
+        waiting.abandon()
+        self.gateway.cluster.mark_down(link.addr)
+        # slow if the broker took the connection; one still connecting may be unreachable
+        self._next_or_fallback(link.connected)
+
+    def _on_fail(self) -> None:
+        self._stop_timer()
+        if self.conn.closed:
+            self.links = None
+        else:
+            self._next_or_fallback(False)
+
+    def _next_or_fallback(self, slow: bool) -> None:
+        assert self.fallback is not None
+        if self.candidates and not self.gateway.stopping and (
+                self.end is None or asyncio.get_running_loop().time() < self.end):
+            self._attempt()
+            return
+        self.links = None
+        self.slot.data = self.fallback(slow)  # decoded before it was relayed (route): nothing left to refuse here
+        self.conn.slot_filled()
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
 class Gateway:
     """Implements ``coordinator.server.Gateway``; owns the cluster view and the per-node listeners."""
 
@@ -218,6 +310,7 @@ class Gateway:
     def closed(self, conn: Connection) -> None:
         if isinstance(conn.links, ClientLinks):
             conn.links.close()
+            conn.links = None  # it refers back to conn: a cycle only a full collection would free
 
     def writable(self, conn: Connection, writable: bool) -> None:
         if isinstance(conn.links, ClientLinks):
@@ -320,72 +413,16 @@ class Gateway:
             links = conn.links = ClientLinks(self, conn)
         slot = Relayed()
         conn.enqueue(slot)
-        metrics = self.metrics
-        started = time.perf_counter()
-        sent = len(frame) + 4
-        loop = asyncio.get_running_loop()
-        end = None if wait_s is None else loop.time() + wait_s
-        timer: asyncio.TimerHandle | None = None
-
-        def on_reply(reply: bytes) -> None:
-            if timer is not None:
-                timer.cancel()
-            if finish is not None:
-                try:
-                    reply = finish(reply)
-                except rewrite.RewriteError as exc:
-                    metrics.upstream_error(node, "unparsable reply")
-                    conn.abort(f"upstream reply could not be rewritten: {exc}", "upstream")
-                    return
-            slot.data = reply
-            metrics.relayed(api_key, node, sent, len(reply), time.perf_counter() - started)
-            conn.slot_filled()
-
+        relay = _Relay(self, conn, slot, api_key, node, len(frame) + 4, finish)
+        if self.server.debug:
+            log.debug("%s: api %d v%d relayed to node %d at %s:%d", conn.peer, api_key, version, node, *primary)
         if fallback is None:
             # Produce, Fetch and the rest: one broker, no retry, and nothing that keeps the frame once the
-            # link has taken it. The closures below refer to each other, a cycle only the cyclic collector
-            # frees (rarely: coordinator.cli's thresholds), and a ~1 MB Produce frame each such cycle held
-            # till then took RSS to ~940 MiB under 8 producers, for good (a memory campaign's find; ~70 now).
-            if self.server.debug:
-                log.debug("%s: api %d v%d relayed to node %d at %s:%d", conn.peer, api_key, version, node, *primary)
-            links.link_for(primary, node).send(frame, on_reply, holds_s=self._holds_s(api_key, frame, version))
+            # link has taken it (a ~1 MB Produce frame held till a full collection took RSS to ~940 MiB under
+            # 8 producers, for good: a memory campaign's find).
+            links.link_for(primary, node).send(frame, relay.on_reply, holds_s=self._holds_s(api_key, frame, version))
             return
-        candidates = self.cluster.candidates(primary)
-
-        def attempt() -> None:
-            nonlocal timer
-            addr = candidates.pop(0)
-            if self.server.debug:
-                log.debug("%s: api %d v%d relayed to node %d at %s:%d", conn.peer, api_key, version, node, *addr)
-            link = links.link_for(addr, node)
-            waiting = link.send(frame, on_reply, on_fail)
-            if end is not None:
-                left = end - loop.time()
-                timer = loop.call_later(left / 2 if candidates else left, give_up, waiting, link)
-
-        def give_up(waiting: Waiting, link: UpstreamLink) -> None:
-            if conn.closed:
-                return  # the client left (its links closed, a reply perhaps dropped): nothing to say of the broker
-            waiting.abandon()
-            self.cluster.mark_down(link.addr)
-            # slow if the broker took the connection; one still connecting may be unreachable
-            next_or_fallback(link.connected)
-
-        def on_fail() -> None:
-            if timer is not None:
-                timer.cancel()
-            if not conn.closed:
-                next_or_fallback(False)
-
-        def next_or_fallback(slow: bool) -> None:
-            assert fallback is not None
-            if candidates and not self.stopping and (end is None or loop.time() < end):
-                attempt()
-                return
-            slot.data = fallback(slow)  # decoded before it was relayed (route): nothing left to refuse here
-            conn.slot_filled()
-
-        attempt()
+        relay.fail_over(links, frame, self.cluster.candidates(primary), fallback, wait_s)
 
     @staticmethod
     def _holds_s(api_key: int, frame: bytes, version: int) -> float:
