@@ -440,10 +440,13 @@ class Gateway:
         """Fails links whose oldest request has waited longer than --upstream-timeout-ms."""
         while True:
             await asyncio.sleep(SWEEP_S)
-            now = asyncio.get_running_loop().time()
-            for conn in list(self.server.connections):
-                if isinstance(conn.links, ClientLinks):
-                    for link in list(conn.links.links.values()):
-                        if link.overdue(now):
-                            link.fail(f"upstream {link.addr[0]}:{link.addr[1]} did not answer within "
-                                      f"{self.timeout_s:g} s")
+            self._sweep_once(asyncio.get_running_loop().time())
+
+    def _sweep_once(self, now: float) -> None:
+        """(A function of its own: the loop's last connection and link, as locals of the sweeper's
+        frame, kept the last connection swept, closed since, in memory till the next sweep that met one.)"""
+        for conn in list(self.server.connections):
+            if isinstance(conn.links, ClientLinks):
+                for link in list(conn.links.links.values()):
+                    if link.overdue(now):
+                        link.fail(f"upstream {link.addr[0]}:{link.addr[1]} did not answer within {self.timeout_s:g} s")

@@ -317,6 +317,13 @@ class UpstreamLink(asyncio.Protocol):
             else:
                 waiting.on_fail()
         self.owner.link_failed(self, why, outstanding)
+        # Nothing more to tell or send: the failed link lets go of its owner (the client's connection, by
+        # way of its ClientLinks) and of frames never sent. A connect that failed leaves the link in a
+        # reference cycle with the event loop's exception, its traceback and frames (the connect's,
+        # ``_open``'s: ``self``), which only a full collection frees, rare in kcoord: each client
+        # connection closed because its broker refused the link stayed in memory with its buffers.
+        self.owner = LinkOwner()
+        self._out = []
 
     def close(self) -> None:
         """Closed by its owner (the client left): nobody is told, replies are dropped, but what the

@@ -76,6 +76,14 @@ class FakeUpstream:
             hole.listen(0)
             self._holes += (hole, socket.create_connection(("127.0.0.1", port), timeout=1))  # fills the backlog
 
+    def refuse(self, node: int) -> None:
+        """``node`` stops listening: a connection to it is refused (a broker that is down)."""
+
+        async def close() -> None:
+            self._servers[list(self.delay).index(node)].close()  # its listening socket closes at once
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+
     def drop(self, node: int) -> None:
         """Closes every connection to ``node`` (as a broker closes one idle too long); it still listens."""
 
