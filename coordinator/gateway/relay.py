@@ -97,14 +97,15 @@ class _Relay:
     that had asked Metadata (a fault campaign's find). Nothing here refers back to it once it is done."""
 
     __slots__ = ("api_key", "candidates", "conn", "end", "fallback", "finish", "frame", "gateway", "links", "node",
-                 "sent", "slot", "started", "timer")
+                 "sent", "slot", "started", "timer", "version")
 
-    def __init__(self, gateway: "Gateway", conn: Connection, slot: Relayed, api_key: int, node: int, sent: int,
-                 finish: Callable[[bytes], bytes] | None) -> None:
+    def __init__(self, gateway: "Gateway", conn: Connection, slot: Relayed, api_key: int, version: int, node: int,
+                 sent: int, finish: Callable[[bytes], bytes] | None) -> None:
         self.gateway = gateway
         self.conn = conn
         self.slot = slot
         self.api_key = api_key
+        self.version = version
         self.node = node
         self.sent = sent
         self.finish = finish
@@ -141,6 +142,7 @@ class _Relay:
     def _attempt(self) -> None:
         assert self.links is not None
         addr = self.candidates.pop(0)
+        self.debug(addr)
         link = self.links.link_for(addr, self.node)
         waiting = link.send(self.frame, self.on_reply, self._on_fail)
         if self.end is not None:
@@ -174,6 +176,12 @@ class _Relay:
         self.links = None
         self.slot.data = self.fallback(slow)  # decoded before it was relayed (route): nothing left to refuse here
         self.conn.slot_filled()
+
+    def debug(self, addr: tuple[str, int]) -> None:
+        """Each broker asked, in turn: a fail-over's first may not be the listener's (it failed lately)."""
+        if self.gateway.server.debug:
+            log.debug("%s: api %d v%d relayed to node %d at %s:%d", self.conn.peer, self.api_key, self.version,
+                      self.node, *addr)
 
     def _stop_timer(self) -> None:
         if self.timer is not None:
@@ -413,13 +421,12 @@ class Gateway:
             links = conn.links = ClientLinks(self, conn)
         slot = Relayed()
         conn.enqueue(slot)
-        relay = _Relay(self, conn, slot, api_key, node, len(frame) + 4, finish)
-        if self.server.debug:
-            log.debug("%s: api %d v%d relayed to node %d at %s:%d", conn.peer, api_key, version, node, *primary)
+        relay = _Relay(self, conn, slot, api_key, version, node, len(frame) + 4, finish)
         if fallback is None:
             # Produce, Fetch and the rest: one broker, no retry, and nothing that keeps the frame once the
             # link has taken it (a ~1 MB Produce frame held till a full collection took RSS to ~940 MiB under
             # 8 producers, for good: a memory campaign's find).
+            relay.debug(primary)
             links.link_for(primary, node).send(frame, relay.on_reply, holds_s=self._holds_s(api_key, frame, version))
             return
         relay.fail_over(links, frame, self.cluster.candidates(primary), fallback, wait_s)

@@ -225,3 +225,18 @@ def test_a_malformed_metadata_request_is_refused_after_the_replies_before_it(kco
             client.read_frame()  # closed, nothing more answered
     finally:
         client.close()
+
+
+def test_each_broker_a_metadata_request_is_relayed_to_is_logged_at_debug(tmp_path: Path, fake: FakeUpstream) -> None:
+    """A Metadata request whose broker refuses the link goes to the next: the debug log names each broker
+    asked, in turn (after a refactoring it named only the listener's, even when that one was asked last)."""
+    kcoord = start_gateway(tmp_path, fake.bootstrap, "--log-level", "debug")
+    try:
+        fake.refuse(1)
+        with RawClient(node_ports(kcoord)[1]) as client:
+            assert client.call(MetadataRequest(topics=[]), 1).brokers
+        asked = {int(line.rsplit(":", 1)[1]) for line in kcoord.log_since_start().splitlines()
+                 if "api 3 v1 relayed to node 1 at " in line}
+        assert fake.ports[2] in asked, asked  # (the listener's broker first, or last if already marked down)
+    finally:
+        kcoord.stop()
