@@ -233,15 +233,21 @@ def metadata_from_cache(request: Any, version: int, correlation: int, cluster: C
     return _encode(METADATA_RESPONSE, body, version, correlation)
 
 
+def _body_start(frame: bytes, flexible: bool) -> int:
+    """Where a request's body starts (frame without its size): after the api key, version and correlation
+    id, the client id (a nullable int16 string in header v1 and v2 alike) and, in header v2 (a flexible
+    version), the tagged fields. struct.error or ValueError for a frame too short to say."""
+    (n,) = struct.unpack_from(">h", frame, 8)
+    pos = 10 + max(n, 0)
+    return skip_tagged_fields(frame, pos) if flexible else pos
+
+
 def produce_acks(frame: bytes, version: int) -> int:
     """The ``acks`` of a Produce request (frame without its size): 0 means the broker sends no reply,
     so the relay must not wait for one. Header v1 up to v8, v2 (tagged fields) from v9; the body
     starts with the transactional id from v3 (a compact string from v9)."""
     try:
-        (n,) = struct.unpack_from(">h", frame, 8)
-        pos = 10 + max(n, 0)
-        if version >= 9:
-            pos = skip_tagged_fields(frame, pos)
+        pos = _body_start(frame, flexible=version >= 9)
         if version >= 9:
             length, pos = read_uvarint(frame, pos)
             pos += max(length - 1, 0)
@@ -259,10 +265,7 @@ def fetch_max_wait_ms(frame: bytes, version: int) -> int:
     while it has less than the minimum to return. Header v1 up to v11, v2 (tagged fields) from v12; the
     body starts with the replica id up to v14 (from v15 it is in a tagged field)."""
     try:
-        (n,) = struct.unpack_from(">h", frame, 8)
-        pos = 10 + max(n, 0)
-        if version >= 12:
-            pos = skip_tagged_fields(frame, pos)
+        pos = _body_start(frame, flexible=version >= 12)
         if version <= 14:
             pos += 4
         (wait,) = struct.unpack_from(">i", frame, pos)
