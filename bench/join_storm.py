@@ -27,10 +27,9 @@ from typing import Any
 from kafka.protocol.consumer.group import JoinGroupRequest, OffsetFetchRequest
 
 from bench.peers import AttachedKcoord, Kcoord, MissingPeer, Mock, Peer, Tansu, tansu_binary
-from bench.wire import recv_frame
+from bench.wire import SIZE, recv_frame
 from protocol.errors import ErrorCode
 
-_SIZE = struct.Struct(">i")
 _PROTOCOLS = [JoinGroupRequest.JoinGroupRequestProtocol(name=name, metadata=b"\x00\x00")
               for name in ("range", "roundrobin")]
 
@@ -53,7 +52,7 @@ def _frame(request: Any, version: int, correlation: int) -> bytes:
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:
-    size = _SIZE.unpack(await reader.readexactly(4))[0]
+    size = SIZE.unpack(await reader.readexactly(4))[0]
     return await reader.readexactly(size)
 
 

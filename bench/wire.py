@@ -290,5 +290,5 @@ def recv_frame(sock: socket.socket) -> bytes:
             buf += chunk
         return buf
 
-    size: int = struct.unpack(">i", exactly(4))[0]
+    size: int = SIZE.unpack(exactly(4))[0]
     return exactly(size)
