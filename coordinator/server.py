@@ -204,14 +204,19 @@ class Server:
         # The replies written go out while their peers read them, until the deadline; but a peer that
         # reads nothing held every stop for the whole of it (10 s; a campaign's find), so once nothing
         # has gone out for STALLED_WRITE_S the connections left are dropped, as Kafka closes its own.
-        unsent, since = -1, self.loop.time()
+        unsent, since, stalled = -1, self.loop.time(), False
         while self.connections and self.loop.time() < deadline:
             now_unsent = sum(c.unsent_bytes for c in self.connections)
             if now_unsent != unsent:
                 unsent, since = now_unsent, self.loop.time()
             elif self.loop.time() - since >= STALLED_WRITE_S:
+                stalled = True
                 break
             await asyncio.sleep(0.01)
+        if self.connections:
+            log.info("dropping %d connection(s) with %d bytes of replies unsent: %s", len(self.connections),
+                     sum(c.unsent_bytes for c in self.connections),
+                     f"their peers took none for {STALLED_WRITE_S:g} s" if stalled else "the deadline passed")
         for conn in list(self.connections):
             conn.kill()  # a peer that does not read its last replies does not hold up the exit
         self.bulk.shutdown(wait=False, cancel_futures=True)

@@ -16,6 +16,7 @@ import pytest
 
 from storage.dirlock import share_directory
 from tests.conftest import Report
+from tests.integration.test_flow_control import answered_fetches
 from tests.kcoord_process import REPO, KcoordProcess
 from tests.rawclient import RawClient, commit_request, fetch_request
 
@@ -355,13 +356,22 @@ def test_a_client_that_reads_nothing_does_not_hold_the_stop_to_its_deadline(tmp_
     with contextlib.suppress(BlockingIOError):
         for _ in range(2000):
             silent.send(frame)
-    time.sleep(1)
+    # Replies are made until the socket pushes back and kcoord holds the rest itself: the answered count
+    # then stops moving (a fast build gets there in well under a second, an interpreted one later).
+    answered = [-1, -1]
+    for _ in range(600):
+        time.sleep(0.3)
+        answered.append(answered_fetches(server))
+        if answered[-1] > 0 and answered[-1] == answered[-2] == answered[-3]:
+            break
+    else:
+        pytest.fail(f"the answered fetches never settled: {answered[-5:]}")
     assert server.proc is not None
     signalled = time.monotonic()
     assert server.stop(60) == 0
-    took = time.monotonic() - signalled
-    report.figure("SIGTERM to exit with a client reading nothing", took * 1000, "ms")
-    assert took < 30, f"the stop waited {took:.1f} s of its 60 s deadline for a client that reads nothing"
+    report.figure("SIGTERM to exit with a client reading nothing", (time.monotonic() - signalled) * 1000, "ms")
+    # Dropped for taking nothing, not held to the deadline: which of the two ended the wait is logged.
+    assert "connection(s) with" in server.log() and "their peers took none for 1 s" in server.log(), server.log()
     silent.close()
     client.close()
 
