@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 import coordinator
 from coordinator.config import Config
 from coordinator.gateway import rewrite
+from coordinator.gateway.topiccache import TopicCache
 from coordinator.gateway.upstream import LinkOwner, UpstreamLink, upstream_reached_again
 from protocol.framing import FrameError
 
@@ -74,7 +75,7 @@ class Cluster:
         self.advertised_host = config.broker_host or config.advertised[0]
         self.cluster_id: str | None = None  # the upstream's, as last seen
         # every topic a relayed Metadata answer described, for answering while the upstream is away
-        self.topics: dict[str, rewrite.TopicFacts] = {}
+        self.topics = TopicCache()
         self.controller_id = -1
         self._add_listener = add_listener
         self._healthy = False

@@ -279,8 +279,7 @@ class Gateway:
                 return True
             every_topic = k03.every_topic_asked(asked.topics, version)
             self._relay(conn, frame, api_key, version,
-                        lambda reply: rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, reply, version, self.cluster,
-                                                              every_topic),
+                        lambda reply: rewrite.rewrite_metadata(reply, version, self.cluster, every_topic),
                         lambda slow: self._metadata_from_cache(asked, version, correlation_id, slow),
                         self._metadata_wait(conn))
         elif api_key == rewrite.DESCRIBE_CLUSTER and version <= rewrite.CAPS[rewrite.DESCRIBE_CLUSTER]:

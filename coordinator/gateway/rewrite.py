@@ -1,8 +1,9 @@
 """What the gateway changes in the upstream's answers, and the versions it therefore offers.
 
-Only replies that carry broker addresses are decoded: Metadata, DescribeCluster and FindCoordinator for
-transaction keys. Their brokers keep their node ids and get the address of kcoord's listener for that
-node, so a client never learns an upstream address. Produce (v10+) and Fetch (v16+) replies may carry
+Only replies that carry broker addresses are decoded: Metadata (its broker list, at the byte level: the
+topics pass as they came), DescribeCluster and FindCoordinator for transaction keys. Their brokers keep
+their node ids and get the address of kcoord's listener for that node, so a client never learns an
+upstream address. Produce (v10+) and Fetch (v16+) replies may carry
 leader endpoints too: those versions are not offered, so none appear and those replies pass undecoded.
 
 ApiVersions is the intersection: APIs kcoord answers itself (the group APIs) at kcoord's versions,
@@ -14,7 +15,6 @@ the upstream's, less those whose protocol the gateway does not offer (``HIDDEN_F
 """
 
 import struct
-import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -22,14 +22,16 @@ from coordinator.apis import k03_metadata as k03
 from coordinator.apis import k10_find_coordinator as k10
 from coordinator.apis import k18_api_versions as k18
 from coordinator.apis import load_all
-from protocol.codec import MessageCodec, read_uvarint
+from coordinator.gateway.topiccache import NO_ID, AnswerReader, TopicCache
+from protocol.codec import MessageCodec, read_uvarint, write_uvarint
 from protocol.errors import ErrorCode
 from protocol.header import response_header
 from protocol.registry import REGISTRY, skip_tagged_fields
 from protocol.schema import load_message
 
 _SIZE = struct.Struct(">i")
-_NO_ID = uuid.UUID(int=0)
+_NO_ID = NO_ID
+_INT16 = struct.Struct(">h")
 K = TypeVar("K")  # a key of ranges to intersect: an API key, a feature name
 UNKNOWN_TOPIC_OR_PARTITION = 3
 LEADER_NOT_AVAILABLE = 5  # retriable: clients ask again shortly
@@ -111,22 +113,11 @@ class Features(NamedTuple):
 NO_FEATURES = Features({}, -1, {})
 
 
-class TopicFacts(NamedTuple):
-    """A topic as the upstream's last Metadata answer naming it described it: enough to answer for it
-    while the upstream is away, or slow."""
-
-    topic_id: uuid.UUID
-    partitions: int
-    is_internal: bool
-    # that answer's partitions as (index, error code, leader, leader epoch): ~90 bytes each
-    last_seen: tuple[tuple[int, int, int, int], ...] = ()
-
-
 class ClusterFacts(Protocol):
     cluster_id: str | None
     coordinator_node: int
     controller_id: int
-    topics: dict[str, TopicFacts]
+    topics: TopicCache
 
     def address(self, node: int) -> tuple[str, int] | None: ...
 
@@ -135,50 +126,89 @@ class ClusterFacts(Protocol):
     def nodes(self) -> list[int]: ...
 
 
-def rewrite_brokers(codec: MessageCodec, frame: bytes, version: int, cluster: ClusterFacts,
-                    every_topic: bool = False) -> bytes:
-    """Metadata or DescribeCluster: every broker gets kcoord's listener for its node id, and kcoord's
-    group coordinator is one more broker (leading no partition); the upstream addresses are learnt first
-    (listeners are made for new node ids there). The topics of a Metadata answer are remembered, and
-    for a request of ``every_topic`` those it does not name are forgotten (deleted upstream). An error
-    answer (a top-level error code) is returned unchanged."""
+def rewrite_brokers(codec: MessageCodec, frame: bytes, version: int, cluster: ClusterFacts) -> bytes:
+    """DescribeCluster: every broker gets kcoord's listener for its node id, and kcoord's group coordinator
+    is one more broker; the upstream addresses are learnt first (listeners are made for new node ids
+    there). An error answer (a top-level error code) is returned unchanged."""
     correlation, body = decode_reply(codec, frame, version)
-    if getattr(body, "error_code", 0):
+    if body.error_code:
         # DescribeCluster's error answer (MISMATCHED_ENDPOINT_TYPE for a controller endpoint asked of a
         # broker, say) lists no broker: passed on as it is, nothing in it learnt
         return frame
     brokers = body.brokers
-    ids = [b.node_id if hasattr(b, "node_id") else b.broker_id for b in brokers]
+    ids = [b.broker_id for b in brokers]
     cluster.learn(zip(ids, (b.host for b in brokers), (b.port for b in brokers), strict=True))
     coordinator = cluster.coordinator_node
     if coordinator not in ids:  # (its address is given below, with the others')
-        describe = getattr(codec.cls, "DescribeClusterBroker", None)
-        brokers.append(describe(broker_id=coordinator, host="", port=-1, rack=None) if describe is not None
-                       else codec.cls.MetadataResponseBroker(node_id=coordinator, host="", port=-1, rack=None))
+        brokers.append(codec.cls.DescribeClusterBroker(broker_id=coordinator, host="", port=-1, rack=None))
         ids.append(coordinator)
-    if hasattr(body, "cluster_id") and body.cluster_id is not None:
-        cluster.cluster_id = body.cluster_id
-    if getattr(body, "controller_id", -1) >= 0:
-        cluster.controller_id = body.controller_id
     address = cluster.address
     for node, b in zip(ids, brokers, strict=True):
         mapped = address(node)
         if mapped is not None:
             b.host, b.port = mapped
-    topics = getattr(body, "topics", None) or []  # Metadata (DescribeCluster has none)
-    for t in topics:
-        if t.name is None:
-            continue
-        if t.error_code == 0:
-            cluster.topics[t.name] = TopicFacts(t.topic_id or _NO_ID, len(t.partitions), bool(t.is_internal), tuple(
-                (p.partition_index, p.error_code, p.leader_id, p.leader_epoch) for p in t.partitions))
-        elif t.error_code == UNKNOWN_TOPIC_OR_PARTITION:
-            cluster.topics.pop(t.name, None)
-    if every_topic and hasattr(body, "topics"):
-        named = {t.name for t in topics}
-        for name in [name for name in cluster.topics if name not in named]:
-            del cluster.topics[name]
     return _encode(codec, body, version, correlation)
+
+
+def _string(value: str, flexible: bool) -> bytes:
+    data = value.encode()
+    return (write_uvarint(len(data) + 1) if flexible else _INT16.pack(len(data))) + data
+
+
+def rewrite_metadata(frame: bytes, version: int, cluster: ClusterFacts, every_topic: bool = False) -> bytes:
+    """Metadata (v0-v12), at the byte level: the broker list is rebuilt, every broker with kcoord's
+    listener for its node id and kcoord's group coordinator one more broker (leading no partition), the
+    upstream addresses learnt first (listeners are made for new node ids there); the cluster id, the
+    controller and the topics are passed on as the upstream wrote them, the topics noted in the cache
+    (``TopicCache.note``: read only when it is asked; for a request of ``every_topic``, the topics the
+    answer does not name are then forgotten, deleted upstream)."""
+    flexible = version >= 9
+    try:
+        r = AnswerReader(frame, skip_tagged_fields(frame, 8) if flexible else 8, version)
+        if version >= 3:
+            r.take(4)  # throttle time
+        brokers_start = r.pos
+        count = r.length()
+        if count < 0 or count > len(frame) - r.pos:
+            raise ValueError(f"a broker array of {count}")
+        brokers: list[tuple[int, str, int, bytes]] = []  # node id, host, port, the rest (rack, tags) as sent
+        for _ in range(count):
+            (node,) = struct.unpack_from(">i", frame, r.take(4))
+            host = r.string()
+            if host is None:
+                raise ValueError("a broker without a host")
+            (port,) = struct.unpack_from(">i", frame, r.take(4))
+            rest = r.pos
+            if version >= 1:
+                r.string()  # rack
+            r.skip_tags()
+            brokers.append((node, host, port, frame[rest:r.pos]))
+        tail = r.pos
+        cluster_id = r.string() if version >= 2 else None
+        controller = struct.unpack_from(">i", frame, r.take(4))[0] if version >= 1 else -1
+        topics_start = r.pos
+    except (ValueError, struct.error) as exc:
+        raise RewriteError(f"Metadata v{version}: {exc}") from exc
+    cluster.learn((node, host, port) for node, host, port, _ in brokers)
+    coordinator = cluster.coordinator_node
+    if coordinator not in [node for node, _, _, _ in brokers]:  # (its address is given below, with the others')
+        no_rack = (b"\x00" if flexible else _INT16.pack(-1)) if version >= 1 else b""
+        brokers.append((coordinator, "", -1, no_rack + (b"\x00" if flexible else b"")))
+    if cluster_id is not None:
+        cluster.cluster_id = cluster_id
+    if controller >= 0:
+        cluster.controller_id = controller
+    parts = [frame[4:brokers_start],
+             write_uvarint(len(brokers) + 1) if flexible else _SIZE.pack(len(brokers))]
+    for node, host, port, rack_and_tags in brokers:
+        mapped = cluster.address(node)
+        if mapped is not None:
+            host, port = mapped
+        parts += (_SIZE.pack(node), _string(host, flexible), _SIZE.pack(port), rack_and_tags)
+    parts.append(frame[tail:])
+    cluster.topics.note(frame, topics_start, version, every_topic)
+    size = sum(map(len, parts))
+    return _SIZE.pack(size) + b"".join(parts)
 
 
 def metadata_from_cache(request: Any, version: int, correlation: int, cluster: ClusterFacts,
@@ -200,6 +230,7 @@ def metadata_from_cache(request: Any, version: int, correlation: int, cluster: C
         mapped = cluster.address(node)
         if mapped is not None:
             brokers.append(cls.MetadataResponseBroker(node_id=node, host=mapped[0], port=mapped[1], rack=None))
+    known = cluster.topics.facts()
     asked = k03.lookup(request, version)  # the same rules as kcoord's own Metadata handler
     if asked.invalid:
         return _encode(METADATA_RESPONSE, k03.error_response(request, version, ErrorCode.INVALID_REQUEST), version,
@@ -207,15 +238,15 @@ def metadata_from_cache(request: Any, version: int, correlation: int, cluster: C
     topics: list[Any] = []
     wanted: list[str | None]
     if asked.everything:
-        wanted = list(cluster.topics)
+        wanted = list(known)
     elif asked.ids:  # v12+: by id alone; an id never seen is UNKNOWN_TOPIC_ID, as kcoord's handler answers it
-        by_id = {facts.topic_id: name for name, facts in cluster.topics.items() if facts.topic_id != _NO_ID}
+        by_id = {facts.topic_id: name for name, facts in known.items() if facts.topic_id != _NO_ID}
         topics = [k03.unknown_topic_id(i) for i in asked.ids if i not in by_id]
         wanted = [by_id[i] for i in asked.ids if i in by_id]
     else:
         wanted = list(asked.names)
     for name in wanted:
-        facts = cluster.topics.get(name) if name is not None else None
+        facts = known.get(name) if name is not None else None
         if facts is None:
             topics.append(cls.MetadataResponseTopic(error_code=LEADER_NOT_AVAILABLE, name=name, topic_id=_NO_ID,
                                                     is_internal=False, partitions=[]))

@@ -11,6 +11,7 @@ from kafka.protocol.metadata import MetadataResponse
 from coordinator.apis import k03_metadata as k03
 from coordinator.apis import load_all
 from coordinator.gateway import rewrite
+from coordinator.gateway.topiccache import TopicCache, TopicFacts
 from protocol.registry import REGISTRY
 
 Request = k03.SPEC.request.cls
@@ -24,9 +25,9 @@ class Facts:
     controller_id = 2
     coordinator_node = 9
 
-    def __init__(self, topics: dict[str, rewrite.TopicFacts] | None = None) -> None:
+    def __init__(self, topics: dict[str, TopicFacts] | None = None) -> None:
         self.learnt: list[tuple[int, str, int]] = []
-        self.topics = topics or {}
+        self.topics = TopicCache(topics)
 
     def address(self, node: int) -> tuple[str, int] | None:
         return ("kcoord.local", 40000 + node)
@@ -61,7 +62,7 @@ def test_metadata_from_cache_keeps_a_known_topics_partitions_leaderless(version:
     leader (an empty list read to librdkafka as a topic shrunk to nothing); asked by name, by id
     (v12+), or as every topic (None; v0's empty list)."""
     known = uuid.uuid4()
-    facts = Facts({"orders": rewrite.TopicFacts(known, 3, False)})
+    facts = Facts({"orders": TopicFacts(known, 3, False)})
     asked = [[Topic(name="orders")], None if version >= 1 else []]
     if version >= 12:
         asked.append([Topic(name=None, topic_id=known)])
@@ -81,7 +82,7 @@ def test_metadata_from_cache_takes_topic_ids_as_kcoords_own_handler(version: int
     with INVALID_REQUEST (it was answered by id); from v12 an id never seen is UNKNOWN_TOPIC_ID with a
     null name (it was LEADER_NOT_AVAILABLE), and the names beside ids are not looked at."""
     known, unseen = uuid.uuid4(), uuid.uuid4()
-    facts = Facts({"orders": rewrite.TopicFacts(known, 2, False), "other": rewrite.TopicFacts(uuid.uuid4(), 1, False)})
+    facts = Facts({"orders": TopicFacts(known, 2, False), "other": TopicFacts(uuid.uuid4(), 1, False)})
     for topics in ([Topic(name=None, topic_id=known)], [Topic(name="orders", topic_id=known), Topic(name="other")],
                    [Topic(name=None, topic_id=unseen), Topic(name=None, topic_id=known)]):
         request = Request(topics=topics, allow_auto_topic_creation=False)
@@ -105,11 +106,12 @@ def test_metadata_from_cache_answers_authorized_operations_as_kcoords_own_handle
     """Authorized operations asked for (v8+) were left at the schema's default (-2^31) in the cached
     answer; kcoord's handler answers every operation a broker without an authorizer allows (none on
     an UNKNOWN_TOPIC_ID topic), the cluster's for v8-v10."""
-    facts = Facts({"orders": rewrite.TopicFacts(uuid.uuid4(), 1, False)})
+    facts = Facts({"orders": TopicFacts(uuid.uuid4(), 1, False)})
     fields = {"include_topic_authorized_operations": True, "include_cluster_authorized_operations": True}
     topics = [Topic(name="orders"), Topic(name="never-seen")]
     if version >= 12:
-        topics = [Topic(name=None, topic_id=facts.topics["orders"].topic_id), Topic(name=None, topic_id=uuid.uuid4())]
+        known = facts.topics.facts()["orders"].topic_id
+        topics = [Topic(name=None, topic_id=known), Topic(name=None, topic_id=uuid.uuid4())]
     request = Request(topics=topics, allow_auto_topic_creation=False, **fields)
     reply = stock_decode(rewrite.metadata_from_cache(request, version, 77, facts), version)
     if version < 8:
@@ -135,12 +137,11 @@ def test_a_relayed_metadata_answer_teaches_the_cache_its_topics(version: int) ->
         topic("kept", 0, 2), topic("gone", 3, 0)])
     payload = rewrite.METADATA_RESPONSE.encode(upstream, version)
     head = struct.pack(">i", 77) + (b"\x00" if version >= 9 else b"")
-    facts = Facts({"gone": rewrite.TopicFacts(_ID, 1, False)})
-    rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, struct.pack(">i", len(head) + len(payload)) + head + payload,
-                            version, facts)
-    assert {name: facts[:3] for name, facts in facts.topics.items()} == {
+    facts = Facts({"gone": TopicFacts(_ID, 1, False)})
+    rewrite.rewrite_metadata(struct.pack(">i", len(head) + len(payload)) + head + payload, version, facts)
+    assert {name: facts[:3] for name, facts in facts.topics.facts().items()} == {
         "kept": (_ID if version >= 10 else uuid.UUID(int=0), 2, False)}
-    assert [leader for _, _, leader, _ in facts.topics["kept"].last_seen] == [1, 1]
+    assert [leader for _, _, leader, _ in facts.topics.facts()["kept"].last_seen] == [1, 1]
 
 
 @pytest.mark.parametrize("learnt_at", [1, 12])
@@ -157,8 +158,7 @@ def test_metadata_from_cache_with_the_leaders_last_seen(learnt_at: int, version:
     payload = rewrite.METADATA_RESPONSE.encode(upstream, learnt_at)
     head = struct.pack(">i", 77) + (b"\x00" if learnt_at >= 9 else b"")
     facts = Facts()
-    rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, struct.pack(">i", len(head) + len(payload)) + head + payload,
-                            learnt_at, facts)
+    rewrite.rewrite_metadata(struct.pack(">i", len(head) + len(payload)) + head + payload, learnt_at, facts)
     request = Request(topics=[Topic(name="orders", topic_id=None)], allow_auto_topic_creation=False)
     for last_seen, expected in ((True, [(0, 1), (0, 2), (0, 3)]), (False, [(5, -1)] * 3)):
         reply = stock_decode(rewrite.metadata_from_cache(request, version, 77, facts, last_seen=last_seen), version)
@@ -178,7 +178,7 @@ def test_metadata_rewrite_keeps_everything_but_addresses(version: int, nodes: tu
     head = struct.pack(">i", 77) + (b"\x00" if version >= 9 else b"")
     frame = struct.pack(">i", len(head) + len(payload)) + head + payload
     facts = Facts()
-    reply = stock_decode(rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, frame, version, facts), version)
+    reply = stock_decode(rewrite.rewrite_metadata(frame, version, facts), version)
     got = [(b.node_id, b.host, b.port) for b in reply.brokers]
     assert got == [(n, "kcoord.local", 40000 + n) for n in sorted({*nodes, 9})]
     assert facts.learnt == [(n, "10.0.0.9", 9092 + n) for n in nodes]
@@ -226,10 +226,9 @@ def test_an_answer_for_every_topic_forgets_topics_it_does_not_name(every_topic: 
         cls.MetadataResponseTopic(error_code=0, name="kept", topic_id=_ID, is_internal=False, partitions=[])])
     payload = rewrite.METADATA_RESPONSE.encode(upstream, 1)
     head = struct.pack(">i", 77)
-    facts = Facts({"deleted": rewrite.TopicFacts(_ID, 1, False)})
-    rewrite.rewrite_brokers(rewrite.METADATA_RESPONSE, struct.pack(">i", len(head) + len(payload)) + head + payload,
-                            1, facts, every_topic)
-    assert sorted(facts.topics) == (["kept"] if every_topic else ["deleted", "kept"])
+    facts = Facts({"deleted": TopicFacts(_ID, 1, False)})
+    rewrite.rewrite_metadata(struct.pack(">i", len(head) + len(payload)) + head + payload, 1, facts, every_topic)
+    assert sorted(facts.topics.facts()) == (["kept"] if every_topic else ["deleted", "kept"])
 
 
 @pytest.mark.parametrize(("version", "topics", "every"), [
