@@ -198,17 +198,17 @@ def rewrite_metadata(frame: bytes, version: int, cluster: ClusterFacts, every_to
         cluster.cluster_id = cluster_id
     if controller >= 0:
         cluster.controller_id = controller
-    parts = [frame[4:brokers_start],
-             write_uvarint(len(brokers) + 1) if flexible else _SIZE.pack(len(brokers))]
+    parts: list[bytes | memoryview] = [b"", frame[4:brokers_start],
+                                       write_uvarint(len(brokers) + 1) if flexible else _SIZE.pack(len(brokers))]
     for node, host, port, rack_and_tags in brokers:
         mapped = cluster.address(node)
         if mapped is not None:
             host, port = mapped
         parts += (_SIZE.pack(node), _string(host, flexible), _SIZE.pack(port), rack_and_tags)
-    parts.append(frame[tail:])
+    parts.append(memoryview(frame)[tail:])  # the bulk, copied once, by the join
+    parts[0] = _SIZE.pack(sum(map(len, parts)))
     cluster.topics.note(frame, topics_start, version, every_topic)
-    size = sum(map(len, parts))
-    return _SIZE.pack(size) + b"".join(parts)
+    return b"".join(parts)
 
 
 def metadata_from_cache(request: Any, version: int, correlation: int, cluster: ClusterFacts,
