@@ -219,8 +219,9 @@ class KcoordCollector(Collector):
                                 "log).", value=1 if helper is not None and helper.alive else 0)
         yield GaugeMetricFamily("kcoord_sync_helper_configured", "1 when --sync-helper is on.",
                                 value=1 if self.runtime.config.sync_helper else 0)
-        yield GaugeMetricFamily("kcoord_sync_pending_seconds", "How long the flush cycle in progress has waited "
-                                "for its sync (0 when none waits): a stuck disk, or a stopped sync helper.",
+        yield GaugeMetricFamily("kcoord_sync_pending_seconds", "How long the flush cycle in progress has been "
+                                "under way, its appends and its sync (0 when none is): a stuck or frozen disk, or "
+                                "a stopped sync helper.",
                                 value=self.runtime.flusher.sync_pending_s())
         yield CounterMetricFamily("kcoord_log_appended_bytes", "Bytes appended to offsets logs.",
                                   value=m.bytes_appended)

@@ -82,6 +82,7 @@ class Flusher:
         self._running = False
         self._scheduled = False
         self._cycle_started = 0.0
+        self._appending = False  # a cycle's appends are under way (a frozen file system blocks them)
         self._helper_syncing = False  # the cycle in flight is the sync helper's: appends may go on
         self._ahead_scheduled = False
 
@@ -93,8 +94,9 @@ class Flusher:
 
     def sync_pending_s(self) -> float:
         """Seconds the cycle in progress has been under way (appends and sync), 0 without one. Read
-        by the exporter's thread: two plain attributes, a torn read only gives a stale figure."""
-        return time.perf_counter() - self._cycle_started if self._running else 0.0
+        by the exporter's thread: plain attributes, a torn read only gives a stale figure. Its appends
+        count: on a frozen or hung file system the loop blocks in them, before the sync is posted."""
+        return time.perf_counter() - self._cycle_started if self._running or self._appending else 0.0
 
     def start(self) -> None:
         """On the loop: starts the sync helper process, if there is one to start."""
@@ -129,16 +131,20 @@ class Flusher:
             return
         jobs: list[tuple[Flushable, Any]] = []
         outcomes: list[FlushOutcome] = []
-        started = time.perf_counter()
-        for shard in self._asked.values():
-            work = shard.take_batch()
-            if work is None:
-                continue
-            jobs.append((shard, work))
-            try:
-                outcomes.append(shard.append_batch(work))
-            except Exception as exc:
-                outcomes.append(exc)
+        started = self._cycle_started = time.perf_counter()
+        self._appending = True
+        try:
+            for shard in self._asked.values():
+                work = shard.take_batch()
+                if work is None:
+                    continue
+                jobs.append((shard, work))
+                try:
+                    outcomes.append(shard.append_batch(work))
+                except Exception as exc:
+                    outcomes.append(exc)
+        finally:
+            self._appending = False
         self._asked.clear()
         if not jobs:
             return
@@ -147,7 +153,6 @@ class Flusher:
             self._finish(jobs, started, outcomes)
             return
         self._running = True
-        self._cycle_started = started
         try:
             self._hand_off([jobs[i][0].log for i in appended], jobs, outcomes, appended, started)
         except Exception as exc:  # nothing would ever end this cycle: fail it rather than hold every commit
