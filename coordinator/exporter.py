@@ -3,9 +3,9 @@
 ``/metrics`` is prometheus-client's exposition (text or OpenMetrics, gzip when asked) of one collector
 that reads the runtime's plain counters (coordinator/metrics.py) and the shards' state when scraped,
 plus the process, platform and GC collectors. ``/healthz`` says the process is serving: the event loop
-turned within the last ``STALLED_AFTER_S``. ``/readyz`` says no partition is still loading (the
-others are active, read-only on a full disk, or failed, each listed) and one at least serves; otherwise
-503. A failed partition does not make it unready: with the one replica deploy/ runs, an unready pod
+turned within the last ``STALLED_AFTER_S``. ``/readyz`` says that too, and that no partition is still
+loading (the others are active, read-only on a full disk, or failed, each listed) and one at least
+serves; otherwise 503. A failed partition does not make it unready: with the one replica deploy/ runs, an unready pod
 leaves the Service with no endpoint, so one damaged partition turned away every group's clients (a
 campaign's find); Kafka, too, keeps serving the rest with a partition offline. It pages instead
 (KcoordPartitionFailed). The listener is a small threaded WSGI server, so a scrape never waits for the
@@ -175,8 +175,8 @@ class KcoordCollector(Collector):
         yield CounterMetricFamily("kcoord_records_replayed", "Records replayed by partition loads.",
                                   value=m.records_replayed)
         yield GaugeMetricFamily("kcoord_ready", "1 when ready to serve (/readyz): no offsets partition still "
-                                "loading, at least one serving, not stopping, and in gateway mode an upstream "
-                                "broker has answered.",
+                                "loading, at least one serving, the event loop turning, not stopping, and in "
+                                "gateway mode an upstream broker has answered.",
                                 value=1 if self.health.ready()[0] else 0)
 
     def _storage(self, m: Metrics) -> Iterator[Metric]:
@@ -339,9 +339,15 @@ class Health:
         serving = any(ShardState(s) in LOADED for s in by_state)  # not when every one failed
         check = self.runtime.peer_check
         withheld = check is not None and not check.agreed  # cluster mode: no group coordinated
-        ok = serving and not not_loaded and not stopping and not no_upstream and not withheld
+        # As /healthz: a loop blocked (a frozen disk holds it in an append) answers no client, though
+        # this thread still answers "ready" (a fault campaign's find: a Service kept routing to it).
+        stalled = time.monotonic() - self._beat
+        ok = (serving and not not_loaded and not stopping and not no_upstream and not withheld
+              and stalled < STALLED_AFTER_S)
         body: dict[str, Any] = {"status": "ready" if ok else ("stopping" if stopping else "not ready"),
                                 "partitions": len(self.runtime.shards)}
+        if stalled >= STALLED_AFTER_S:
+            body["event_loop"] = f"stalled for {stalled:.0f} s"
         if no_upstream:
             body["upstream"] = "no broker has answered yet"
         if check is not None and withheld:

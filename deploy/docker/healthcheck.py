@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The container's HEALTHCHECK: exit 0 when kcoord's ``/readyz`` answers 200 (no offsets partition still
-loading; a failed one is alerted on, not unhealthy), 1 otherwise (loading, stopping, or nothing listening).
+loading; a failed one is alerted on, not unhealthy), 1 otherwise (loading, stopping, the event loop
+stalled, or nothing listening).
 
 It asks the metrics listener named by ``KCOORD_METRICS_LISTEN`` (HOST:PORT; a wildcard host is asked on
 127.0.0.1, ``[::]`` on ``[::1]``). With ``KCOORD_PROCESSES=N`` the container runs N nodes, node i's

@@ -3,6 +3,7 @@ volume snapshot or a stalled device does), so every write to it blocks until it 
 metrics listener says meanwhile is what an operator is paged on. Needs root to mount a loop device
 and freeze it; skipped otherwise."""
 
+import json
 import subprocess
 import threading
 import time
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_metrics import scrape, value
+from tests.integration.test_metrics import get, scrape, value
 from tests.kcoord_process import KcoordProcess
 from tests.rawclient import RawClient, commit_request
 
@@ -40,12 +41,14 @@ def freezable_disk(tmp_path: Path) -> Iterator[Path]:
         _run("umount", "-l", str(mount))
 
 
-def test_a_commit_held_by_a_frozen_disk_shows_as_a_pending_sync(freezable_disk: Path) -> None:
+def test_a_frozen_disk_shows_as_a_pending_sync_and_an_unready_server(freezable_disk: Path) -> None:
     """Fault campaign: with the file system frozen, the commit's append blocked the event loop before
     its flush cycle counted as under way, so kcoord_sync_pending_seconds read 0 for as long as the disk
     was hung and KcoordSyncStuck, the alert written for "a hung disk or volume", could never fire;
     after the thaw the log said the sync had been pending for 44 s. The cycle now counts from its
-    appends, as the gauge's docstring says."""
+    appends, as the gauge's docstring says. And /readyz (the container's HEALTHCHECK, kcoord_ready)
+    answered 200 "ready" all along, from its own thread, while the server answered nothing: a Service
+    kept sending clients to it. It is now 503 while /healthz is (the event loop stalled for 10 s)."""
     server = KcoordProcess(freezable_disk / "data", "--offsets-partitions", "4")
     server.log_path = freezable_disk.parent / "kcoord.log"  # not on the frozen disk
     server.start()
@@ -60,6 +63,12 @@ def test_a_commit_held_by_a_frozen_disk_shows_as_a_pending_sync(freezable_disk: 
         while (pending := value(scrape(server), "kcoord_sync_pending_seconds")) < 1.0:
             assert time.monotonic() < deadline, f"kcoord_sync_pending_seconds stayed {pending} on a frozen disk"
             time.sleep(0.2)
+        while get(server.metrics_url + "/healthz")[0] != 503:  # the event loop blocked in the append
+            assert time.monotonic() < deadline + 30, "/healthz never saw the event loop stall"
+            time.sleep(0.2)
+        status, body = get(server.metrics_url + "/readyz")
+        assert status == 503 and "stalled" in json.loads(body)["event_loop"], body
+        assert value(scrape(server), "kcoord_ready") == 0
     finally:
         _run("fsfreeze", "-u", str(freezable_disk))
     committer.join(60)
