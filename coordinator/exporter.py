@@ -158,8 +158,9 @@ class KcoordCollector(Collector):
         loaded_s = GaugeMetricFamily("kcoord_partition_load_duration_seconds", "How long the last load of "
                                      "each offsets partition took.", labels=["partition"])
         loaded_n = GaugeMetricFamily("kcoord_partition_loaded_records", "Records replayed by the last load of "
-                                     "each offsets partition.", labels=["partition"])
-        loads = m.loads.copy()
+                                     "each offsets partition, or so far by the one under way while it loads.",
+                                     labels=["partition"])
+        loads, loading = m.loads.copy(), m.loading.copy()
         for shard in self.runtime.shards:
             p = str(shard.partition)
             current = shard.state
@@ -168,6 +169,10 @@ class KcoordCollector(Collector):
             last = loads.get(shard.partition)
             if last is not None:
                 loaded_s.add_metric([p], last.seconds)
+            so_far = loading.get(shard.partition) if current is ShardState.LOADING else None
+            if so_far is not None:
+                loaded_n.add_metric([p], so_far)
+            elif last is not None:
                 loaded_n.add_metric([p], last.records)
         yield state
         yield loaded_s

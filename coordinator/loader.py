@@ -24,9 +24,11 @@ class LoadCancelled(Exception):
 
 
 def replay_log(partition: int, partition_log: PartitionLog, data: ShardData, durable_only: bool,
-               cancelled: Callable[[], bool]) -> int:
+               cancelled: Callable[[], bool], progress: Callable[[int], None] | None = None) -> int:
     """Replays the log (after recovering it, or only up to its durable end, touching nothing on disk)
-    into ``data``; returns the records replayed. Raises LoadCancelled once ``cancelled()`` says so."""
+    into ``data``; returns the records replayed. Raises LoadCancelled once ``cancelled()`` says so.
+    ``progress`` is told the records replayed so far every GC_FREEZE_EVERY, so that a long load shows
+    it moves (kcoord_partition_loaded_records)."""
     records = unknown = 0
     frozen_at = 0
     batches = partition_log.read_durable(True) if durable_only else partition_log.recover(True)
@@ -37,6 +39,8 @@ def replay_log(partition: int, partition_log: PartitionLog, data: ShardData, dur
             if records - frozen_at >= GC_FREEZE_EVERY:
                 freeze_loaded()
                 frozen_at = records
+                if progress is not None:
+                    progress(records)
             if batch.control_type is not None:
                 data.replay_end_transaction(batch.producer_id, batch.control_type == COMMIT)
                 continue

@@ -124,6 +124,7 @@ class Metrics:
     bytes_appended: int = 0
     write_failures: Counter[int] = field(default_factory=Counter)  # partition -> n
     loads: dict[int, PartitionLoad] = field(default_factory=dict)  # partition -> its last load
+    loading: dict[int, int] = field(default_factory=dict)  # partition -> records its load under way replayed so far
     records_replayed: int = 0
     state_changes: Counter[str] = field(default_factory=Counter)  # state entered -> n
     cleaner_runs: int = 0
@@ -188,6 +189,10 @@ class Metrics:
 
     def write_failed(self, partition: int) -> None:
         self.write_failures[partition] += 1
+
+    def load_progress(self, partition: int, records: int) -> None:
+        """Loader thread: the load under way of ``partition`` has replayed ``records`` so far."""
+        self.loading[partition] = records
 
     def partition_loaded(self, partition: int, records: int, seconds: float) -> None:
         self.loads[partition] = PartitionLoad(seconds, records)

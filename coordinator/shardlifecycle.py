@@ -119,6 +119,10 @@ class ShardLifecycle:
             log.exception("partition %d: %s hook failed", self.partition, "unload" if was_active else "load")
         return True
 
+    def _load_progress(self, records: int) -> None:
+        """Loader thread: how far the load under way has got (coordinator.loader)."""
+        self._metrics.load_progress(self.partition, records)
+
     @property
     def read_error(self) -> ErrorCode | None:
         """The error a read for this shard's groups gets now, or None when it can serve reads."""
@@ -141,9 +145,10 @@ class ShardLifecycle:
         while self._transition(_SHARD_LOADING):
             data = ShardData()
             started = time.perf_counter()
+            self._metrics.load_progress(self.partition, 0)
             try:
                 records = await loop.run_in_executor(self._loader, replay_log, self.partition, self.log, data,
-                                                     durable_only, lambda: self._closing)
+                                                     durable_only, lambda: self._closing, self._load_progress)
             except LoadCancelled:
                 return
             except TailNotCut as torn:  # each handler its own name: compiled, one name holds one type

@@ -340,3 +340,31 @@ def test_idle_metrics_connections_are_closed_and_do_not_block_scrapes(kcoord: Kc
     while len(os.listdir(f"/proc/{kcoord.proc.pid}/task")) >= threads_during - 25 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(os.listdir(f"/proc/{kcoord.proc.pid}/task")) < threads_during - 25  # their threads ended
+
+
+def test_a_load_in_progress_shows_the_records_it_has_replayed_so_far(tmp_path: Path) -> None:
+    """Fault campaign: a restart loading 2M records per partition (28 s) showed no progress anywhere:
+    kcoord_partition_loaded_records was only set once a load ended, so an operator paged by
+    KcoordPartitionStuckLoading, whose text points at that gauge to tell a slow load from a stuck one,
+    saw nothing move. While a partition loads it now says how many records that load has replayed."""
+    from tests.integration.test_durability import _write_big_partition
+
+    records = 300_000
+    partition = str(_write_big_partition(tmp_path / "data", "big-group", records))
+    server = KcoordProcess(tmp_path / "data").start(loaded=False)
+    during: list[float] = []
+    deadline = time.monotonic() + 120
+    while True:
+        samples = scrape(server)
+        state = next(s for s in ("initial", "loading", "active", "read_only", "failed")
+                     if value(samples, "kcoord_partition_state", partition=partition, state=s) == 1)
+        if state == "loading":
+            during.append(value(samples, "kcoord_partition_loaded_records", partition=partition))
+        elif state != "initial":
+            break
+        assert time.monotonic() < deadline, "the partition never finished loading"
+    assert state == "active"
+    assert during and max(during) > 0, during
+    assert during == sorted(during) and max(during) < records, during
+    assert value(scrape(server), "kcoord_partition_loaded_records", partition=partition) == records
+    server.stop()
