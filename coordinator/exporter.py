@@ -258,6 +258,9 @@ class KcoordCollector(Collector):
         yield GaugeMetricFamily("kcoord_journal_segments", "Journal segments a restart would replay (the live one "
                                 "included; not the empty spare made ahead of the next roll).",
                                 value=journal.retained)
+        yield GaugeMetricFamily("kcoord_journal_damaged_segments", "Journal segments this start found damaged with "
+                                "valid entries after the damage (kept as <segment>.damaged; see the WARNING): "
+                                "acknowledged commits may have been rolled back.", value=journal.damaged_segments)
 
     def _connections(self, m: Metrics) -> Iterator[Metric]:
         server = self.server

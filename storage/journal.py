@@ -125,6 +125,7 @@ class Journal:
         self._marking: dict[int, int] | None = None  # the synced-ends entry of the checkpoint under way
         self._written: dict[int, int] | None = None  # the newest synced-ends entry written
         self._entry_failed = False  # the last one could not be written (said once, until one is)
+        self.damaged_segments = 0  # found damaged with valid entries after the damage (report_tail)
         for entry in sorted(self.directory.iterdir()):
             m = _SEGMENT_RE.match(entry.name)
             if not m:
@@ -138,8 +139,8 @@ class Journal:
                 else:
                     self._startup.setdefault(partition, []).append(batch)
                 read_to = end
-            if read_to < size:
-                report_tail(entry, read_to)
+            if read_to < size and report_tail(entry, read_to):
+                self.damaged_segments += 1
         # Which batches a partition's recovery needs (``entries_for``), by journal position (segment,
         # byte): a partition's log holds everything journaled before the last checkpoint
         # (``_synced_from``), and before where it last recovered (``_covered``). Partitions in

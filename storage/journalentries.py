@@ -103,7 +103,7 @@ def read_entries(path: Path, limit: int | None = None) -> Iterator[tuple[int, by
         yield (SYNCED_ENDS if partition == _FIRST_SYNCED_ENDS else partition), batch, pos
 
 
-def report_tail(path: Path, stop: int) -> None:
+def report_tail(path: Path, stop: int) -> bool:
     """Logs what follows a segment's last valid entry (at byte ``stop``), left by an earlier process.
     Zeros, a torn write or entries of the file's earlier use (a recycled segment) are a stop's usual
     leftovers (INFO). Entries of this segment that still pass their CRC after the first invalid one
@@ -111,20 +111,20 @@ def report_tail(path: Path, stop: int) -> None:
     its later pages on disk without its earlier ones (and was never acknowledged), but if the disk
     damaged it, acknowledged batches are among them: a WARNING naming them (Kafka's level for invalid
     batches its log recovery finds; a power cut's torn write reads the same), and a copy of the file
-    (``<segment>.damaged``) for the operator."""
+    (``<segment>.damaged``) for the operator. True in that case (kcoord_journal_damaged_segments)."""
     seq = int(path.name[:20])
     with open(path, "rb") as f:
         buf = f.read()
     rest = memoryview(buf)[stop:]
     if not any(rest):
         log.info("journal: %s ends with %d zero bytes after its last entry (at byte %d)", path.name, len(rest), stop)
-        return
+        return False
     reason = _entry_problem(buf, stop, seq)
     found = _valid_entries_after(buf, stop, seq)
     if not found:
         log.info("journal: %s: read up to byte %d of %d, where %s (a write the process before did not finish, "
                  "or the file's earlier use)", path.name, stop, len(buf), reason)
-        return
+        return False
     kept = _keep_damaged(path, buf)
     ranges = "; ".join(f"partition {p}: {n} batch{'es' if n > 1 else ''}, offsets {first}-{last}"
                        for p, (n, first, last) in sorted(found.items()))
@@ -133,6 +133,7 @@ def report_tail(path: Path, stop: int) -> None:
                 "acknowledged ones the disk damaged since. Where a partition log still holds them (the process "
                 "died, the machine kept its power), recovery keeps them aside in .tr files beside the log; "
                 "otherwise those commits are lost. %s", path.name, stop, reason, ranges, kept)
+    return True
 
 
 _BATCH_LENGTH: Final = struct.Struct(">i")  # at byte 8 of a v2 batch: its bytes after that field
