@@ -69,6 +69,9 @@ def test_a_frozen_disk_shows_as_a_pending_sync_and_an_unready_server(freezable_d
         status, body = get(server.metrics_url + "/readyz")
         assert status == 503 and "stalled" in json.loads(body)["event_loop"], body
         assert value(scrape(server), "kcoord_ready") == 0
+        while value(scrape(server), "kcoord_event_loop_lag_seconds") <= 10:  # KcoordEventLoopStalled's condition
+            assert time.monotonic() < deadline + 60, "kcoord_event_loop_lag_seconds stopped growing"
+            time.sleep(0.2)
     finally:
         _run("fsfreeze", "-u", str(freezable_disk))
     committer.join(60)
