@@ -54,7 +54,8 @@ def test_a_frozen_disk_shows_as_a_pending_sync_and_an_unready_server(freezable_d
     server.start()
     client = RawClient(server.port, timeout=60)
     outcome: list[Any] = []
-    committer = threading.Thread(target=lambda: outcome.append(client.call(commit_request("frozen", {("t", 0): 2}), 8)))
+    second = commit_request("frozen", {("t", 0): 2})
+    committer = threading.Thread(target=lambda: outcome.append(client.call(second, 8)))
     try:
         assert client.call(commit_request("frozen", {("t", 0): 1}), 8).topics[0].partitions[0].error_code == 0
         assert _run("fsfreeze", "-f", str(freezable_disk)).returncode == 0
@@ -72,13 +73,16 @@ def test_a_frozen_disk_shows_as_a_pending_sync_and_an_unready_server(freezable_d
         while value(scrape(server), "kcoord_event_loop_lag_seconds") <= 10:  # KcoordEventLoopStalled's condition
             assert time.monotonic() < deadline + 60, "kcoord_event_loop_lag_seconds stopped growing"
             time.sleep(0.2)
-    finally:
+        assert _run("fsfreeze", "-u", str(freezable_disk)).returncode == 0
+        committer.join(60)
+        assert outcome and outcome[0].topics[0].partitions[0].error_code == 0  # acknowledged once thawed
+        deadline = time.monotonic() + 30
+        while value(scrape(server), "kcoord_sync_pending_seconds") != 0.0:
+            assert time.monotonic() < deadline, "the thawed cycle still counts as pending"
+            time.sleep(0.2)
+        client.sock.close()
+        assert server.stop() == 0
+    finally:  # a failed check must not leave the server (and the loop device under it) behind
         _run("fsfreeze", "-u", str(freezable_disk))
-    committer.join(60)
-    assert outcome and outcome[0].topics[0].partitions[0].error_code == 0  # acknowledged once thawed
-    deadline = time.monotonic() + 30
-    while value(scrape(server), "kcoord_sync_pending_seconds") != 0.0:
-        assert time.monotonic() < deadline, "the thawed cycle still counts as pending"
-        time.sleep(0.2)
-    client.sock.close()
-    assert server.stop() == 0
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()

@@ -352,22 +352,24 @@ def test_a_load_in_progress_shows_the_records_it_has_replayed_so_far(tmp_path: P
     records = 300_000
     partition = str(_write_big_partition(tmp_path / "data", "big-group", records))
     server = KcoordProcess(tmp_path / "data").start(loaded=False)
-    during: list[float] = []
-    deadline = time.monotonic() + 120
-    while True:
-        samples = scrape(server)
-        state = next(s for s in ("initial", "loading", "active", "read_only", "failed")
-                     if value(samples, "kcoord_partition_state", partition=partition, state=s) == 1)
-        if state == "loading":
-            during.append(value(samples, "kcoord_partition_loaded_records", partition=partition))
-        elif state != "initial":
-            break
-        assert time.monotonic() < deadline, "the partition never finished loading"
-    assert state == "active"
-    assert during and max(during) > 0, during
-    assert during == sorted(during) and max(during) < records, during
-    assert value(scrape(server), "kcoord_partition_loaded_records", partition=partition) == records
-    server.stop()
+    try:
+        during: list[float] = []
+        deadline = time.monotonic() + 120
+        while True:
+            samples = scrape(server)
+            state = next(s for s in ("initial", "loading", "active", "read_only", "failed")
+                         if value(samples, "kcoord_partition_state", partition=partition, state=s) == 1)
+            if state == "loading":
+                during.append(value(samples, "kcoord_partition_loaded_records", partition=partition))
+            elif state != "initial":
+                break
+            assert time.monotonic() < deadline, "the partition never finished loading"
+        assert state == "active"
+        assert during and max(during) > 0, during
+        assert during == sorted(during) and max(during) < records, during
+        assert value(scrape(server), "kcoord_partition_loaded_records", partition=partition) == records
+    finally:
+        server.stop()
 
 
 def test_a_journal_found_damaged_at_the_start_shows_in_the_metrics(tmp_path: Path) -> None:
@@ -378,17 +380,19 @@ def test_a_journal_found_damaged_at_the_start_shows_in_the_metrics(tmp_path: Pat
     the segments the start found so (KcoordJournalDamaged)."""
     server = KcoordProcess(tmp_path / "data", "--offsets-partitions", "1", "--checkpoint-interval-ms", "3600000")
     server.start()
-    assert scrape(server).get(("kcoord_journal_damaged_segments", ())) == 0  # exported, at 0
-    client = RawClient(server.port)
-    for offset in range(200):
-        assert client.call(commit_request("g", {("t", 0): offset}), 8).topics[0].partitions[0].error_code == 0
-    client.close()
-    server.kill()
-    segment = max((p for p in (tmp_path / "data" / "journal").glob("*.journal")), key=lambda p: p.stat().st_size)
-    raw = bytearray(segment.read_bytes())
-    raw[len(raw) // 2: len(raw) // 2 + 16] = bytes(16)
-    segment.write_bytes(bytes(raw))
-    server.start()
-    assert "yet valid entries of it follow" in server.log_since_start()
-    assert value(scrape(server), "kcoord_journal_damaged_segments") == 1
-    server.stop()
+    try:
+        assert scrape(server).get(("kcoord_journal_damaged_segments", ())) == 0  # exported, at 0
+        client = RawClient(server.port)
+        for offset in range(200):
+            assert client.call(commit_request("g", {("t", 0): offset}), 8).topics[0].partitions[0].error_code == 0
+        client.close()
+        server.kill()
+        segment = max((tmp_path / "data" / "journal").glob("*.journal"), key=lambda p: p.stat().st_size)
+        raw = bytearray(segment.read_bytes())
+        raw[len(raw) // 2: len(raw) // 2 + 16] = bytes(16)
+        segment.write_bytes(bytes(raw))
+        server.start()
+        assert "yet valid entries of it follow" in server.log_since_start()
+        assert value(scrape(server), "kcoord_journal_damaged_segments") == 1
+    finally:
+        server.stop()
