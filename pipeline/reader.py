@@ -61,6 +61,9 @@ class LogRead:
     cuts: dict[int, Cut]  # the partitions this read stops short of their end, and where
     starts: Starts  # splits whose first batches this read checked against the splits before them
     _found: list[decode.Damage]  # found by ``cut_read`` across splits, or by the read before this one
+    # each partition's first offset: its lowest segment base offset, of empty segments too (the cleaner
+    # leaves a segment whose records it all removed as an empty file, which is not read)
+    log_starts: dict[int, int]
 
     def damages(self) -> list[decode.Damage]:
         """Every damage found so far (the DataFrame must have been computed), by file and position."""
@@ -128,10 +131,9 @@ class LogRead:
         """Offsets before and between records that hold none, in what was read so far (once the DataFrame
         has been computed): records compaction removed. From each split's own count and the gaps between
         splits and at a log's start, in log order; a split read twice (a stage recomputed) counts once,
-        and nothing past a cut or across one is counted."""
-        starts: dict[int, int] = {}
-        for s in self.segments:
-            starts[s.log_partition] = min(starts.get(s.log_partition, s.base_offset), s.base_offset)
+        and nothing past a cut or across one is counted. A log starts at its lowest segment base offset,
+        an empty segment's included: those the cleaner emptied were not counted (a pipeline campaign's find)."""
+        starts = self.log_starts
         reads = self._reads_in_log_order()
         removed, partition, last, cut = 0, -1, -1, False
         for r in reads:
@@ -161,7 +163,11 @@ def read_offsets_log(spark: SparkSession, paths: list[str], columns: tuple[str, 
     sc = spark.sparkContext
     cuts = cuts or {}
     starts = starts or {}
-    segments = [s for s in find_segments(paths) if s.size > 0]
+    found_segments = find_segments(paths)
+    log_starts: dict[int, int] = {}
+    for s in found_segments:
+        log_starts[s.log_partition] = min(log_starts.get(s.log_partition, s.base_offset), s.base_offset)
+    segments = [s for s in found_segments if s.size > 0]
     parallelism = sc.defaultParallelism
     size = split_bytes or split_bytes_for(sum(s.size for s in segments), parallelism)
     splits = plan(spark, segments, size, cuts, starts)
@@ -182,7 +188,7 @@ def read_offsets_log(spark: SparkSession, paths: list[str], columns: tuple[str, 
         return read_offsets_log(spark, paths, columns, split_bytes, latest_only, new_cuts, new_starts, before)
 
     return LogRead(df, segments, splits, len(tasks), size, damages, records, reads, again, cuts, starts,
-                   list(found or []))
+                   list(found or []), log_starts)
 
 
 def plan(spark: SparkSession, segments: list[SegmentFile], split_bytes: int,
