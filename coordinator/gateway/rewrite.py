@@ -160,8 +160,8 @@ def rewrite_metadata(frame: bytes, version: int, cluster: ClusterFacts, every_to
     listener for its node id and kcoord's group coordinator one more broker (leading no partition), the
     upstream addresses learnt first (listeners are made for new node ids there); the cluster id, the
     controller and the topics are passed on as the upstream wrote them, the topics noted in the cache
-    (``TopicCache.note``: read only when it is asked; for a request of ``every_topic``, the topics the
-    answer does not name are then forgotten, deleted upstream)."""
+    (``TopicCache.note``: read when it is asked, or once enough wait; for a request of ``every_topic``,
+    the topics the answer does not name are then forgotten, deleted upstream)."""
     flexible = version >= 9
     try:
         r = AnswerReader(frame, skip_tagged_fields(frame, 8) if flexible else 8, version)
