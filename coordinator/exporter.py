@@ -326,11 +326,15 @@ class Health:
             self._sync_stuck = False
             log.warning("syncs complete again")
 
+    def since_turn(self) -> float:
+        """Seconds since the event loop last turned (its heartbeat): /healthz and /readyz both judge by it."""
+        return time.monotonic() - self._beat
+
     def lag(self) -> float:
-        return max(self._late, time.monotonic() - self._beat - BEAT_S, 0.0)
+        return max(self._late, self.since_turn() - BEAT_S, 0.0)
 
     def alive(self) -> tuple[bool, dict[str, Any]]:
-        stalled = time.monotonic() - self._beat
+        stalled = self.since_turn()
         stopping = self.server is not None and self.server.stopping
         ok = stalled < STALLED_AFTER_S and not stopping
         return ok, {"status": "ok" if ok else ("stopping" if stopping else "event loop stalled"),
@@ -349,7 +353,7 @@ class Health:
         withheld = check is not None and not check.agreed  # cluster mode: no group coordinated
         # As /healthz: a loop blocked (a frozen disk holds it in an append) answers no client, though
         # this thread still answers "ready" (a fault campaign's find: a Service kept routing to it).
-        stalled = time.monotonic() - self._beat
+        stalled = self.since_turn()
         ok = (serving and not not_loaded and not stopping and not no_upstream and not withheld
               and stalled < STALLED_AFTER_S)
         body: dict[str, Any] = {"status": "ready" if ok else ("stopping" if stopping else "not ready"),

@@ -93,7 +93,7 @@ def value_leader_epoch(raw: bytes, vpos: i64, version: i64) -> i64:
     return int32_at(raw, vpos + 10) if version == 3 else -1
 
 
-class _Reader:
+class BoundedReader:
     """A position in a frame; every read is bounds-checked first, so malformed bytes raise DecodeError."""
 
     def __init__(self, buf: bytes, pos: i64) -> None:
@@ -310,7 +310,7 @@ class OffsetCommitCodec:
         coordinator/apis/k08 serves from. A huge request offers the GIL every YIELD_EVERY partitions
         (it is decoded on the bulk thread)."""
         flexible = version >= 8
-        r = _Reader(frame, 0)
+        r = BoundedReader(frame, 0)
         client_id = r.header(flexible)
         group_id = r.text(flexible, "group_id")
         generation: i64 = -1
@@ -386,7 +386,7 @@ class OffsetFetchCodec:
         self.group = request.OffsetFetchRequestGroup
         self.group_topic = self.group.OffsetFetchRequestTopics
 
-    def _partitions(self, r: _Reader, flexible: bool) -> list[int]:
+    def _partitions(self, r: BoundedReader, flexible: bool) -> list[int]:
         out: list[int] = []
         for _i in range(r.count(flexible, False, "partition_indexes")):
             out.append(r.int32())
@@ -396,7 +396,7 @@ class OffsetFetchCodec:
         """``(client id, request)`` straight from the frame, without the generated objects: what
         coordinator/apis/k09 serves from."""
         flexible = version >= 6
-        r = _Reader(frame, 0)
+        r = BoundedReader(frame, 0)
         client_id = r.header(flexible)
         group_id = ""
         topics: Requested = []
@@ -420,7 +420,7 @@ class OffsetFetchCodec:
             r.skip_tags()
         return client_id, FetchRequest(version, group_id, topics, groups, require_stable)
 
-    def _topics(self, r: _Reader, flexible: bool, nullable: bool) -> Requested:
+    def _topics(self, r: BoundedReader, flexible: bool, nullable: bool) -> Requested:
         n = r.count(flexible, nullable, "topics")
         if n < 0:
             return None

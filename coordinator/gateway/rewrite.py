@@ -22,10 +22,11 @@ from coordinator.apis import k03_metadata as k03
 from coordinator.apis import k10_find_coordinator as k10
 from coordinator.apis import k18_api_versions as k18
 from coordinator.apis import load_all
-from coordinator.gateway.topiccache import NO_ID, AnswerReader, TopicCache
+from coordinator.gateway.topiccache import NO_ID, TopicCache
 from protocol.codec import MessageCodec, read_uvarint, write_uvarint
 from protocol.errors import ErrorCode
 from protocol.header import response_header
+from protocol.hotcodec import BoundedReader
 from protocol.registry import REGISTRY, skip_tagged_fields
 from protocol.schema import load_message
 
@@ -164,28 +165,24 @@ def rewrite_metadata(frame: bytes, version: int, cluster: ClusterFacts, every_to
     the topics the answer does not name are then forgotten, deleted upstream)."""
     flexible = version >= 9
     try:
-        r = AnswerReader(frame, skip_tagged_fields(frame, 8) if flexible else 8, version)
+        r = BoundedReader(frame, skip_tagged_fields(frame, 8) if flexible else 8)
         if version >= 3:
-            r.take(4)  # throttle time
+            r.int32()  # throttle time
         brokers_start = r.pos
-        count = r.length()
-        if count < 0 or count > len(frame) - r.pos:
-            raise ValueError(f"a broker array of {count}")
         brokers: list[tuple[int, str, int, bytes]] = []  # node id, host, port, the rest (rack, tags) as sent
-        for _ in range(count):
-            (node,) = struct.unpack_from(">i", frame, r.take(4))
-            host = r.string()
-            if host is None:
-                raise ValueError("a broker without a host")
-            (port,) = struct.unpack_from(">i", frame, r.take(4))
+        for _ in range(r.count(flexible, False, "brokers")):
+            node = r.int32()
+            host = r.text(flexible, "host")
+            port = r.int32()
             rest = r.pos
             if version >= 1:
-                r.string()  # rack
-            r.skip_tags()
+                r.string(flexible, True, "rack")
+            if flexible:
+                r.skip_tags()
             brokers.append((node, host, port, frame[rest:r.pos]))
         tail = r.pos
-        cluster_id = r.string() if version >= 2 else None
-        controller = struct.unpack_from(">i", frame, r.take(4))[0] if version >= 1 else -1
+        cluster_id = r.string(flexible, True, "cluster_id") if version >= 2 else None
+        controller = r.int32() if version >= 1 else -1
         topics_start = r.pos
     except (ValueError, struct.error) as exc:
         raise RewriteError(f"Metadata v{version}: {exc}") from exc

@@ -16,16 +16,16 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from protocol.codec import read_uvarint
+from protocol.errors import ErrorCode
+from protocol.hotcodec import BoundedReader
 from protocol.registry import skip_tagged_fields
 
 log = logging.getLogger(__name__)
 
 NO_ID = uuid.UUID(int=0)
-UNKNOWN_TOPIC_OR_PARTITION = 3
 MAX_WAITING = 64  # answers for named topics kept as bytes before they are read
 MAX_WAITING_BYTES = 64 << 20
 
-_INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _PARTITION = struct.Struct(">hii")  # error code, index, leader
 _PARTITION_EPOCH = struct.Struct(">hiii")  # ... and the leader epoch (v7+)
@@ -42,52 +42,11 @@ class TopicFacts(NamedTuple):
     last_seen: tuple[tuple[int, int, int, int], ...] = ()
 
 
-class AnswerReader:
-    """Bounded reads of a Metadata answer at one version (ValueError past its end)."""
-
-    def __init__(self, buf: bytes, pos: int, version: int) -> None:
-        self.buf, self.pos, self.version = buf, pos, version
-        self.flexible = version >= 9
-
-    def take(self, n: int) -> int:
-        start = self.pos
-        self.pos += n
-        if n < 0 or self.pos > len(self.buf):
-            raise ValueError("the answer ends inside a field")
-        return start
-
-    def length(self) -> int:
-        """An array's or string's length; -1 for null."""
-        if self.flexible:
-            n, self.pos = read_uvarint(self.buf, self.pos)
-            return n - 1
-        return int(_INT32.unpack_from(self.buf, self.take(4))[0])
-
-    def string(self) -> str | None:
-        if self.flexible:
-            n, self.pos = read_uvarint(self.buf, self.pos)
-            n -= 1
-        else:
-            (n,) = _INT16.unpack_from(self.buf, self.take(2))
-        if n < 0:
-            return None
-        start = self.take(n)
-        return self.buf[start:self.pos].decode()
-
-    def skip_int32_array(self) -> None:
-        n = self.length()
-        if n > 0:
-            self.take(4 * n)
-
-    def skip_tags(self) -> None:
-        if self.flexible:
-            self.pos = skip_tagged_fields(self.buf, self.pos)
-
-
-def _skip_partitions(r: AnswerReader, n: int, layout: struct.Struct, arrays: int) -> list[tuple[int, int, int, int]]:
+def _skip_partitions(r: BoundedReader, n: int, layout: struct.Struct, arrays: int,
+                     flexible: bool) -> list[tuple[int, int, int, int]]:
     """``(index, error code, leader, leader epoch)`` of ``n`` partitions, their node arrays skipped; the
     one-byte lengths and empty tag sections of a flexible answer read inline (the answer's bulk)."""
-    buf, pos, end, flexible, size = r.buf, r.pos, len(r.buf), r.flexible, layout.size
+    buf, pos, end, size = r.buf, r.pos, r.end, layout.size
     epoch = size == _PARTITION_EPOCH.size
     seen = []
     try:
@@ -123,25 +82,27 @@ def _skip_partitions(r: AnswerReader, n: int, layout: struct.Struct, arrays: int
 
 def read_topics(buf: bytes, pos: int, version: int) -> Iterator[tuple[int, str | None, TopicFacts]]:
     """``(error code, name, facts)`` of each topic of a Metadata answer (v0-v12) whose topic array starts
-    at ``pos``. ValueError (or struct.error) for bytes that are not one."""
-    r = AnswerReader(buf, pos, version)
-    count = r.length()
-    if count < 0 or count > len(buf) - r.pos:
-        raise ValueError(f"a topic array of {count}")
+    at ``pos``, read by the bounds and rules of every other decoder (``protocol.hotcodec.BoundedReader``).
+    ValueError (or struct.error) for bytes that are not one."""
+    r = BoundedReader(buf, pos)
+    flexible = version >= 9
     layout = _PARTITION_EPOCH if version >= 7 else _PARTITION
     arrays = 3 if version >= 5 else 2  # replicas, in-sync replicas, offline replicas (v5+)
-    for _ in range(count):
-        (error,) = _INT16.unpack_from(buf, r.take(2))
-        name = r.string()
-        topic_id = uuid.UUID(bytes=buf[r.take(16):r.pos]) if version >= 10 else NO_ID
-        is_internal = bool(buf[r.take(1)]) if version >= 1 else False
-        n = r.length()
-        if n < 0 or n > len(buf) - r.pos:
-            raise ValueError(f"a partition array of {n}")
-        seen = _skip_partitions(r, n, layout, arrays)
+    for _ in range(r.count(flexible, False, "topics")):
+        error = r.int16()
+        name = r.string(flexible, version >= 12, "name")
+        topic_id = NO_ID
+        if version >= 10:
+            r.need(16)
+            topic_id = uuid.UUID(bytes=buf[r.pos:r.pos + 16])
+            r.pos += 16
+        is_internal = bool(r.int8()) if version >= 1 else False
+        n = r.count(flexible, False, "partitions")
+        seen = _skip_partitions(r, n, layout, arrays, flexible)
         if version >= 8:
-            r.take(4)  # authorized operations
-        r.skip_tags()
+            r.int32()  # authorized operations
+        if flexible:
+            r.skip_tags()
         yield error, name, TopicFacts(topic_id, n, is_internal, tuple(seen))
 
 
@@ -189,5 +150,5 @@ class TopicCache:
                     continue
                 if error == 0:
                     self._facts[name] = facts
-                elif error == UNKNOWN_TOPIC_OR_PARTITION:
+                elif error == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                     self._facts.pop(name, None)
